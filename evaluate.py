@@ -1,0 +1,869 @@
+"""
+Evaluate recurrent LMs far past their training length: the paper's three measurements.
+
+    python evaluate.py out/base/ckpt.pt out/sp/ckpt.pt --labels base sp
+
+1. Position-wise perplexity, PPL(t) = exp( E_x[ -log q(x_{t+1} | x_{0..t}) ] ), and the verdict of
+   Definition 3.2 (up to which length the model "length generalizes").
+2. Effective Remembrance, EffRem_T(t) = d( q(.|x_{0:T}), q(.|x_{t:T}) ): how much the prediction
+   after T tokens changes when the first t tokens are dropped.
+3. State statistics: the spread of each head's matrix state "h" as a function of position.
+
+Everything works on any LM with the interface of model.LM:
+
+    logits, final_state = lm(idx, state=None)    # idx [b, t]; state: list of per-layer dicts
+    lm.zero_state(batch_size, device);  lm.cfg.vocab_size
+
+and streams the sequence through the model in chunks, carrying the state. For a recurrent model that is
+exact (lm(x) == lm(x[:, a:], state=lm(x[:, :a])[1])), and it is what makes long evaluations possible:
+memory depends on the chunk length, never on the sequence length. Only the CLI needs model.py / tasks.py.
+
+Position convention used throughout: entry i of a per-position curve is the prediction made at time
+index i, i.e. after reading i + 1 tokens (its "context length" is i + 1). A model trained on windows of
+t_train tokens has seen exactly the positions i < t_train; plots put context length on the x axis.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+# ================================================================================================
+# 1. Position-wise perplexity
+# ================================================================================================
+
+
+@torch.inference_mode()
+def position_nll_stats(lm, tokens, chunk_len=None, batch_size=None, edges=None, progress=False):
+    """Per-position negative log-likelihood of tokens [n, T], streamed.
+
+    Returns a dict:
+      mean [T-1]  entry i = mean over rows of -log q(tokens[:, i+1] | tokens[:, :i+1])  (float64)
+      sem  [T-1]  standard error of that mean over the n rows (nan when n == 1)
+      and, when `edges` (bucket boundaries over entry indices, see log_edges) are given,
+      buckets     bucketize()'s summary of the per-sequence bucket-averaged NLL.
+
+    The model sees chunk_len tokens at a time and carries its state; per chunk we keep only the
+    [rows, chunk] NLLs (never [n, T, vocab] logits) and add them into per-position sums and sums of
+    squares, so memory is O(chunk_len * vocab) for the logits plus O(T) numbers for the result.
+    """
+    tokens = _check_tokens(tokens, min_len=2, what="tokens")
+    n, T = tokens.shape
+    L = T - 1  # number of predictions
+    device = _device_of(lm)
+    batch_size = batch_size or n
+    chunk_len = chunk_len or _auto_chunk_len(min(n, batch_size), lm.cfg.vocab_size)
+    total = torch.zeros(L, dtype=torch.float64)
+    total_sq = torch.zeros(L, dtype=torch.float64)
+    if edges is not None:
+        edges = _check_edges(edges, L)
+        bucket_of = torch.bucketize(torch.arange(L), torch.as_tensor(edges[1:]), right=True)  # entry -> bucket
+        bucket_sum = torch.zeros(n, len(edges) - 1, dtype=torch.float64)
+    pieces = _pieces(L, chunk_len)
+    bar = _tqdm(total=math.ceil(n / batch_size) * len(pieces), desc="ppl", disable=not progress)
+    with _eval_mode(lm):
+        for r0 in range(0, n, batch_size):
+            rows = tokens[r0:r0 + batch_size].to(device)
+            state = None  # zero initial state: the usual start of every sequence
+            for a, b in pieces:
+                logits, state = lm(rows[:, a:b], state)
+                nll = F.cross_entropy(logits.float().transpose(1, 2), rows[:, a + 1:b + 1], reduction="none")
+                nll = nll.double().cpu()  # [rows, b - a]
+                total[a:b] += nll.sum(0)
+                total_sq[a:b] += (nll * nll).sum(0)
+                if edges is not None:
+                    bucket_sum[r0:r0 + len(rows)].index_add_(1, bucket_of[a:b], nll)
+                bar.update(1)
+    bar.close()
+    mean = total / n
+    # sample variance from the sums; float64 keeps E[x^2] - E[x]^2 accurate at NLL scales (~1-10 nats)
+    var = ((total_sq - n * mean * mean) / (n - 1)).clamp_min(0) if n > 1 else torch.full_like(mean, float("nan"))
+    out = dict(mean=mean, sem=(var / n).sqrt())
+    if edges is not None:
+        sizes = torch.as_tensor(edges[1:]) - torch.as_tensor(edges[:-1])
+        out["buckets"] = _summarize_buckets(bucket_sum / sizes, edges)
+    return out
+
+
+def position_nll(lm, tokens, chunk_len=None, batch_size=None):
+    """Mean per-position NLL [T-1] of tokens [n, T] (see position_nll_stats). PPL(t) = exp(this)."""
+    return position_nll_stats(lm, tokens, chunk_len=chunk_len, batch_size=batch_size)["mean"]
+
+
+def perplexity(nll):
+    """PPL from MEAN NLL. The order matters: exp(mean(nll)) is the paper's PPL(t); mean(exp(nll)) is
+    not (by Jensen it is larger and dominated by the worst sequences)."""
+    return torch.as_tensor(nll).exp()
+
+
+def bucketize(nll, edges):
+    """Log-spaced position buckets from a per-sequence, per-position NLL matrix nll [n, L].
+
+    Within each bucket [lo, hi) we first average each sequence's NLL over the positions (one number per
+    sequence), then average over sequences (mean NLL -> PPL = exp(mean)), and take the standard error
+    over sequences. Averaging within a sequence first gives the right error bar: positions of one
+    sequence are strongly correlated, so treating them as independent samples would understate it.
+    """
+    nll = torch.as_tensor(nll, dtype=torch.float64)
+    if nll.dim() != 2:
+        raise ValueError(f"bucketize: nll must have shape [n, L], got {list(nll.shape)}")
+    edges = _check_edges(edges, nll.shape[1])
+    per_seq = torch.stack([nll[:, lo:hi].mean(1) for lo, hi in zip(edges[:-1], edges[1:])], 1)
+    return _summarize_buckets(per_seq, edges)
+
+
+def _summarize_buckets(per_seq, edges):
+    # per_seq [n, K]: each sequence's mean NLL in each bucket
+    n = per_seq.shape[0]
+    nll = per_seq.mean(0)
+    nll_sem = per_seq.std(0) / math.sqrt(n) if n > 1 else torch.full_like(nll, float("nan"))
+    ppl = nll.exp()
+    return dict(
+        lo=list(edges[:-1]), hi=list(edges[1:]),   # entry indices [lo, hi): context lengths lo+1 .. hi
+        nll=nll, nll_sem=nll_sem,
+        ppl=ppl, ppl_sem=ppl * nll_sem,             # delta method: d exp(x) = exp(x) dx
+    )
+
+
+def log_edges(length, per_octave=2, include=()):
+    """Bucket boundaries over entry indices 0..length-1, log-spaced: 0, 1, 2, 3, 4, 6, 8, 12, 16, ...
+    (per_octave=2), ending at `length`. `include` adds boundaries (e.g. t_train, so that no bucket
+    straddles the end of the training positions)."""
+    if length < 1:
+        raise ValueError(f"log_edges: length must be >= 1, got {length}")
+    edges = {0, length}
+    k = 0
+    while True:
+        e = round(2 ** (k / per_octave))
+        if e >= length:
+            break
+        edges.add(e)
+        k += 1
+    edges.update(int(e) for e in include if 0 < e < length)
+    return sorted(edges)
+
+
+# ================================================================================================
+# 2. Length generalization (Definition 3.2)
+# ================================================================================================
+
+
+def length_generalization(ppl, t_train, tolerance=None, sem=None, k=2.0, lo=None, hi=None):
+    """Definition 3.2 on a PPL curve: p* = min PPL over training positions (at t*); the model generalizes
+    to T if PPL(t) <= p* for every t in [t*, T].
+
+    ppl: per-bucket values (pass the bucket ranges lo, hi from bucketize) or raw per-position values
+    (lo/hi omitted: entry i covers [i, i+1)). Use buckets: a raw per-position curve is noisy enough
+    (one sequence sample per position) that some single late position almost always pokes above p*,
+    and p* itself, a minimum over many noisy values, is biased low; both make the raw verdict
+    mostly a statement about noise. A bucket counts as "training" when it ends by t_train (hi <= t_train).
+
+    The "<= p*" test is made with a noise allowance, since two estimates of the same PPL differ by
+    their sampling error: PPL(t) <= p* + tol(t), where
+      tolerance=None (default): tol(t) = k * sqrt(sem(t)^2 + sem(t*)^2) from the measured standard errors
+                                (0 when sem is not given: the literal definition);
+      tolerance=float:          a fixed allowance in PPL units.
+    Returns dict(p_star, t_star (first entry of the minimum bucket), generalizes_to (the largest context
+    length T such that every bucket from t* up to T passes), ratio = generalizes_to / t_train,
+    censored = True when it passed up to the end of the curve, so the true T may be larger).
+    """
+    ppl = torch.as_tensor(ppl, dtype=torch.float64).flatten()
+    K = len(ppl)
+    lo = torch.arange(K) if lo is None else torch.as_tensor(lo)
+    hi = lo + 1 if hi is None else torch.as_tensor(hi)
+    if not (len(lo) == len(hi) == K):
+        raise ValueError(f"length_generalization: ppl, lo, hi must have equal lengths, got {K}, {len(lo)}, {len(hi)}")
+    if t_train < 1:
+        raise ValueError(f"length_generalization: t_train must be >= 1, got {t_train}")
+    train = (hi <= t_train).nonzero().flatten()
+    if len(train) == 0:
+        raise ValueError(f"length_generalization: no bucket lies within the training positions (< {t_train}); "
+                         "use edges that include t_train (log_edges(..., include=[t_train]))")
+    j_star = int(train[ppl[train].argmin()])
+    p_star = float(ppl[j_star])
+    if tolerance is not None:
+        tol = torch.full((K,), float(tolerance), dtype=torch.float64)
+    elif sem is not None:
+        sem = torch.as_tensor(sem, dtype=torch.float64).flatten().nan_to_num(0.0)
+        tol = k * (sem ** 2 + sem[j_star] ** 2).sqrt()
+    else:
+        tol = torch.zeros(K, dtype=torch.float64)
+    ok = ppl <= p_star + tol
+    last = j_star
+    while last + 1 < K and bool(ok[last + 1]):
+        last += 1
+    T = int(hi[last])
+    rule = (f"ppl <= p* + {float(tolerance):g}" if tolerance is not None else
+            f"ppl <= p* + {k:g} * sqrt(sem^2 + sem(t*)^2)" if sem is not None else "ppl <= p*")
+    return dict(p_star=p_star, t_star=int(lo[j_star]), generalizes_to=T, ratio=T / t_train,
+                censored=last == K - 1, t_train=int(t_train), rule=rule)
+
+
+# ================================================================================================
+# 3. Effective Remembrance
+# ================================================================================================
+
+# d(p, q) between next-token distributions [..., V]; all are 0 exactly when p == q elementwise.
+def _tv(p, q):
+    return (0.5 * (p - q).abs().sum(-1)).clamp(0.0, 1.0)
+
+
+def _js(p, q):
+    # Jensen-Shannon divergence with natural log lies in [0, ln 2]; we divide by ln 2 so that, like TV,
+    # it lies in [0, 1] (equivalently: JS in bits).
+    m = 0.5 * (p + q)
+    kl_pm = (torch.xlogy(p, p) - torch.xlogy(p, m)).sum(-1)
+    kl_qm = (torch.xlogy(q, q) - torch.xlogy(q, m)).sum(-1)
+    return (0.5 * (kl_pm + kl_qm) / math.log(2)).clamp(0.0, 1.0)
+
+
+def _cos(p, q):
+    # 1 - cos(p, q) written as 0.5 * |p/|p| - q/|q||^2: the same number, without the cancellation of
+    # 1 - (something close to 1); for probability vectors it lies in [0, 1].
+    return (0.5 * (F.normalize(p, dim=-1) - F.normalize(q, dim=-1)).pow(2).sum(-1)).clamp(0.0, 1.0)
+
+
+DISTANCES = {"tv": _tv, "js": _js, "cos": _cos}  # d(p [..., V], q [..., V]) -> [...]
+
+
+@torch.inference_mode()
+def effective_remembrance_naive(lm, tokens, T, cuts, distance="tv"):
+    """The definition, one forward per cut: mean over rows of d(q(.|x[0:T]), q(.|x[t:T])) for each t.
+    Slow (len(cuts) separate passes); kept as the readable reference for the batched version below."""
+    tokens, cuts, dist = _check_effrem(tokens, T, cuts, distance)
+    device = _device_of(lm)
+    x = tokens[:, :T].to(device)
+    with _eval_mode(lm):
+        p = _last_probs(lm(x)[0])
+        return torch.stack([dist(p, _last_probs(lm(x[:, t:])[0])).mean() for t in cuts.tolist()]).cpu()
+
+
+@torch.inference_mode()
+def effective_remembrance(lm, tokens, T, cuts, distance="tv", batch_size=None, chunk_len=None, reduce=True,
+                          progress=False):
+    """EffRem_T(t) for every cut t, in one batched streaming pass. tokens [n, >= T]; cuts in [0, T-1].
+
+    Returns [len(cuts)], the mean over rows (reduce=False: [n, len(cuts)], e.g. for error bars).
+    Only the distribution at the LAST position (predicting token T) is compared.
+
+    How: every suffix x[t:T] ends at T, and a recurrent model's run on it is the full run with the state
+    reset to zero at time t. So we walk over time once, splitting it at the sorted cut points; when we
+    reach cut t, the rows of that cut join the batch with a zero state (the state tensors of all
+    layers get n new zero rows, every key: "h", conv windows, token shifts). Rows never compute tokens
+    before their own cut, so the total work equals the len(cuts) separate forwards (sum_t n * (T - t)
+    tokens), but it is done in ~len(cuts) + T/chunk_len batched calls instead of len(cuts) sequential
+    passes. The reference q(.|x[0:T]) is read from the t = 0 rows themselves, so EffRem_T(0) = d(p, p)
+    = 0 exactly (the distances are exactly 0 for identical inputs). This is equivalent to running all
+    n*len(cuts) rows from time 0 and multiplying their states by a 0/1 mask at each cut, without
+    computing the prefixes that the mask would throw away.
+    Memory: batch_size bounds the number of sequences per pass; each pass holds n_cuts * batch rows.
+    """
+    tokens, cuts, dist = _check_effrem(tokens, T, cuts, distance)
+    n = tokens.shape[0]
+    device = _device_of(lm)
+    # The t = 0 rows are the reference q(.|x[0:T]); add them if the caller did not ask for t = 0.
+    starts = sorted(set(cuts.tolist()) | {0})
+    batch_size = batch_size or n
+    chunk_len = chunk_len or _auto_chunk_len(min(n, batch_size) * len(starts), lm.cfg.vocab_size)
+    pieces = _pieces(T, chunk_len, stops=starts)
+    out = torch.zeros(n, len(cuts), dtype=torch.float64)
+    bar = _tqdm(total=math.ceil(n / batch_size) * len(pieces), desc="effrem", disable=not progress)
+    with _eval_mode(lm):
+        for r0 in range(0, n, batch_size):
+            x = tokens[r0:r0 + batch_size, :T].to(device)
+            m = len(x)
+            state, n_active = None, 0  # rows [k*m, (k+1)*m) hold the suffix starting at starts[k]
+            for a, b in pieces:
+                while n_active < len(starts) and starts[n_active] == a:  # a suffix starts here: zero state
+                    zero = lm.zero_state(m, device)
+                    state = zero if state is None else _cat_states(state, zero)
+                    n_active += 1
+                logits, state = lm(x[:, a:b].repeat(n_active, 1), state)
+                bar.update(1)
+            p = _last_probs(logits).view(len(starts), m, -1)  # [starts, rows, V]
+            ref = p[0]
+            for j, t in enumerate(cuts.tolist()):
+                out[r0:r0 + m, j] = dist(ref, p[starts.index(t)]).cpu()
+    bar.close()
+    return out.mean(0) if reduce else out
+
+
+def default_cuts(T, n_cuts=32):
+    """Cut points for EffRem_T: 0, then log-spaced from the start (a failing model already jumps when a
+    tiny prefix is removed) and log-spaced toward T (where a healthy model rises), sorted, unique."""
+    if T < 2:
+        raise ValueError(f"default_cuts: T must be >= 2, got {T}")
+    half = max(1, (n_cuts - 1) // 2)
+    early = torch.logspace(0, math.log10(max(1, T // 2)), half).round().long()
+    late = T - torch.logspace(0, math.log10(max(1, T // 2)), n_cuts - 1 - half).round().long()
+    return torch.cat([torch.tensor([0]), early, late]).clamp(0, T - 1).unique()
+
+
+# ================================================================================================
+# 4. State statistics
+# ================================================================================================
+
+
+@torch.inference_mode()
+def state_statistics(lm, tokens, positions=None, chunk_len=None, batch_size=None, t_train=None, progress=False):
+    """Spread of every layer's matrix state "h" per head as a function of position (paper Fig. 4).
+
+    positions: time indices i at which to read the state after tokens[:, :i+1] (default: log-spaced up
+    to T-1). The model hands out its state only at the end of a forward, so the stream is split at
+    exactly those positions (plus chunk_len pieces to bound memory).
+    For each layer l, head h and position: std and RMS of h[:, head, ...] over the batch and all the
+    non-head dims pooled (the same pooling as the Fitted Noise intervention).
+
+    coverage (when t_train is given): per head, mean std over the late positions (context >= 4*t_train)
+    divided by the largest std seen within training positions (context <= t_train). The paper does not
+    define such a number; ours reads: ~1 or below, late states stay within the spread training produced;
+    >> 1, the state keeps drifting into a range training never visited (the unexplored-states
+    hypothesis). nan when no position reaches 4*t_train.
+    Returns dict(positions [P], std / rms: one [P, heads] tensor per layer, coverage: one [heads] per layer).
+    """
+    tokens = _check_tokens(tokens, min_len=1, what="tokens")
+    n, T = tokens.shape
+    if positions is None:  # log-spaced context lengths 1, 2, 3, 4, 6, 8, ..., T -> time indices
+        positions = torch.as_tensor(log_edges(T)[1:]) - 1
+    positions = torch.as_tensor(positions).long().flatten().unique()
+    if len(positions) == 0 or positions.min() < 0 or positions.max() >= T:
+        raise ValueError(f"state_statistics: positions must lie in [0, {T - 1}], got {positions.tolist()}")
+    device = _device_of(lm)
+    batch_size = batch_size or n
+    chunk_len = chunk_len or _auto_chunk_len(min(n, batch_size), lm.cfg.vocab_size)
+    ends = (positions + 1).tolist()
+    pieces = _pieces(ends[-1], chunk_len, stops=ends)
+    sums = None  # per layer: [P, heads, 3] float64 = (count, sum, sum of squares)
+    bar = _tqdm(total=math.ceil(n / batch_size) * len(pieces), desc="state", disable=not progress)
+    with _eval_mode(lm):
+        for r0 in range(0, n, batch_size):
+            x = tokens[r0:r0 + batch_size].to(device)
+            state = None
+            for a, b in pieces:
+                _, state = lm(x[:, a:b], state)
+                bar.update(1)
+                if b not in ends:
+                    continue
+                hs = [s["h"] for s in state if "h" in s]
+                if sums is None:
+                    sums = [torch.zeros(len(ends), h.shape[1], 3, dtype=torch.float64) for h in hs]
+                p = ends.index(b)
+                for acc, h in zip(sums, hs):
+                    h = h.double().transpose(0, 1).reshape(h.shape[1], -1)  # [heads, batch * rest]
+                    acc[p] += torch.stack([torch.full((h.shape[0],), float(h.shape[1]), dtype=torch.float64,
+                                                      device=h.device), h.sum(1), (h * h).sum(1)], 1).cpu()
+    bar.close()
+    if sums is None:
+        raise ValueError("state_statistics: the model's state has no 'h' entry in any layer")
+    std, rms = [], []
+    for acc in sums:
+        cnt, s, sq = acc.unbind(-1)
+        mean = s / cnt
+        std.append(((sq - cnt * mean * mean) / (cnt - 1).clamp_min(1)).clamp_min(0).sqrt())
+        rms.append((sq / cnt).sqrt())
+    out = dict(positions=positions, std=std, rms=rms)
+    if t_train is not None:
+        ctx = positions + 1
+        early, late = ctx <= t_train, ctx >= 4 * t_train
+        out["coverage"] = [
+            (s[late].mean(0) / s[early].amax(0)) if early.any() and late.any()
+            else torch.full((s.shape[1],), float("nan"), dtype=torch.float64) for s in std]
+    return out
+
+
+# ================================================================================================
+# CLI
+# ================================================================================================
+
+METRICS = ("ppl", "effrem", "state")
+
+
+def main(argv=None):
+    args = _parse_args(argv)
+    try:
+        report = run(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        # bad inputs: one line naming the problem and the fix, no traceback
+        print(f"evaluate.py: error: {e}", file=sys.stderr)
+        return 2
+    _print_table(report)
+    return 0
+
+
+def _parse_args(argv):
+    ap = argparse.ArgumentParser(
+        description="Position-wise perplexity, Definition 3.2 verdict, Effective Remembrance and state "
+                    "statistics of recurrent LM checkpoints, evaluated far past their training length.")
+    ap.add_argument("ckpts", nargs="+", metavar="CKPT",
+                    help="checkpoint files (train.py's ckpt.pt) or directories holding one, or official Mamba dirs")
+    ap.add_argument("--metrics", default="ppl,effrem,state",
+                    help="comma-separated subset of %s (default: all)" % ",".join(METRICS))
+    ap.add_argument("--eval-len", type=int, default=None,
+                    help="tokens per evaluation window (default: 16 x the largest t_train); must exceed t_train")
+    ap.add_argument("--n-seqs", type=int, default=64,
+                    help="number of evaluation windows (sequences); error bars shrink as 1/sqrt(n) (default: 64)")
+    ap.add_argument("--chunk-len", type=int, default=None,
+                    help="tokens per forward while streaming; bounds memory, not the result "
+                         "(default: automatic, ~64 MB of logits per chunk)")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="sequences per forward (default: all n-seqs at once)")
+    ap.add_argument("--t-train", type=int, default=None,
+                    help="training length T_train for every checkpoint (default: train_config['seq_len'] "
+                         "stored in each checkpoint)")
+    ap.add_argument("--data", default=None,
+                    help="data set name for tasks.load_data (default: train_config['data'] of the checkpoints)")
+    ap.add_argument("--tokenizer", default=None,
+                    help="tokenizer name for tasks.load_data (default: train_config['tokenizer'])")
+    ap.add_argument("--data-seed", type=int, default=None,
+                    help="seed of tasks.load_data's train/val split (default: train_config['seed'], else 0); "
+                         "must match training, or validation windows may come from training documents")
+    ap.add_argument("--effrem-len", type=int, default=None,
+                    help="T of EffRem_T: the context whose next-token prediction is compared "
+                         "(default: 4 x t_train as in the paper, capped at eval-len)")
+    ap.add_argument("--effrem-cuts", type=int, default=32, help="number of cut points t for EffRem (default: 32)")
+    ap.add_argument("--distance", default="tv", choices=sorted(DISTANCES),
+                    help="EffRem distance: tv (paper default), js (Jensen-Shannon / ln 2), cos (1 - cosine)")
+    ap.add_argument("--out", default="out/eval", help="directory for eval.json and the PNG plots (default: out/eval)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the evaluation window sampling (default: 0)")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                    help="auto = cuda when available, else cpu (default: auto)")
+    ap.add_argument("--labels", nargs="+", default=None,
+                    help="one display name per checkpoint (default: the checkpoint's directory name)")
+    return ap.parse_args(argv)
+
+
+def run(args):
+    """The CLI's work, callable from Python with an argparse-like namespace; returns the report dict."""
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    bad = [m for m in metrics if m not in METRICS]
+    if bad or not metrics:
+        raise ValueError(f"unknown metric(s) {bad or args.metrics!r}: --metrics takes a comma-separated subset of {','.join(METRICS)}")
+    if args.labels is not None and len(args.labels) != len(args.ckpts):
+        raise ValueError(f"--labels has {len(args.labels)} names for {len(args.ckpts)} checkpoints: give one per checkpoint")
+    if args.n_seqs < 1:
+        raise ValueError(f"--n-seqs must be >= 1, got {args.n_seqs}")
+    for flag in ("chunk_len", "batch_size", "eval_len", "t_train", "effrem_len"):
+        v = getattr(args, flag)
+        if v is not None and v < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {v}")
+    for p in args.ckpts:
+        if not os.path.exists(p):
+            raise FileNotFoundError(f"checkpoint {p} does not exist: check the path (train.py writes <out_dir>/ckpt.pt)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda but no CUDA device is available: use --device cpu or auto")
+    device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+
+    labels = args.labels or [_default_label(p) for p in args.ckpts]
+    train_cfgs = [_train_config(p) for p in args.ckpts]
+    t_trains = []
+    for p, tc in zip(args.ckpts, train_cfgs):
+        t = args.t_train or tc.get("seq_len")
+        if not isinstance(t, int) or t < 1:
+            raise ValueError(f"{p}: no train_config['seq_len'] in the checkpoint: pass --t-train N")
+        t_trains.append(t)
+    eval_len = args.eval_len or 16 * max(t_trains)
+    if eval_len <= max(t_trains):
+        raise ValueError(f"--eval-len {eval_len} must be larger than t_train ({max(t_trains)}): "
+                         f"try --eval-len {16 * max(t_trains)}")
+    data_name = _agree(args.ckpts, train_cfgs, "data", "--data NAME", override=args.data)
+    tokenizer = _agree(args.ckpts, train_cfgs, "tokenizer", "--tokenizer NAME", required=False, override=args.tokenizer)
+
+    # +1: windows of eval_len + 1 tokens give eval_len predictions, context lengths 1 .. eval_len
+    data_seed = _agree(args.ckpts, train_cfgs, "seed", "--data-seed N", required=False, override=args.data_seed) or 0
+    windows, optimal = load_eval_windows(data_name, tokenizer, args.n_seqs, eval_len + 1, args.seed, data_seed)
+    edges_all = log_edges(eval_len, per_octave=2, include=t_trains)
+    report = dict(args=vars(args), data=data_name, tokenizer=tokenizer, eval_len=eval_len, n_seqs=len(windows),
+                  device=device, models=[])
+    if optimal is not None:
+        report["optimal"] = dict(nll=optimal.tolist(), buckets=_jsonable(bucketize(optimal[None], edges_all)))
+
+    import model  # imported here: the metric functions above need only an LM object
+
+    for path, label, t_train in zip(args.ckpts, labels, t_trains):
+        lm = model.from_pretrained(path, device=device)
+        if int(windows.max()) >= lm.cfg.vocab_size:
+            raise ValueError(f"{path}: data token ids reach {int(windows.max())} but the model's vocab_size is "
+                             f"{lm.cfg.vocab_size}: evaluate on the data/tokenizer the model was trained with")
+        res = dict(label=label, path=path, arch=lm.cfg.arch, params=lm.num_params(), t_train=t_train)
+        print(f"[{label}] {lm.cfg.arch}, {lm.num_params():,} params, t_train {t_train}, eval_len {eval_len}")
+        t0 = time.time()
+        if "ppl" in metrics:
+            st = position_nll_stats(lm, windows, args.chunk_len, args.batch_size, edges=edges_all, progress=True)
+            bk = st["buckets"]
+            verdict = length_generalization(bk["ppl"], t_train, sem=bk["ppl_sem"], lo=bk["lo"], hi=bk["hi"])
+            res["ppl"] = _jsonable(dict(nll=st["mean"], nll_sem=st["sem"], buckets=bk))
+            res["verdict"] = verdict
+        if "effrem" in metrics:
+            T = min(args.effrem_len or 4 * t_train, eval_len)
+            cuts = default_cuts(T, args.effrem_cuts)
+            per_row = effective_remembrance(lm, windows, T, cuts, args.distance, args.batch_size, args.chunk_len,
+                                            reduce=False, progress=True)
+            sem = per_row.std(0) / math.sqrt(len(per_row)) if len(per_row) > 1 else torch.zeros(len(cuts))
+            res["effrem"] = _jsonable(dict(T=T, distance=args.distance, cuts=cuts, mean=per_row.mean(0), sem=sem))
+        if "state" in metrics:
+            positions = torch.as_tensor(log_edges(eval_len, per_octave=2, include=[t_train])[1:]) - 1
+            ss = state_statistics(lm, windows, positions, args.chunk_len, args.batch_size, t_train, progress=True)
+            res["state"] = _jsonable(ss)
+        res["seconds"] = round(time.time() - t0, 2)
+        report["models"].append(res)
+        del lm
+
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "eval.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    report["files"] = [os.path.join(args.out, "eval.json")] + _plot(report, args.out)
+    return report
+
+
+def load_eval_windows(data_name, tokenizer, n, length, seed, data_seed=0):
+    """[n, length] int64 evaluation windows of the validation split, and the Bayes-optimal per-position
+    NLL [length - 1] (mean over the windows) when the data set knows it (synthetic processes), else None.
+    The only place that talks to tasks.py.
+
+    data_seed must be the TRAINING run's seed: for text it decides which documents are validation
+    documents, so another seed would evaluate on training documents. `seed` picks the windows.
+    Text: windows start anywhere, as train.py's RandomWindows (the model's training distribution at
+    t < t_train). Processes with an exact floor: windows start at a document start (its eot), which
+    the floor needs.
+    """
+    import tasks
+
+    data = tasks.load_data(data_name, tokenizer=tokenizer or "bytes", seed=data_seed)
+    exact = getattr(data, "optimal_nll", None) is not None
+    windows = torch.as_tensor(tasks.eval_windows(data.val, n, length, seed=seed,
+                                                 eot_token=data.eot_token if exact else None)).long()
+    optimal = None
+    if exact:
+        try:
+            opt = torch.as_tensor(data.optimal_nll(windows), dtype=torch.float64)
+        except ValueError as e:
+            raise ValueError(f"no exact loss floor for windows of {length} tokens of {data.name} ({e}): "
+                             f"use a shorter --eval-len (at most the process's document length)") from None
+        optimal = opt.mean(0) if opt.dim() == 2 else opt
+    return windows, optimal
+
+
+# --- CLI helpers ----------------------------------------------------------------------------------
+
+
+def _train_config(path):
+    """train.py's arguments stored in our checkpoints ({} when absent or unreadable: official Mamba dirs)."""
+    f = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
+    if not os.path.isfile(f):
+        return {}
+    try:
+        ck = torch.load(f, map_location="cpu", weights_only=True)
+    except Exception:
+        return {}  # model.from_pretrained will report what is wrong with the file
+    tc = ck.get("train_config") if isinstance(ck, dict) else None
+    return tc if isinstance(tc, dict) else {}
+
+
+def _agree(paths, cfgs, key, flag, required=True, override=None):
+    # one value of a train_config key for all checkpoints (they must be evaluated on the same data)
+    if override is not None:
+        return override
+    vals = {c.get(key) for c in cfgs if c.get(key) is not None}
+    if len(vals) > 1:
+        raise ValueError(f"the checkpoints were trained with different {key} ({sorted(map(str, vals))}): "
+                         f"pass {flag} to evaluate all on the same data")
+    if not vals:
+        if required:
+            raise ValueError(f"{paths[0]}: no train_config['{key}'] in the checkpoint: pass {flag}")
+        return None
+    return vals.pop()
+
+
+def _default_label(path):
+    path = os.path.normpath(path)
+    if os.path.basename(path) == "ckpt.pt":
+        path = os.path.dirname(path)
+    return os.path.basename(path) or path
+
+
+def _print_table(report):
+    models = report["models"]
+    if any("ppl" in m for m in models):
+        bk = next(m for m in models if "ppl" in m)["ppl"]["buckets"]
+        # show the power-of-two buckets only: enough to see the shape in a terminal
+        cols = [j for j, h in enumerate(bk["hi"]) if h & (h - 1) == 0 and h >= 2 or j == len(bk["hi"]) - 1]
+        print("\nPPL per bucket (context length up to):")
+        print(f"{'model':<16}" + "".join(f"{bk['hi'][j]:>9}" for j in cols) + "   verdict (Def. 3.2)")
+        for m in models:
+            if "ppl" not in m:
+                continue
+            ppl, v = m["ppl"]["buckets"]["ppl"], m["verdict"]
+            more = "+" if v["censored"] else ""
+            print(f"{m['label']:<16}" + "".join(f"{ppl[j]:>9.3f}" for j in cols)
+                  + f"   p*={v['p_star']:.3f} -> T={v['generalizes_to']}{more} ({v['ratio']:.1f}x t_train={m['t_train']})")
+        if "optimal" in report:
+            ob = report["optimal"]["buckets"]["ppl"]
+            print(f"{'(optimal)':<16}" + "".join(f"{ob[j]:>9.3f}" for j in cols))
+    if any("effrem" in m for m in models):
+        print("\nEffective Remembrance EffRem_T(t) at t/T = 1/T, 1/4, 1/2, 3/4, (T-1)/T:")
+        for m in models:
+            if "effrem" not in m:
+                continue
+            e, T = m["effrem"], m["effrem"]["T"]
+            pick = [min(range(len(e["cuts"])), key=lambda j: abs(e["cuts"][j] - t)) for t in (1, T // 4, T // 2, 3 * T // 4, T - 1)]
+            print(f"{m['label']:<16} T={T:<6} " + "  ".join(f"t={e['cuts'][j]}:{e['mean'][j]:.3f}" for j in pick))
+    if any("state" in m for m in models):
+        print("\nState coverage (late std / max std within t_train), most drifting head per layer:")
+        for m in models:
+            if "state" in m:
+                cov = m["state"].get("coverage", [])
+                best = [max(c, key=_nan_low) for c in cov]
+                print(f"{m['label']:<16} " + "  ".join(f"L{l}:{'n/a' if b is None else f'{b:.2f}'}" for l, b in enumerate(best))
+                      + ("" if any(b is not None for b in best) else "   (eval-len < 4 x t_train)"))
+    print("\nwrote " + ", ".join(report.get("files", [])))
+
+
+def _plot(report, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    models = report["models"]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    if any("ppl" in m for m in models):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for i, m in enumerate(m for m in models if "ppl" in m):
+            c = colors[i % len(colors)]
+            bk = m["ppl"]["buckets"]
+            x = [math.sqrt((lo + 1) * hi) for lo, hi in zip(bk["lo"], bk["hi"])]  # geometric middle of the bucket
+            y, e = torch.tensor(bk["ppl"]), torch.tensor([v if v is not None else 0.0 for v in bk["ppl_sem"]])
+            ax.plot(x, y, color=c, label=f"{m['label']} (T={m['verdict']['generalizes_to']})")
+            ax.fill_between(x, y - e, y + e, color=c, alpha=0.25)
+            ax.axvline(m["t_train"], color=c, ls=":", lw=1)
+        if "optimal" in report:
+            ob = report["optimal"]["buckets"]
+            ax.plot([math.sqrt((lo + 1) * hi) for lo, hi in zip(ob["lo"], ob["hi"])], ob["ppl"], "k--", lw=1,
+                    label="Bayes-optimal")
+        lows, highs = zip(*[(min(m["ppl"]["buckets"]["ppl"]), max(m["ppl"]["buckets"]["ppl"])) for m in models if "ppl" in m])
+        if "optimal" in report:
+            lows += (min(report["optimal"]["buckets"]["ppl"]),)
+        # log y only when the curves span a wide range (e.g. an untrained model above the Bayes floor)
+        ax.set_yscale("log" if max(highs) > 5 * min(lows) else "linear")
+        ax.set(xscale="log", xlabel="context length (tokens read; dotted: T_train)", ylabel="perplexity",
+               title="Position-wise perplexity (bands: +-1 s.e.)")
+        ax.legend(fontsize=8)
+        files.append(_save(fig, out, "ppl.png"))
+    if any("effrem" in m for m in models):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for i, m in enumerate(m for m in models if "effrem" in m):
+            e = m["effrem"]
+            y, s = torch.tensor(e["mean"]), torch.tensor([v if v is not None else 0.0 for v in e["sem"]])
+            ax.plot(e["cuts"], y, "o-", ms=3, color=colors[i % len(colors)], label=f"{m['label']} (T={e['T']})")
+            ax.fill_between(e["cuts"], y - s, y + s, color=colors[i % len(colors)], alpha=0.25)
+            ax.axvline(e["T"] - m["t_train"], color=colors[i % len(colors)], ls=":", lw=1)
+        ax.set(xlabel="t (first t tokens dropped; dotted: T - T_train)", ylabel=f"EffRem_T(t)  [{e['distance']}]",
+               ylim=(-0.02, 1.02), title="Effective Remembrance")
+        ax.legend(fontsize=8)
+        files.append(_save(fig, out, "effrem.png"))
+    if any("state" in m for m in models):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for i, m in enumerate(m for m in models if "state" in m):
+            st, c = m["state"], colors[i % len(colors)]
+            x = [p + 1 for p in st["positions"]]
+            # the 3 heads (over all layers) that drift most, by coverage, else by late/early std ratio
+            cands = []
+            for l, s in enumerate(st["std"]):
+                s = torch.tensor(s)
+                score = st["coverage"][l] if "coverage" in st else (s[-1] / s[0].clamp_min(1e-12)).tolist()
+                cands += [(_nan_low(score[h]), l, h) for h in range(s.shape[1])]
+            for k, (_, l, h) in enumerate(sorted(cands, reverse=True)[:3]):
+                ax.plot(x, [row[h] for row in st["std"][l]], color=c, ls=["-", "--", "-."][k],
+                        label=f"{m['label']} L{l} h{h}")
+            ax.axvline(m["t_train"], color=c, ls=":", lw=1)
+        ax.set(xscale="log", yscale="log", xlabel="context length (dotted: T_train)", ylabel="std of state h",
+               title="State spread of the most drifting heads")
+        ax.legend(fontsize=7)
+        files.append(_save(fig, out, "state.png"))
+    return files
+
+
+def _save(fig, out, name):
+    path = os.path.join(out, name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return path
+
+
+def _nan_low(v):
+    # sort key that puts missing values (None / nan) last
+    return -math.inf if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+def _jsonable(x):
+    # tensors -> lists; nan (e.g. a standard error from one sequence) -> null, so the file is strict JSON
+    if isinstance(x, torch.Tensor):
+        return _jsonable(x.tolist())
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+# ================================================================================================
+# Benchmark (called by bench.py --what eval)
+# ================================================================================================
+
+
+def benchmark(arch="mamba2", lengths=(8192, 131072), n_seqs=2, chunk_len=1024, effrem_len=1024, n_cuts=32,
+              device="cpu", repeats=3):
+    """Cost of the streaming evaluation on an untrained `tiny` model (cost does not depend on weights).
+
+    Memory: peak RSS of position_nll at each length, each in a fresh process (a process's peak RSS
+    cannot be reset), next to the RSS after a short warm-up call; streaming should keep the peak
+    ~flat in the length. Time: effective_remembrance (one batched pass) vs effective_remembrance_naive
+    (one forward per cut), and whether the two agree. Returns a dict of the numbers.
+    """
+    import subprocess
+    out = dict(arch=arch, n_seqs=n_seqs, chunk_len=chunk_len, memory=[])
+    for L in lengths:
+        code = (f"import evaluate, json; print(json.dumps(evaluate._bench_memory({arch!r}, {L}, {n_seqs}, "
+                f"{chunk_len}, {device!r})))")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           cwd=os.path.dirname(os.path.abspath(__file__)))
+        if r.returncode != 0:
+            raise RuntimeError(f"benchmark at length {L} failed: {r.stderr.strip().splitlines()[-1:]}")
+        out["memory"].append(json.loads(r.stdout.strip().splitlines()[-1]))
+    lm, x = _bench_model(arch, n_seqs, effrem_len, device)
+    cuts = default_cuts(effrem_len, n_cuts)
+    times = {"batched": [], "per_cut": []}
+    for _ in range(repeats):  # interleaved, best of `repeats`: robust to other load on a shared machine
+        t0 = time.perf_counter()
+        batched = effective_remembrance(lm, x, effrem_len, cuts)
+        t1 = time.perf_counter()
+        naive = effective_remembrance_naive(lm, x, effrem_len, cuts)
+        times["batched"].append(t1 - t0)
+        times["per_cut"].append(time.perf_counter() - t1)
+    out["effrem"] = dict(T=effrem_len, n_seqs=n_seqs, n_cuts=len(cuts), batched_s=round(min(times["batched"]), 3),
+                         per_cut_s=round(min(times["per_cut"]), 3),
+                         max_abs_diff=float((batched - naive.double()).abs().max()))
+    return out
+
+
+def _bench_model(arch, n, length, device):
+    import model
+    torch.manual_seed(0)
+    lm = model.LM(model.make_config(arch, "tiny", vocab_size=257)).to(device)
+    return lm, torch.randint(0, 257, (n, length), generator=torch.Generator().manual_seed(0))
+
+
+def _bench_memory(arch, length, n, chunk_len, device):
+    import resource
+    lm, x = _bench_model(arch, n, length, device)
+    position_nll(lm, x[:, :2 * chunk_len], chunk_len=chunk_len)  # warm-up: allocator pools, kernels
+    warm_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kB
+    t0 = time.perf_counter()
+    position_nll(lm, x, chunk_len=chunk_len)
+    seconds = time.perf_counter() - t0
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    cuda_mb = torch.cuda.max_memory_allocated() / 2 ** 20 if torch.device(device).type == "cuda" else None
+    return dict(length=length, warm_rss_mb=round(warm_mb, 1), peak_rss_mb=round(peak_mb, 1),
+                cuda_peak_mb=cuda_mb, seconds=round(seconds, 2), tokens_per_s=round(n * length / seconds))
+
+
+# ================================================================================================
+# Helpers
+# ================================================================================================
+
+
+def _pieces(T, chunk_len, stops=()):
+    """[a, b) intervals covering [0, T), each at most chunk_len long, with a boundary at every stop."""
+    cuts = sorted({0, T} | {int(s) for s in stops if 0 < s < T})
+    out = []
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        out += [(s, min(s + chunk_len, b)) for s in range(a, b, chunk_len)]
+    return out
+
+
+def _auto_chunk_len(rows, vocab):
+    # The logits of one chunk ([rows, chunk, vocab] float32) dominate memory: keep them near 2^24
+    # numbers (64 MB). Between 16 and 2048 tokens: shorter chunks waste time on per-call overhead.
+    return int(max(16, min(2048, 2 ** 24 // max(1, rows * vocab))))
+
+
+def _cat_states(a, b):
+    # every state tensor has the batch in dim 0 (model.py's contract), so new rows append there
+    return [{k: torch.cat([la[k], lb[k]], 0) for k in la} for la, lb in zip(a, b)]
+
+
+def _last_probs(logits):
+    return logits[:, -1].double().softmax(-1)
+
+
+def _device_of(lm):
+    p = next(lm.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+class _eval_mode:
+    """Put the model in eval mode for the block and restore its previous mode (callers may be training)."""
+
+    def __init__(self, lm):
+        self.lm = lm
+
+    def __enter__(self):
+        self.was_training = self.lm.training
+        self.lm.eval()
+
+    def __exit__(self, *exc):
+        self.lm.train(self.was_training)
+
+
+def _tqdm(**kw):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # progress bars are a convenience, never a requirement
+        class tqdm:
+            def __init__(self, **kw): pass
+            def update(self, n=1): pass
+            def close(self): pass
+    return tqdm(**kw)
+
+
+def _check_tokens(tokens, min_len, what):
+    tokens = torch.as_tensor(tokens)
+    if tokens.dim() != 2 or tokens.shape[1] < min_len or tokens.shape[0] < 1:
+        raise ValueError(f"{what} must have shape [n, T] with n >= 1 and T >= {min_len}, got {list(tokens.shape)}")
+    if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise ValueError(f"{what} must hold integer token ids, got dtype {tokens.dtype}")
+    return tokens.long()
+
+
+def _check_edges(edges, L):
+    edges = [int(e) for e in edges]
+    if len(edges) < 2 or edges[0] != 0 or edges[-1] != L or any(a >= b for a, b in zip(edges[:-1], edges[1:])):
+        raise ValueError(f"bucket edges must increase strictly from 0 to {L} (the number of positions), got {edges[:8]}"
+                         + ("..." if len(edges) > 8 else "") + f": use log_edges({L})")
+    return edges
+
+
+def _check_effrem(tokens, T, cuts, distance):
+    tokens = _check_tokens(tokens, min_len=1, what="tokens")
+    if distance not in DISTANCES:
+        raise ValueError(f"unknown distance {distance!r}: choose one of {sorted(DISTANCES)}")
+    if not 1 <= T <= tokens.shape[1]:
+        raise ValueError(f"effective_remembrance: T = {T} must lie in [1, {tokens.shape[1]}] (the window length)")
+    cuts = torch.as_tensor(cuts).long().flatten()
+    if len(cuts) == 0 or cuts.min() < 0 or cuts.max() > T - 1:
+        raise ValueError(f"effective_remembrance: cuts must lie in [0, T-1 = {T - 1}] (the suffix keeps at least "
+                         f"one token), got min {cuts.min().item() if len(cuts) else None}, "
+                         f"max {cuts.max().item() if len(cuts) else None}")
+    return tokens, cuts, DISTANCES[distance]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

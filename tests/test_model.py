@@ -1,0 +1,211 @@
+"""The one LM: state plumbing (split and step equivalence) for every architecture, and loading."""
+import json
+
+import pytest
+import torch
+
+import model
+
+ARCHS = ["mamba1", "mamba2", "gla", "rwkv6"]
+
+
+def tiny_lm(arch, seed=0, **overrides):
+    torch.manual_seed(seed)
+    return model.LM(model.make_config(arch, "tiny", vocab_size=50, **overrides)).eval()
+
+
+def assert_states_close(a, b, atol=1e-4):
+    assert len(a) == len(b)
+    for la, lb in zip(a, b):
+        assert la.keys() == lb.keys()
+        for k in la:
+            torch.testing.assert_close(la[k], lb[k], atol=atol, rtol=1e-4, msg=f"state key {k}")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_split_equivalence(arch):
+    # lm(idx) == lm(idx[:, :a]) then lm(idx[:, a:], state): the whole recurrent state is carried,
+    # including conv windows and token shifts (a=2 is shorter than Mamba's conv window).
+    lm = tiny_lm(arch)
+    idx = torch.randint(0, 50, (2, 75))
+    with torch.no_grad():
+        full, s_full = lm(idx)
+        for a in (2, 33):
+            l1, s1 = lm(idx[:, :a])
+            l2, s2 = lm(idx[:, a:], state=s1)
+            torch.testing.assert_close(torch.cat([l1, l2], 1), full, atol=1e-4, rtol=1e-4)
+            assert_states_close(s2, s_full)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_step_equivalence(arch):
+    # token-by-token recurrence == the parallel forward
+    lm = tiny_lm(arch, seed=1)
+    idx = torch.randint(0, 50, (2, 19))
+    with torch.no_grad():
+        full, s_full = lm(idx)
+        state, outs = None, []
+        for t in range(idx.shape[1]):
+            logits, state = lm(idx[:, t:t + 1], state=state)
+            outs.append(logits)
+    torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-4, rtol=1e-4)
+    assert_states_close(state, s_full)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_naive_and_chunked_scans_give_the_same_lm(arch):
+    lm = tiny_lm(arch, seed=2)
+    idx = torch.randint(0, 50, (1, 70))
+    with torch.no_grad():
+        a, sa = lm(idx, state=None)
+        model.set_scan_impl(lm, "naive")
+        b, sb = lm(idx)
+        model.set_scan_impl(lm, "chunked")
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert_states_close(sa, sb)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gradient_reaches_the_initial_state(arch):
+    lm = tiny_lm(arch, seed=3)
+    idx = torch.randint(0, 50, (2, 10))
+    state = lm.zero_state(2)
+    for layer in state:
+        for v in layer.values():
+            v.normal_().requires_grad_(True)
+    logits, final = lm(idx, state=state)
+    logits.logsumexp(-1).sum().backward()
+    for layer in state:
+        assert layer["h"].grad is not None and layer["h"].grad.abs().sum() > 0
+
+
+def test_zero_state_equals_none_and_detach():
+    lm = tiny_lm("mamba2")
+    idx = torch.randint(0, 50, (3, 12))
+    with torch.no_grad():
+        a, _ = lm(idx)
+        b, _ = lm(idx, state=lm.zero_state(3))
+    torch.testing.assert_close(a, b)
+    _, s = lm(idx)
+    d = model.detach_state(s)
+    assert all(not v.requires_grad for layer in d for v in layer.values())
+    assert all(v.dtype == torch.float32 for layer in d for v in layer.values())
+    assert d[0]["h"].shape == (3, 8, 16, 16)  # [b, heads = 2*64/16, headdim, d_state]
+
+
+def test_bad_inputs():
+    lm = tiny_lm("mamba2")
+    with pytest.raises(ValueError, match="idx"):
+        lm(torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match="layers"):
+        lm(torch.zeros(1, 3, dtype=torch.long), state=[{}])
+    with pytest.raises(ValueError, match="unknown arch"):
+        model.make_config("lstm")
+    with pytest.raises(ValueError, match="unknown size"):
+        model.make_config("gla", "45m")
+    with pytest.raises(ValueError, match="scan impl"):
+        model.set_scan_impl(lm, "cuda")
+
+
+def test_repr_reports_parameter_count():
+    lm = tiny_lm("gla")
+    assert f"params={lm.num_params():,}" in repr(lm)
+    assert lm.num_params() == sum(p.numel() for p in lm.parameters())
+
+
+# --- official state-spaces/mamba checkpoints --------------------------------------------------------
+
+OFFICIAL_MAMBA2_LAYER = {  # key -> shape, for d_model=64, expand=2, headdim=16, d_state=16, ngroups=1, d_conv=4
+    "norm.weight": [64],
+    "mixer.in_proj.weight": [2 * 128 + 2 * 16 + 8, 64],  # [z, x, B, C, dt]
+    "mixer.conv1d.weight": [128 + 2 * 16, 1, 4],
+    "mixer.conv1d.bias": [128 + 2 * 16],
+    "mixer.dt_bias": [8],
+    "mixer.A_log": [8],
+    "mixer.D": [8],
+    "mixer.norm.weight": [128],
+    "mixer.out_proj.weight": [64, 128],
+}
+OFFICIAL_MAMBA1_LAYER = {  # d_model=64, expand=2, d_state=16, dt_rank=ceil(64/16)=4
+    "norm.weight": [64],
+    "mixer.in_proj.weight": [256, 64],
+    "mixer.conv1d.weight": [128, 1, 4],
+    "mixer.conv1d.bias": [128],
+    "mixer.x_proj.weight": [4 + 32, 128],
+    "mixer.dt_proj.weight": [128, 4],
+    "mixer.dt_proj.bias": [128],
+    "mixer.A_log": [128, 16],
+    "mixer.D": [128],
+    "mixer.out_proj.weight": [64, 128],
+}
+
+
+def official_state_dict(layer_shapes, n_layer=2, vocab=56, d=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    sd = {"backbone.embedding.weight": torch.randn(vocab, d, generator=g) * 0.02,
+          "backbone.norm_f.weight": torch.ones(d)}
+    for i in range(n_layer):
+        for k, shape in layer_shapes.items():
+            sd[f"backbone.layers.{i}.{k}"] = torch.randn(*shape, generator=g) * 0.1
+    sd["lm_head.weight"] = sd["backbone.embedding.weight"]
+    return sd
+
+
+@pytest.mark.parametrize("arch,layer_shapes,ssm_cfg", [
+    ("mamba2", OFFICIAL_MAMBA2_LAYER, {"layer": "Mamba2", "d_state": 16, "headdim": 16}),
+    ("mamba1", OFFICIAL_MAMBA1_LAYER, {"d_state": 16}),
+])
+def test_official_mamba_directory_loads_and_runs(tmp_path, arch, layer_shapes, ssm_cfg):
+    sd = official_state_dict(layer_shapes)
+    for k in sd:
+        sd[k] = sd[k].clone()
+    sd["backbone.layers.0.mixer.A_log"] = sd["backbone.layers.0.mixer.A_log"].abs().log()  # any value works
+    torch.save(sd, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_text(json.dumps(dict(
+        d_model=64, n_layer=2, vocab_size=50, ssm_cfg=ssm_cfg, rms_norm=True, residual_in_fp32=True,
+        fused_add_norm=True, pad_vocab_size_multiple=8, tie_embeddings=True)))
+    lm = model.from_pretrained(str(tmp_path))
+    assert lm.cfg.arch == arch
+    torch.testing.assert_close(lm.state_dict()["backbone.layers.1.mixer.in_proj.weight"],
+                               sd["backbone.layers.1.mixer.in_proj.weight"])
+    logits, state = lm(torch.randint(0, 50, (1, 9)))
+    assert logits.shape == (1, 9, 50) and torch.isfinite(logits).all()
+
+
+def test_official_directory_with_a_missing_or_unknown_key_is_an_error(tmp_path):
+    sd = official_state_dict(OFFICIAL_MAMBA2_LAYER)
+    del sd["backbone.layers.1.mixer.D"]
+    sd["backbone.layers.1.mixer.E"] = torch.zeros(3)
+    torch.save(sd, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_text(json.dumps(dict(
+        d_model=64, n_layer=2, vocab_size=50, ssm_cfg={"layer": "Mamba2", "d_state": 16, "headdim": 16})))
+    with pytest.raises(RuntimeError, match=r"missing \['backbone.layers.1.mixer.D'\], unknown \['backbone.layers.1.mixer.E'\]"):
+        model.from_pretrained(str(tmp_path))
+
+
+def test_our_checkpoint_round_trip_and_corrupt_file(tmp_path):
+    from dataclasses import asdict
+    lm = tiny_lm("rwkv6")
+    torch.save({"model_config": asdict(lm.cfg), "model": lm.state_dict()}, tmp_path / "ckpt.pt")
+    lm2 = model.from_pretrained(str(tmp_path)).eval()
+    idx = torch.randint(0, 50, (1, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(lm(idx)[0], lm2(idx)[0])
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(RuntimeError, match="corrupt"):
+        model.from_pretrained(str(tmp_path / "bad.pt"))
+    with pytest.raises(FileNotFoundError):
+        model.from_pretrained(str(tmp_path / "nope.pt"))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_training_still_works_after_an_inference_mode_call(arch):
+    # evaluation runs under torch.inference_mode; nothing it caches may break a later backward
+    lm = tiny_lm(arch, seed=4)
+    idx = torch.randint(0, 50, (1, 40))
+    with torch.inference_mode():
+        lm(idx)
+    logits, _ = lm(idx)
+    logits.sum().backward()
+    assert all(p.grad is not None for p in lm.parameters() if p.requires_grad and p.grad is not None)
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in lm.parameters())

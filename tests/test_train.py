@@ -1,0 +1,99 @@
+"""train.py: exact resume, NaN handling, DDP, bad inputs."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = "markov:k=4,alpha=0.5,doc_len=200,docs=40"
+BASE = ["--data", DATA, "--seq-len", "16", "--batch-size", "4", "--eval-interval", "1000", "--quiet"]
+
+
+def losses(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return {r["step"]: r["loss"] for r in map(json.loads, f)}
+
+
+@pytest.mark.parametrize("init_state", ["sp", "fitted", "tbtt"])
+def test_resume_after_interrupt_reproduces_the_loss_trajectory(tmp_path, init_state):
+    common = BASE + ["--init-state", init_state, "--steps", "8", "--ckpt-interval", "3", "--arch", "mamba2"]
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    train.main(common + ["--out", a])
+    train.main(common + ["--out", b, "--stop-at", "4"])  # "killed" after step 4; last checkpoint at step 3
+    ckpt = torch.load(os.path.join(b, "ckpt.pt"), weights_only=True)
+    assert ckpt["step"] == 3
+    train.main(common + ["--out", b, "--resume"])
+    la, lb = losses(a), losses(b)
+    assert sorted(la) == list(range(1, 9))
+    for step in range(1, 9):
+        assert la[step] == lb[step], f"step {step}: {la[step]} vs {lb[step]}"
+
+
+def test_checkpoint_loads_with_from_pretrained(tmp_path):
+    import model
+    out = str(tmp_path / "r")
+    lm = train.main(BASE + ["--arch", "rwkv6", "--init-state", "zero", "--steps", "2", "--out", out])
+    lm2 = model.from_pretrained(out)
+    x = torch.randint(0, 5, (1, 6))
+    lm.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x)[0], lm2.eval()(x)[0])
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    out = str(tmp_path / "nan")
+    with pytest.raises(SystemExit, match="loss is"):
+        train.main(BASE + ["--init-state", "zero", "--steps", "20", "--ckpt-interval", "1", "--warmup", "0",
+                           "--lr", "1e30", "--out", out])
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    assert ckpt["step"] >= 1
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values() if v.is_floating_point())
+
+
+def test_post_training_uses_a_tenth_of_the_peak_lr(tmp_path):
+    base = str(tmp_path / "base")
+    train.main(BASE + ["--init-state", "zero", "--steps", "2", "--out", base])
+    post = str(tmp_path / "post")
+    train.main(BASE + ["--init-state", "sp", "--steps", "2", "--init-from", base, "--out", post, "--warmup", "0"])
+    with open(os.path.join(post, "args.json")) as f:
+        assert json.load(f)["lr"] == pytest.approx(train.PEAK_LR["tiny"] / 10)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--init-state", "warm"], "invalid choice"),
+    (["--steps", "0"], "--steps must be a positive integer"),
+    (["--size", "huge"], "unknown --size"),
+    (["--warmup", "1.5"], "--warmup"),
+    (["--init-from", "/nonexistent/ckpt"], "does not exist"),
+])
+def test_bad_flags_give_one_line_errors(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        train.get_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_resume_errors(tmp_path):
+    with pytest.raises(SystemExit, match="does not exist"):
+        train.main(BASE + ["--resume", "--out", str(tmp_path / "none")])
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "ckpt.pt").write_bytes(b"garbage")
+    with pytest.raises(SystemExit, match="corrupt"):
+        train.main(BASE + ["--resume", "--out", str(bad)])
+
+
+def test_two_process_gloo_ddp_takes_steps(tmp_path):
+    out = str(tmp_path / "ddp")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+           os.path.join(ROOT, "train.py")] + BASE + ["--init-state", "sp", "--steps", "2", "--device", "cpu", "--out", out]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    assert ckpt["step"] == 2 and len(ckpt["sampler"]) == 2 and len(ckpt["strategy"]) == 2
+    assert sorted(losses(out)) == [1, 2]

@@ -1,0 +1,340 @@
+"""
+The one training script: from scratch, or post-training a checkpoint, with a chosen initial state.
+
+    python train.py --init-state sp                      # the CPU default: tiny Mamba-2, stdlib bytes
+    python train.py --arch gla --init-state zero --steps 2000 --seq-len 64
+    python train.py --init-from out/base --init-state sp --steps 300   # post-training (lr = peak/10)
+    torchrun --nproc_per_node 2 train.py --init-state sp               # DistributedDataParallel
+
+The only thing that differs between the paper's interventions is where each training sequence's
+initial state comes from (interventions.py); everything else is the usual recipe of Appendix B:
+AdamW (0.9, 0.95), weight decay 0.01 on matrices only, gradient clipping 1.0, 10% linear warm-up,
+cosine decay to 1e-5, no dropout. Evaluation (evaluate.py) always starts from the zero state.
+
+Checkpoints (OUT/ckpt.pt) hold everything needed to continue the SAME run after a kill: model,
+optimizer, step, RNG states, the sampler's position and the strategy's own state (fitted statistics,
+passed states). They are written atomically, so a kill during a save leaves the previous one intact.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import interventions
+import model
+import tasks
+
+# Peak learning rates of the presets (from scratch). Post-training (--init-from) uses 1/10 of these,
+# as in the paper. The paper's Table 2 values for its sizes; the tiny CPU presets were tuned here.
+PEAK_LR = {"tiny": 3e-3, "45m": 1.5e-3, "70m": 1.5e-3, "85m": 1.5e-3, "125m": 1e-3, "130m": 1e-3,
+           "370m": 7.5e-4, "780m": 5e-4, "1.3b": 4e-4}
+
+
+def get_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("the intervention")
+    g.add_argument("--init-state", default="sp", choices=list(interventions.STRATEGIES),
+                   help="initial state of each training sequence: zero (baseline), random (N(0, sigma^2)), "
+                        "fitted (Gaussian fitted per layer/head to final states), sp (State Passing: the previous "
+                        "batch's final states), tbtt (the previous chunk of the same document). Default: sp")
+    g.add_argument("--sigma", type=float, default=0.1, help="std of the random initial state (--init-state random)")
+    g.add_argument("--p-reset", type=float, default=0.1, help="SP: probability that a row restarts from zero")
+    g = p.add_argument_group("model")
+    g.add_argument("--arch", default="mamba2", choices=list(model.ARCHS), help="recurrent architecture")
+    g.add_argument("--size", default="tiny", help="preset size, see model.PRESETS (tiny, 45m, 85m, 125m, 130m, 370m, ...)")
+    g.add_argument("--init-from", default=None,
+                   help="post-train this checkpoint (ours: a dir with ckpt.pt; official: a state-spaces/mamba dir "
+                        "with config.json + pytorch_model.bin): fresh optimizer, lr defaults to peak/10")
+    g = p.add_argument_group("data")
+    g.add_argument("--data", default="stdlib",
+                   help="stdlib (Python's own sources, offline), a text file/dir/glob, a .bin of tokens, or a "
+                        "synthetic process like markov:k=8,alpha=0.3 (see tasks.py)")
+    g.add_argument("--tokenizer", default="bytes", help="bytes (built in) or a tiktoken encoding name (gpt2, ...)")
+    g.add_argument("--seq-len", type=int, default=64, help="T_train: training sequence length in tokens")
+    g.add_argument("--batch-size", type=int, default=16, help="sequences per step (per process)")
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--steps", type=int, default=1500, help="optimizer steps")
+    g.add_argument("--tokens", type=float, default=None, help="token budget instead of --steps (e.g. 5e6)")
+    g.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's; /10 with --init-from)")
+    g.add_argument("--min-lr", type=float, default=1e-5, help="end of the cosine decay")
+    g.add_argument("--warmup", type=float, default=0.1, help="fraction of steps of linear warm-up (paper: 0.1)")
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--grad-clip", type=float, default=1.0)
+    g = p.add_argument_group("run")
+    g.add_argument("--out", default="out", help="output directory (ckpt.pt, metrics.jsonl)")
+    g.add_argument("--resume", action="store_true", help="continue the run saved in --out/ckpt.pt exactly")
+    g.add_argument("--ckpt-interval", type=int, default=250, help="save a checkpoint every N steps (and at the end)")
+    g.add_argument("--eval-interval", type=int, default=250, help="validation loss every N steps")
+    g.add_argument("--eval-batches", type=int, default=8, help="batches of validation windows per evaluation")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1 ...")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model")
+    g.add_argument("--stop-at", type=int, default=None, help="stop after this step as if killed (to test --resume)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    check_args(p, args)
+    return args
+
+
+def check_args(p, args):
+    for name in ("seq_len", "batch_size", "steps", "ckpt_interval", "eval_interval", "eval_batches"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    if not 0 <= args.warmup < 1:
+        p.error(f"--warmup is a fraction of the steps in [0, 1), got {args.warmup}")
+    if args.lr is not None and not args.lr > 0:
+        p.error(f"--lr must be > 0, got {args.lr}")
+    if args.init_from is None and args.size not in model.PRESETS[args.arch]:
+        p.error(f"unknown --size {args.size!r} for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}")
+    if args.init_from is not None and not os.path.exists(args.init_from):
+        p.error(f"--init-from {args.init_from} does not exist")
+
+
+def main(argv=None):
+    args = get_args(argv)
+    ddp = "RANK" in os.environ
+    rank, world = 0, 1
+    if ddp:
+        # One process per device; gloo on CPU, nccl on CUDA. The SP/fitted statistics stay PER RANK:
+        # each rank passes its own final states to its own next batch, exactly as a single process would.
+        import torch.distributed as dist
+        backend = "nccl" if torch.cuda.is_available() and args.device != "cpu" else "gloo"
+        dist.init_process_group(backend)
+        rank, world = dist.get_rank(), dist.get_world_size()
+    device = pick_device(args.device, rank)
+    torch.manual_seed(args.seed + rank)
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    master = rank == 0
+    os.makedirs(args.out, exist_ok=True)
+
+    # --- data -------------------------------------------------------------------------------------
+    data = tasks.load_data(args.data, tokenizer=args.tokenizer, seed=args.seed)
+    if args.init_state == "tbtt":
+        sampler = tasks.DocumentStreams(data.train, data.eot_token, args.batch_size, args.seq_len, seed=args.seed + rank)
+    else:
+        sampler = tasks.RandomWindows(data.train, args.batch_size, args.seq_len, seed=args.seed + rank)
+    val_sampler = tasks.RandomWindows(data.val, args.batch_size, args.seq_len, seed=10_000 + args.seed)
+    val_state0 = val_sampler.state_dict()  # the same validation windows at every evaluation
+    if args.tokens is not None:
+        args.steps = max(1, int(args.tokens // (args.batch_size * args.seq_len * world)))
+
+    # --- model and optimizer --------------------------------------------------------------------------
+    ckpt_path = os.path.join(args.out, "ckpt.pt")
+    resume = load_checkpoint(ckpt_path, device) if args.resume else None
+    if resume is not None:
+        lm = model.LM(model.ModelConfig(**resume["model_config"]))
+        lm.load_state_dict(resume["model"])
+    elif args.init_from is not None:
+        lm = model.from_pretrained(args.init_from)
+    else:
+        lm = model.LM(model.make_config(args.arch, args.size, vocab_size=data.vocab_size))
+    if lm.cfg.vocab_size < data.vocab_size:
+        raise SystemExit(f"error: the model's vocabulary ({lm.cfg.vocab_size}) is smaller than the data's "
+                         f"({data.vocab_size}): use the tokenizer the model was trained with")
+    lm.to(device)
+    if args.lr is None:
+        size = args.size if args.size in PEAK_LR else "tiny"
+        args.lr = PEAK_LR[size] / (10 if args.init_from else 1)
+    optimizer = make_optimizer(lm, args.lr, args.weight_decay, device)
+    strategy = interventions.make_strategy(args.init_state, lm, args.batch_size, sigma=args.sigma,
+                                           p_reset=args.p_reset, seed=args.seed + rank)
+    step = 0
+    if resume is not None:
+        optimizer.load_state_dict(resume["optimizer"])
+        step = resume["step"]
+        sampler.load_state_dict(resume["sampler"][rank])
+        strategy.load_state_dict(move_to(resume["strategy"][rank], device))
+        set_rng_state(resume["rng"][rank])
+        if master:
+            print(f"resuming {ckpt_path} at step {step}")
+    fwd = torch.compile(lm) if args.compile else lm
+    if ddp:
+        from torch.nn.parallel import DistributedDataParallel
+        fwd = DistributedDataParallel(fwd, device_ids=[device.index] if device.type == "cuda" else None)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    if master:
+        print(lm)
+        print(f"data {data.name}: {len(data.train):,} train tokens, vocab {data.vocab_size}; "
+              f"{args.steps} steps x {args.batch_size * world} x {args.seq_len} tokens; "
+              f"init-state {args.init_state}; lr {args.lr:g}; device {device}")
+        with open(os.path.join(args.out, "args.json"), "w") as f:
+            json.dump(vars(args), f, indent=1)
+
+    # --- the loop -------------------------------------------------------------------------------------
+    log = open(os.path.join(args.out, "metrics.jsonl"), "a") if master else None
+    bar = make_bar(args.steps, step, disable=args.quiet or not master)
+    t0, tokens_since = time.time(), 0
+    lm.train()
+    while step < args.steps:
+        lr = lr_at(step, args)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = next_batch(sampler, device)
+        init = strategy.initial_state(batch)
+        with autocast:
+            logits, final_state = fwd(batch["x"], state=init)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), batch["y"].flatten())
+        if not torch.isfinite(loss):
+            raise SystemExit(f"error: loss is {loss.item()} at step {step + 1}; stopped without saving. The last good "
+                             f"checkpoint ({ckpt_path}) is intact: resume from it with a lower --lr or larger --warmup")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(lm.parameters(), args.grad_clip)
+        optimizer.step()
+        strategy.observe(final_state)
+        step += 1
+        tokens_since += batch["x"].numel() * world
+        record = {"step": step, "loss": loss.item(), "lr": lr, "grad_norm": grad_norm.item()}
+        if step % args.eval_interval == 0 or step == args.steps:
+            val_sampler.load_state_dict(val_state0)
+            record["val_loss"] = evaluate_loss(lm, val_sampler, args.eval_batches, device, autocast)
+            lm.train()
+        if master:
+            dt = time.time() - t0
+            record["tokens_per_s"] = tokens_since / max(dt, 1e-9)
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+            bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", lr=f"{lr:.2e}",
+                            **({"val": f"{record['val_loss']:.3f}"} if "val_loss" in record else {}))
+            bar.update(1)
+        if step % args.ckpt_interval == 0 or step == args.steps:
+            save_checkpoint(ckpt_path, lm, optimizer, step, args, sampler, strategy, rank, world)
+        if args.stop_at is not None and step >= args.stop_at:
+            break
+    bar.close()
+    if master:
+        log.close()
+        print(f"done: step {step}, {time.time() - t0:.0f}s, checkpoint {ckpt_path}")
+    if ddp:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    return lm
+
+
+# --- helpers ------------------------------------------------------------------------------------------
+
+def lr_at(step, args):
+    """Linear warm-up over the first `warmup` fraction of steps, then cosine decay to min_lr."""
+    warm = int(args.warmup * args.steps)
+    if step < warm:
+        return args.lr * (step + 1) / warm
+    progress = (step - warm) / max(1, args.steps - warm)
+    return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def make_optimizer(lm, lr, weight_decay, device):
+    # Decay matrices only: not norms, biases, nor the SSM's A_log / D / dt_bias (marked _no_weight_decay).
+    decay, no_decay = [], []
+    for p in lm.parameters():
+        (no_decay if p.dim() < 2 or getattr(p, "_no_weight_decay", False) else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+
+
+def next_batch(sampler, device):
+    out = sampler.next_batch()
+    batch = {"x": out[0].to(device), "y": out[1].to(device)}
+    if len(out) > 2:
+        batch["new_doc"] = out[2]
+    return batch
+
+
+@torch.no_grad()
+def evaluate_loss(lm, sampler, n_batches, device, autocast):
+    """Mean next-token loss on validation windows of the training length, from the zero state."""
+    lm.eval()
+    losses = []
+    for _ in range(n_batches):
+        x, y = (t.to(device) for t in sampler.next_batch()[:2])
+        with autocast:
+            logits, _ = lm(x)
+        losses.append(F.cross_entropy(logits.float().flatten(0, 1), y.flatten()).item())
+    return sum(losses) / len(losses)
+
+
+def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy, rank, world):
+    # every rank's sampler/strategy/RNG state is gathered so that a resume continues every rank exactly
+    per_rank = {"sampler": sampler.state_dict(), "strategy": move_to(strategy.state_dict(), "cpu"),
+                "rng": get_rng_state()}
+    if world > 1:
+        import torch.distributed as dist
+        gathered = [None] * world
+        dist.all_gather_object(gathered, per_rank)
+    else:
+        gathered = [per_rank]
+    if rank != 0:
+        return
+    ckpt = {"model_config": asdict(lm.cfg), "model": lm.state_dict(), "optimizer": optimizer.state_dict(),
+            "train_config": vars(args), "step": step,
+            "sampler": [g["sampler"] for g in gathered], "strategy": [g["strategy"] for g in gathered],
+            "rng": [g["rng"] for g in gathered]}
+    tmp = path + ".tmp"
+    torch.save(ckpt, tmp)
+    os.replace(tmp, path)  # atomic: a kill leaves either the old or the new checkpoint, never half of one
+
+
+def load_checkpoint(path, device):
+    if not os.path.exists(path):
+        raise SystemExit(f"error: --resume but {path} does not exist: start without --resume, or point --out at the run")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise SystemExit(f"error: cannot read {path} (corrupt checkpoint?): {type(e).__name__}: {e}")
+    for key in ("model_config", "model", "optimizer", "step", "sampler", "strategy", "rng"):
+        if key not in ckpt:
+            raise SystemExit(f"error: {path} lacks {key!r}: not a resumable checkpoint of train.py")
+    return ckpt
+
+
+def get_rng_state():
+    # plain Python types and tensors only, so checkpoints load with torch.load(weights_only=True)
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": (name, keys.tolist(), pos, has_gauss, gauss),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(s):
+    torch.set_rng_state(s["torch"])
+    random.setstate(s["python"])
+    name, keys, pos, has_gauss, gauss = s["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    if s["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def move_to(obj, device):
+    if torch.is_tensor(obj):
+        return obj if obj.dtype == torch.uint8 else obj.to(device)  # generator states stay on the CPU
+    if isinstance(obj, dict):
+        return {k: move_to(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(move_to(v, device) for v in obj)
+    return obj
+
+
+def pick_device(name, rank=0):
+    if name == "auto":
+        name = f"cuda:{rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"error: --device {name} but CUDA is not available: use --device cpu")
+    return torch.device(name)
+
+
+def make_bar(total, initial, disable):
+    from tqdm import tqdm
+    return tqdm(total=total, initial=initial, disable=disable, dynamic_ncols=True, file=sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
