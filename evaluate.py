@@ -1,13 +1,20 @@
 """
-Evaluate recurrent LMs far past their training length: the paper's three measurements.
+Evaluate recurrent LMs far past their training length: the paper's three measurements, and its
+long-context tasks.
 
     python evaluate.py out/base/ckpt.pt out/sp/ckpt.pt --labels base sp
+    python evaluate.py out/pk_zero out/pk_fitted --metrics passkey --passkey-lengths 1024,4096,16384,65536,262144
 
 1. Position-wise perplexity, PPL(t) = exp( E_x[ -log q(x_{t+1} | x_{0..t}) ] ), and the verdict of
    Definition 3.2 (up to which length the model "length generalizes").
 2. Effective Remembrance, EffRem_T(t) = d( q(.|x_{0:T}), q(.|x_{t:T}) ): how much the prediction
    after T tokens changes when the first t tokens are dropped.
 3. State statistics: the spread of each head's matrix state "h" as a function of position.
+4. (section 5) Task scores by greedy decoding from the zero state: passkey retrieval on a grid of total
+   length x insertion depth (exact match, per-digit accuracy; heat map as the paper's Fig. 7), synthetic
+   copying (per-character and whole-string accuracy per string length, Table 1), BABILong-style QA
+   (accuracy per bAbI task and length, Fig. 6). --metrics defaults to the task a checkpoint was
+   fine-tuned on (train.py --task), else ppl,effrem,state.
 
 Everything works on any LM with the interface of model.LM:
 
@@ -16,7 +23,8 @@ Everything works on any LM with the interface of model.LM:
 
 and streams the sequence through the model in chunks, carrying the state. For a recurrent model that is
 exact (lm(x) == lm(x[:, a:], state=lm(x[:, :a])[1])), and it is what makes long evaluations possible:
-memory depends on the chunk length, never on the sequence length. Only the CLI needs model.py / tasks.py.
+memory depends on the chunk length, never on the sequence length. Only the CLI needs model.py; only the
+CLI and the task scores need tasks.py.
 
 Position convention used throughout: entry i of a per-position curve is the prediction made at time
 index i, i.e. after reading i + 1 tokens (its "context length" is i + 1). A model trained on windows of
@@ -29,6 +37,7 @@ import os
 import sys
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -376,10 +385,227 @@ def state_statistics(lm, tokens, positions=None, chunk_len=None, batch_size=None
 
 
 # ================================================================================================
+# 5. Long-context tasks (the paper's Sec. 5): passkey retrieval, synthetic copying, BABILong
+# ================================================================================================
+# A task is scored by greedy decoding of its answer from the zero state, as a user would run the model.
+# The prompt is streamed in chunks, carrying the state (memory does not grow with its length, so 256k-token
+# haystacks fit); then the answer is decoded one token at a time from the carried state. For a recurrent
+# model, reading token t+1 with the state after x[:, :t+1] is the same computation as reading x[:, :t+2]
+# at once (lm(x) == lm(x[:, a:], state=lm(x[:, :a])[1])), so this is exactly argmax decoding of the full
+# sequence, at a constant cost per new token. The examples and their scores come from tasks.py; every
+# example of one length has the same number of tokens, so a whole grid row is decoded as one batch.
+# Seeds: sample i of a cell is a pure function of (seed, cell, i), and of neither the length nor the model,
+# so the same keys / strings / stories are asked at every length and of every checkpoint.
+
+
+@torch.inference_mode()
+def greedy_answer(lm, prompt_tokens, max_new_tokens, stop_tokens=(), chunk_len=None):
+    """Greedy continuation of prompt_tokens [T] or [b, T] (rows of equal length) from the zero state.
+    Returns one list of token ids per row: the argmax tokens up to and including the first token of
+    stop_tokens, at most max_new_tokens of them."""
+    prompts = torch.as_tensor(prompt_tokens)
+    prompts = _check_tokens(prompts[None] if prompts.dim() == 1 else prompts, min_len=1, what="prompt_tokens")
+    if max_new_tokens < 1:
+        raise ValueError(f"greedy_answer: max_new_tokens must be >= 1, got {max_new_tokens}")
+    b, T = prompts.shape
+    device = _device_of(lm)
+    chunk_len = chunk_len or _auto_chunk_len(b, lm.cfg.vocab_size)
+    is_stop = torch.zeros(lm.cfg.vocab_size, dtype=torch.bool)
+    is_stop[[t for t in stop_tokens if 0 <= t < lm.cfg.vocab_size]] = True
+    new, done = [], torch.zeros(b, dtype=torch.bool)
+    with _eval_mode(lm):
+        state = None
+        for a, e in _pieces(T, chunk_len):
+            logits, state = lm(prompts[:, a:e].to(device), state)
+        while True:
+            token = logits[:, -1].argmax(-1)
+            new.append(token.cpu())
+            done |= is_stop[new[-1]]
+            if done.all() or len(new) == max_new_tokens:
+                break
+            logits, state = lm(token[:, None], state)   # one step from the carried state
+    out = []
+    for row in torch.stack(new, 1).tolist():  # rows that stopped early were decoded on: cut them
+        stops = [i for i, t in enumerate(row) if is_stop[t]]
+        out.append(row[:stops[0] + 1] if stops else row)
+    return out
+
+
+def answer_stop_tokens(tokenizer, texts=(".", "\n")):
+    """Token ids at which an answer ends: every token whose text contains one of `texts` (our answers end
+    with a period; a newline ends them too, as in tasks.cut_answer), and the end-of-text token."""
+    import tasks
+
+    enc = tasks._encoding(tokenizer)
+    return _stop_tokens(enc, tuple(t.encode() for t in texts))
+
+
+def _stop_tokens(enc, texts):
+    key = (enc.name, texts)
+    if key not in _STOP_CACHE:
+        ids = {enc.eot_token}
+        for t in range(enc.n_vocab):
+            try:
+                piece = enc.decode_single_token_bytes(t)
+            except KeyError:  # unused ids between a BPE's ranks and its special tokens
+                continue
+            if any(s in piece for s in texts):
+                ids.add(t)
+        _STOP_CACHE[key] = frozenset(ids)
+    return _STOP_CACHE[key]
+
+
+_STOP_CACHE = {}
+
+
+def passkey_samples(tokenizer, length, depths, n_per_cell, seed=0):
+    """[len(depths)][n_per_cell] tasks.passkey_sample's of `length` tokens; sample i at depth j has
+    seed [seed, j, i], so every length asks the same keys."""
+    import tasks
+
+    return [[tasks.passkey_sample(tokenizer, length, depth=float(d), seed=[seed, j, i]) for i in range(n_per_cell)]
+            for j, d in enumerate(depths)]
+
+
+def copy_samples(tokenizer, length, n, seed=0):
+    """n tasks.copy_sample's of strings of `length` symbols (2 * length + 3 tokens), seeds [seed, length, i]."""
+    import tasks
+
+    return [tasks.copy_sample(tokenizer, int(length), seed=[seed, int(length), i]) for i in range(n)]
+
+
+def babilong_samples(tokenizer, task, length, n, seed=0, filler=None):
+    """n tasks.babi_sample's of one bAbI task and length. Sample i has seed [seed, k, i] (k = the task's
+    index in tasks.BABI_TASKS): the same story at every length. A story too long for `length` is replaced
+    by the story of seed [seed, k, i, retry] (rare at length >= 512 with the bytes tokenizer)."""
+    import tasks
+
+    k = list(tasks.BABI_TASKS).index(task)
+    out = []
+    for i in range(n):
+        for retry in range(100):
+            try:
+                out.append(tasks.babi_sample(task, tokenizer, int(length), filler_tokens=filler,
+                                             seed=[seed, k, i] + ([retry] if retry else [])))
+                break
+            except ValueError as e:
+                if "too short" not in str(e):
+                    raise
+        else:
+            raise ValueError(f"babilong: no {task} story fits in {length} tokens: use longer lengths (>= 512 with bytes)")
+    return out
+
+
+def _decode_samples(lm, samples, stop, batch_size=None, chunk_len=None, slack=2, bar=None):
+    """Greedy answers (token lists, in the order of samples), `slack` tokens beyond the longest answer at
+    most. Samples whose prompts have equal lengths are decoded together, batch_size rows at a time;
+    prompts are never padded (a recurrent model would carry the padding in its state)."""
+    import tasks
+
+    prompts, answers = zip(*(tasks.split_answer(s) for s in samples))
+    groups = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(len(p), []).append(i)
+    out = [None] * len(samples)
+    for rows in groups.values():
+        step = batch_size or len(rows)
+        for r0 in range(0, len(rows), step):
+            idx = rows[r0:r0 + step]
+            max_new = max(len(answers[i]) for i in idx) + slack
+            batch = torch.as_tensor(np.stack([prompts[i] for i in idx]))
+            for i, pred in zip(idx, greedy_answer(lm, batch, max_new, stop, chunk_len)):
+                out[i] = pred
+            if bar is not None:
+                bar.update(len(idx))
+    return out
+
+
+def passkey_grid(lm, tokenizer, lengths, depths=10, n_per_cell=4, seed=0, batch_size=None, chunk_len=None,
+                 progress=False):
+    """Passkey retrieval on a grid of total lengths x insertion depths (paper Fig. 7).
+
+    depths: a number of evenly spaced depths in [0, 1] (10 as the paper) or a list of them.
+    Returns dict(lengths, depths, actual_depth [L][D] (mean depth after snapping to a sentence boundary; short
+    lengths have few boundaries),
+    exact [L][D] (exact-match accuracy of the decoded key), digits [L][D] (per-digit accuracy), n_per_cell,
+    exact_mean [L] (over depths))."""
+    import tasks
+
+    depths = [float(d) for d in (torch.linspace(0, 1, depths).tolist() if isinstance(depths, int) else depths)]
+    stop = answer_stop_tokens(tokenizer)
+    enc = tasks._encoding(tokenizer)
+    exact, digits, actual = [], [], []
+    bar = _tqdm(total=len(lengths) * len(depths) * n_per_cell, desc="passkey", disable=not progress)
+    for L in lengths:
+        grid = passkey_samples(tokenizer, L, depths, n_per_cell, seed)
+        flat = [s for row in grid for s in row]
+        preds = [enc.decode(p) for p in _decode_samples(lm, flat, stop, batch_size, chunk_len, bar=bar)]
+        em = [float(tasks.exact_match(tasks.cut_answer(p), s.meta["answer"])) for p, s in zip(preds, flat)]
+        dg = [tasks.passkey_digit_accuracy(p, s.meta["key"]) for p, s in zip(preds, flat)]
+        exact.append([sum(em[j * n_per_cell:(j + 1) * n_per_cell]) / n_per_cell for j in range(len(depths))])
+        digits.append([sum(dg[j * n_per_cell:(j + 1) * n_per_cell]) / n_per_cell for j in range(len(depths))])
+        actual.append([sum(s.meta["actual_depth"] for s in row) / n_per_cell for row in grid])
+    bar.close()
+    return dict(lengths=[int(L) for L in lengths], depths=depths, actual_depth=actual, exact=exact, digits=digits,
+                n_per_cell=n_per_cell, exact_mean=[sum(r) / len(r) for r in exact])
+
+
+def copy_accuracy(lm, tokenizer, lengths, n=16, seed=0, batch_size=None, chunk_len=None, progress=False):
+    """Synthetic copying (paper Table 1): the model reads eot s SEP and must write s (then EOS).
+
+    Per length: char accuracy (fraction of positions right, decoding len(s) + 1 tokens or up to EOS)
+    and whole-string accuracy. Returns dict(lengths, char_mean, char_std (spread over the n strings),
+    char_sem, whole_mean, char [L][n] per string)."""
+    import tasks
+
+    enc = tasks._encoding(tokenizer)
+    stop = {enc.encode_single_token(tasks.COPY_EOS), enc.eot_token}
+    out = dict(lengths=[int(L) for L in lengths], char_mean=[], char_std=[], char_sem=[], whole_mean=[], char=[], n=n)
+    bar = _tqdm(total=len(lengths) * n, desc="copy", disable=not progress)
+    for L in lengths:
+        samples = copy_samples(tokenizer, L, n, seed)
+        preds = _decode_samples(lm, samples, stop, batch_size, chunk_len, slack=0, bar=bar)
+        scores = [tasks.copy_scores(p, s.meta["target"]) for p, s in zip(preds, samples)]
+        char = torch.tensor([c for c, _ in scores], dtype=torch.float64)
+        std = float(char.std()) if n > 1 else float("nan")
+        out["char"].append(char.tolist())
+        out["char_mean"].append(float(char.mean()))
+        out["char_std"].append(std)
+        out["char_sem"].append(std / math.sqrt(n))
+        out["whole_mean"].append(sum(w for _, w in scores) / n)
+    bar.close()
+    return out
+
+
+def babilong_accuracy(lm, tokenizer, babi_tasks, lengths, n=8, seed=0, filler=None, batch_size=None, chunk_len=None,
+                      progress=False):
+    """BABILong-style QA (paper Fig. 6): exact-match accuracy of the decoded answer per bAbI task and length.
+    filler: a token stream to hide the stories in (e.g. the corpus's validation split), or None for
+    tasks.py's own filler sentences. Returns dict(tasks, lengths, acc {task: [L]}, mean [L] (over tasks))."""
+    import tasks
+
+    enc = tasks._encoding(tokenizer)
+    stop = answer_stop_tokens(tokenizer)
+    acc = {t: [] for t in babi_tasks}
+    bar = _tqdm(total=len(lengths) * len(babi_tasks) * n, desc="babilong", disable=not progress)
+    for L in lengths:
+        samples = [s for t in babi_tasks for s in babilong_samples(tokenizer, t, L, n, seed, filler)]
+        preds = [enc.decode(p) for p in _decode_samples(lm, samples, stop, batch_size, chunk_len, bar=bar)]
+        ok = [float(tasks.exact_match(tasks.cut_answer(p), s.meta["answer"])) for p, s in zip(preds, samples)]
+        for k, t in enumerate(babi_tasks):
+            acc[t].append(sum(ok[k * n:(k + 1) * n]) / n)
+    bar.close()
+    mean = [sum(acc[t][j] for t in babi_tasks) / len(babi_tasks) for j in range(len(lengths))]
+    return dict(tasks=list(babi_tasks), lengths=[int(L) for L in lengths], acc=acc, mean=mean, n=n)
+
+
+# ================================================================================================
 # CLI
 # ================================================================================================
 
-METRICS = ("ppl", "effrem", "state")
+LM_METRICS = ("ppl", "effrem", "state")          # on windows of the LM data
+TASK_METRICS = ("passkey", "copy", "babilong")   # greedy decoding of task answers (section 5)
+METRICS = LM_METRICS + TASK_METRICS
 
 
 def main(argv=None):
@@ -400,8 +626,9 @@ def _parse_args(argv):
                     "statistics of recurrent LM checkpoints, evaluated far past their training length.")
     ap.add_argument("ckpts", nargs="+", metavar="CKPT",
                     help="checkpoint files (train.py's ckpt.pt) or directories holding one, or official Mamba dirs")
-    ap.add_argument("--metrics", default="ppl,effrem,state",
-                    help="comma-separated subset of %s (default: all)" % ",".join(METRICS))
+    ap.add_argument("--metrics", default=None,
+                    help="comma-separated subset of %s. Default: the task the checkpoints were fine-tuned on "
+                         "(train_config['task']: passkey, copy or babilong), else ppl,effrem,state" % ",".join(METRICS))
     ap.add_argument("--eval-len", type=int, default=None,
                     help="tokens per evaluation window (default: 16 x the largest t_train); must exceed t_train")
     ap.add_argument("--n-seqs", type=int, default=64,
@@ -433,15 +660,37 @@ def _parse_args(argv):
                     help="auto = cuda when available, else cpu (default: auto)")
     ap.add_argument("--labels", nargs="+", default=None,
                     help="one display name per checkpoint (default: the checkpoint's directory name)")
+    g = ap.add_argument_group("long-context tasks (--metrics passkey,copy,babilong): greedy answers from the zero state")
+    g.add_argument("--task-samples", type=int, default=8,
+                   help="examples per passkey cell (length x depth), per copy length, per bAbI task and length (default: 8)")
+    g.add_argument("--passkey-lengths", default="128,256,512,1024,2048,4096",
+                   help="comma-separated total lengths in tokens (default: 128..4096 for a CPU; the paper goes to 262144)")
+    g.add_argument("--passkey-depths", type=int, default=10, help="number of evenly spaced insertion depths in [0, 1] (default: 10)")
+    g.add_argument("--copy-lengths", default=None,
+                   help="comma-separated string lengths (default: train_config['copy_len'] ends and 300, else 50,100,300)")
+    g.add_argument("--babi-lengths", default="512,1024,2048,4096",
+                   help="comma-separated total lengths in tokens (default: 512..4096; stories need ~470 with bytes)")
+    g.add_argument("--babi-tasks", default=None,
+                   help="comma-separated bAbI tasks (default: train_config['babi_tasks'], else qa1,...,qa10)")
+    g.add_argument("--babi-filler", default="corpus", choices=["corpus", "ours"],
+                   help="text the stories hide in: corpus = the validation split of --data (as training), ours = "
+                        "tasks.py's filler sentences (default: corpus)")
     return ap.parse_args(argv)
 
 
 def run(args):
     """The CLI's work, callable from Python with an argparse-like namespace; returns the report dict."""
+    if args.metrics is None:  # what the checkpoints were trained for
+        trained = {_train_config(p).get("task", "lm") for p in args.ckpts if os.path.exists(p)}
+        args.metrics = trained.pop() if len(trained) == 1 and trained & set(TASK_METRICS) else ",".join(LM_METRICS)
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
     bad = [m for m in metrics if m not in METRICS]
     if bad or not metrics:
         raise ValueError(f"unknown metric(s) {bad or args.metrics!r}: --metrics takes a comma-separated subset of {','.join(METRICS)}")
+    if args.task_samples < 1:
+        raise ValueError(f"--task-samples must be >= 1, got {args.task_samples}")
+    if args.passkey_depths < 1:
+        raise ValueError(f"--passkey-depths must be >= 1, got {args.passkey_depths}")
     if args.labels is not None and len(args.labels) != len(args.ckpts):
         raise ValueError(f"--labels has {len(args.labels)} names for {len(args.ckpts)} checkpoints: give one per checkpoint")
     if args.n_seqs < 1:
@@ -459,37 +708,47 @@ def run(args):
 
     labels = args.labels or [_default_label(p) for p in args.ckpts]
     train_cfgs = [_train_config(p) for p in args.ckpts]
+    lm_metrics = [m for m in metrics if m in LM_METRICS]
     t_trains = []
     for p, tc in zip(args.ckpts, train_cfgs):
-        t = args.t_train or tc.get("seq_len")
-        if not isinstance(t, int) or t < 1:
+        # copy examples have no fixed length (--seq-len does not apply): their training lengths are copy_len
+        t = args.t_train or (tc.get("seq_len") if tc.get("task") != "copy" or lm_metrics else None)
+        if lm_metrics and (not isinstance(t, int) or t < 1):
             raise ValueError(f"{p}: no train_config['seq_len'] in the checkpoint: pass --t-train N")
-        t_trains.append(t)
-    eval_len = args.eval_len or 16 * max(t_trains)
-    if eval_len <= max(t_trains):
-        raise ValueError(f"--eval-len {eval_len} must be larger than t_train ({max(t_trains)}): "
-                         f"try --eval-len {16 * max(t_trains)}")
-    data_name = _agree(args.ckpts, train_cfgs, "data", "--data NAME", override=args.data)
+        t_trains.append(t if isinstance(t, int) else None)
     tokenizer = _agree(args.ckpts, train_cfgs, "tokenizer", "--tokenizer NAME", required=False, override=args.tokenizer)
-
-    # +1: windows of eval_len + 1 tokens give eval_len predictions, context lengths 1 .. eval_len
-    data_seed = _agree(args.ckpts, train_cfgs, "seed", "--data-seed N", required=False, override=args.data_seed) or 0
-    windows, optimal = load_eval_windows(data_name, tokenizer, args.n_seqs, eval_len + 1, args.seed, data_seed)
-    edges_all = log_edges(eval_len, per_octave=2, include=t_trains)
-    report = dict(args=vars(args), data=data_name, tokenizer=tokenizer, eval_len=eval_len, n_seqs=len(windows),
-                  device=device, models=[])
-    if optimal is not None:
-        report["optimal"] = dict(nll=optimal.tolist(), buckets=_jsonable(bucketize(optimal[None], edges_all)))
+    report = dict(args=vars(args), tokenizer=tokenizer, device=device, models=[])
+    # the data seed decides the train/val split of a corpus: needed for LM windows and babilong's filler only
+    needs_split = lm_metrics or ("babilong" in metrics and args.babi_filler == "corpus")
+    data_seed = (_agree(args.ckpts, train_cfgs, "seed", "--data-seed N", required=False, override=args.data_seed)
+                 or 0) if needs_split else 0
+    if lm_metrics:
+        eval_len = args.eval_len or 16 * max(t_trains)
+        if eval_len <= max(t_trains):
+            raise ValueError(f"--eval-len {eval_len} must be larger than t_train ({max(t_trains)}): "
+                             f"try --eval-len {16 * max(t_trains)}")
+        data_name = _agree(args.ckpts, train_cfgs, "data", "--data NAME", override=args.data)
+        # +1: windows of eval_len + 1 tokens give eval_len predictions, context lengths 1 .. eval_len
+        windows, optimal = load_eval_windows(data_name, tokenizer, args.n_seqs, eval_len + 1, args.seed, data_seed)
+        edges_all = log_edges(eval_len, per_octave=2, include=t_trains)
+        report.update(data=data_name, eval_len=eval_len, n_seqs=len(windows))
+        if optimal is not None:
+            report["optimal"] = dict(nll=optimal.tolist(), buckets=_jsonable(bucketize(optimal[None], edges_all)))
+    task_setup = _task_setup(args, metrics, train_cfgs, tokenizer or "bytes", data_seed)
+    report.update({k: v for k, v in task_setup.items() if k != "filler"})
 
     import model  # imported here: the metric functions above need only an LM object
 
-    for path, label, t_train in zip(args.ckpts, labels, t_trains):
+    for path, label, t_train, tc in zip(args.ckpts, labels, t_trains, train_cfgs):
         lm = model.from_pretrained(path, device=device)
-        if int(windows.max()) >= lm.cfg.vocab_size:
+        if lm_metrics and int(windows.max()) >= lm.cfg.vocab_size:
             raise ValueError(f"{path}: data token ids reach {int(windows.max())} but the model's vocab_size is "
                              f"{lm.cfg.vocab_size}: evaluate on the data/tokenizer the model was trained with")
-        res = dict(label=label, path=path, arch=lm.cfg.arch, params=lm.num_params(), t_train=t_train)
-        print(f"[{label}] {lm.cfg.arch}, {lm.num_params():,} params, t_train {t_train}, eval_len {eval_len}")
+        task = tc.get("task", "lm")
+        res = dict(label=label, path=path, arch=lm.cfg.arch, params=lm.num_params(), t_train=t_train, task=task)
+        trained_on = f"copy of lengths {tc.get('copy_len')}" if task == "copy" else f"{task}, t_train {t_train}"
+        print(f"[{label}] {lm.cfg.arch}, {lm.num_params():,} params, trained on {trained_on}"
+              + (f", eval_len {eval_len}" if lm_metrics else ""))
         t0 = time.time()
         if "ppl" in metrics:
             st = position_nll_stats(lm, windows, args.chunk_len, args.batch_size, edges=edges_all, progress=True)
@@ -508,6 +767,21 @@ def run(args):
             positions = torch.as_tensor(log_edges(eval_len, per_octave=2, include=[t_train])[1:]) - 1
             ss = state_statistics(lm, windows, positions, args.chunk_len, args.batch_size, t_train, progress=True)
             res["state"] = _jsonable(ss)
+        if any(m in TASK_METRICS for m in metrics):
+            n_vocab = tasks_vocab(tokenizer or "bytes")
+            if n_vocab > lm.cfg.vocab_size:
+                raise ValueError(f"{path}: tokenizer {tokenizer or 'bytes'!r} has {n_vocab} tokens but the model's "
+                                 f"vocab_size is {lm.cfg.vocab_size}: pass the --tokenizer the model was trained with")
+        common = dict(seed=args.seed, batch_size=args.batch_size, chunk_len=args.chunk_len, progress=True)
+        if "passkey" in metrics:
+            res["passkey"] = passkey_grid(lm, tokenizer or "bytes", task_setup["passkey_lengths"], args.passkey_depths,
+                                          args.task_samples, **common)
+        if "copy" in metrics:
+            res["copy"] = copy_accuracy(lm, tokenizer or "bytes", task_setup["copy_lengths"], args.task_samples, **common)
+        if "babilong" in metrics:
+            res["babilong"] = babilong_accuracy(lm, tokenizer or "bytes", task_setup["babi_tasks"],
+                                                task_setup["babi_lengths"], args.task_samples,
+                                                filler=task_setup["filler"], **common)
         res["seconds"] = round(time.time() - t0, 2)
         report["models"].append(res)
         del lm
@@ -517,6 +791,56 @@ def run(args):
         json.dump(report, f, indent=1)
     report["files"] = [os.path.join(args.out, "eval.json")] + _plot(report, args.out)
     return report
+
+
+def _task_setup(args, metrics, train_cfgs, tokenizer, data_seed):
+    """The lengths / tasks / filler of the task metrics, from the flags, else the checkpoints' train_config."""
+    setup = {}
+    if "passkey" in metrics:
+        setup["passkey_lengths"] = _int_list(args.passkey_lengths, "--passkey-lengths")
+    if "copy" in metrics:
+        spec = args.copy_lengths
+        if spec is None:
+            ranges = {tc.get("copy_len") for tc in train_cfgs if tc.get("task") == "copy" and tc.get("copy_len")}
+            spec = ",".join(sorted({*map(str, _int_list(ranges.pop(), "copy_len")), "300"}, key=int)) \
+                if len(ranges) == 1 else "50,100,300"
+        setup["copy_lengths"] = _int_list(spec, "--copy-lengths")
+    if "babilong" in metrics:
+        import tasks
+
+        setup["babi_lengths"] = _int_list(args.babi_lengths, "--babi-lengths")
+        spec = args.babi_tasks or _agree(args.ckpts, train_cfgs, "babi_tasks", "--babi-tasks", required=False) \
+            or ",".join(tasks.BABI_TASKS)
+        setup["babi_tasks"] = [t.strip() for t in spec.split(",") if t.strip()]
+        bad = [t for t in setup["babi_tasks"] if t not in tasks.BABI_TASKS]
+        if bad or not setup["babi_tasks"]:
+            raise ValueError(f"unknown --babi-tasks {bad or spec!r}: use a subset of {','.join(tasks.BABI_TASKS)}")
+        setup["filler"], setup["babi_filler"] = None, "ours"
+        if args.babi_filler == "corpus":
+            name = _agree(args.ckpts, train_cfgs, "data", "--data NAME", required=False, override=args.data) or "stdlib"
+            data = tasks.load_data(name, tokenizer=tokenizer, seed=data_seed)
+            if data.tokenizer is None:
+                raise ValueError(f"babilong: {data.name} is a synthetic process, not text to hide stories in: "
+                                 f"pass --data stdlib (or a text path) or --babi-filler ours")
+            # the validation split: training hid its stories in the train split
+            setup["filler"], setup["babi_filler"] = data.val, f"{data.name} (val split)"
+    return setup
+
+
+def _int_list(spec, flag):
+    try:
+        values = [int(v) for v in str(spec).split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} must be a comma-separated list of positive integers, got {spec!r}")
+    return values
+
+
+def tasks_vocab(tokenizer):
+    import tasks
+
+    return tasks._encoding(tokenizer).n_vocab
 
 
 def load_eval_windows(data_name, tokenizer, n, length, seed, data_seed=0):
@@ -619,7 +943,44 @@ def _print_table(report):
                 best = [max(c, key=_nan_low) for c in cov]
                 print(f"{m['label']:<16} " + "  ".join(f"L{l}:{'n/a' if b is None else f'{b:.2f}'}" for l, b in enumerate(best))
                       + ("" if any(b is not None for b in best) else "   (eval-len < 4 x t_train)"))
+    if any("passkey" in m for m in models):
+        print("\nPasskey exact match (rows: insertion depth, columns: total length; per-digit accuracy in brackets "
+              "on the mean row):")
+        for m in models:
+            if "passkey" not in m:
+                continue
+            pk = m["passkey"]
+            print(f"{m['label']} (trained on {m['task']}, t_train {m['t_train']}, {pk['n_per_cell']} per cell)")
+            print(f"{'  depth':<12}" + "".join(f"{L:>10}" for L in pk["lengths"]))
+            for j, d in enumerate(pk["depths"]):
+                print(f"  {d:<10.2f}" + "".join(f"{pk['exact'][i][j]:>10.2f}" for i in range(len(pk["lengths"]))))
+            digit_mean = [sum(r) / len(r) for r in pk["digits"]]
+            print(f"{'  mean':<12}" + "".join(f"{e:>5.2f}[{d:.2f}]" for e, d in zip(pk["exact_mean"], digit_mean)))
+    if any("copy" in m for m in models):
+        first = next(m for m in models if "copy" in m)["copy"]
+        print(f"\nCopying: char accuracy mean +- std over {first['n']} strings / whole-string accuracy, per string length:")
+        print(f"{'model':<16}" + "".join(f"{L:>22}" for L in first["lengths"]))
+        for m in models:
+            if "copy" in m:
+                c = m["copy"]
+                print(f"{m['label']:<16}" + "".join(f"{mu:>9.3f} +- {_fmt(sd):<5} / {w:.2f}" for mu, sd, w
+                                                    in zip(c["char_mean"], c["char_std"], c["whole_mean"])))
+    if any("babilong" in m for m in models):
+        print("\nBABILong exact-match accuracy per task (columns: total length):")
+        for m in models:
+            if "babilong" not in m:
+                continue
+            b = m["babilong"]
+            print(f"{m['label']} ({b['n']} per task and length)")
+            print(f"{'  task':<12}" + "".join(f"{L:>8}" for L in b["lengths"]))
+            for t in b["tasks"]:
+                print(f"  {t:<10}" + "".join(f"{a:>8.2f}" for a in b["acc"][t]))
+            print(f"{'  mean':<12}" + "".join(f"{a:>8.2f}" for a in b["mean"]))
     print("\nwrote " + ", ".join(report.get("files", [])))
+
+
+def _fmt(v):
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
 
 
 def _plot(report, out):
@@ -684,12 +1045,50 @@ def _plot(report, out):
                title="State spread of the most drifting heads")
         ax.legend(fontsize=7)
         files.append(_save(fig, out, "state.png"))
+    with_pk = [m for m in models if "passkey" in m]
+    if with_pk:
+        # the paper's Fig. 7: total length on x, insertion depth on y, exact-match accuracy as colour
+        fig, axes = plt.subplots(1, len(with_pk), figsize=(1.2 + 4.2 * len(with_pk), 4.2), squeeze=False,
+                                 layout="constrained")
+        for ax, m in zip(axes[0], with_pk):
+            pk = m["passkey"]
+            acc = np.array(pk["exact"]).T  # [depths, lengths]
+            im = ax.imshow(acc, origin="upper", aspect="auto", cmap="RdYlGn", vmin=0, vmax=1)
+            ax.set_xticks(range(len(pk["lengths"])), [_short(L) for L in pk["lengths"]], rotation=45)
+            ax.set_yticks(range(len(pk["depths"])), [f"{d:.2f}" for d in pk["depths"]])
+            if m.get("t_train"):  # lengths right of the dotted line are longer than training
+                past = sum(L <= m["t_train"] for L in pk["lengths"])
+                if 0 < past < len(pk["lengths"]):
+                    ax.axvline(past - 0.5, color="k", ls=":", lw=1.5)
+            ax.set(xlabel="total length (tokens)", ylabel="insertion depth",
+                   title=f"{m['label']} (T_train={m['t_train']})")
+        fig.colorbar(im, ax=axes[0].tolist(), label="exact match")
+        files.append(_save(fig, out, "passkey.png", tight=False))
+    if any("babilong" in m for m in models):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for i, m in enumerate(m for m in models if "babilong" in m):
+            b, c = m["babilong"], colors[i % len(colors)]
+            ax.plot(b["lengths"], b["mean"], "o-", color=c, label=f"{m['label']} ({','.join(b['tasks'])})"[:60])
+            if m.get("t_train"):
+                ax.axvline(m["t_train"], color=c, ls=":", lw=1)
+        ax.set(xscale="log", ylim=(-0.02, 1.02), xlabel="total length (tokens; dotted: T_train)",
+               ylabel="accuracy (mean over tasks)", title="BABILong")
+        lengths = sorted({L for m in models if "babilong" in m for L in m["babilong"]["lengths"]})
+        ax.set_xticks(lengths, [_short(L) for L in lengths])
+        ax.minorticks_off()
+        ax.legend(fontsize=8)
+        files.append(_save(fig, out, "babilong.png"))
     return files
 
 
-def _save(fig, out, name):
+def _short(L):
+    return f"{L // 1024}k" if L >= 1024 and L % 1024 == 0 else str(L)
+
+
+def _save(fig, out, name, tight=True):
     path = os.path.join(out, name)
-    fig.tight_layout()
+    if tight:
+        fig.tight_layout()
     fig.savefig(path, dpi=120)
     import matplotlib.pyplot as plt
     plt.close(fig)

@@ -12,6 +12,8 @@ data side provides:
   4. an in-context Markov process whose Bayes-optimal loss is known exactly at every position
      (markov_bayes_nll). That floor keeps improving with context, so a model that stops using its
      context past T_train shows up as a growing gap, with no text-content noise in the measurement;
+     its switching variant (matrix redrawn at random change points) has an exact floor too
+     (switching_bayes_nll), which must forget as well as count;
   5. the long-context tasks of the paper's Sec. 5 (passkey retrieval, synthetic copying,
      BABILong-style bAbI QA): example generators, batching with the loss on the answer only
      (TaskSampler), and their scores.
@@ -321,8 +323,10 @@ def _load_markov(spec, tokenizer, seed, val_fraction, cache_dir):
 # of the last r transitions by the posterior probability that the current segment is r transitions
 # long (Bayesian online change-point detection, Adams & MacKay 2007). Having read an unrelated
 # stretch of tokens before the current segment is an ordinary event of this process (a change point
-# happened), so a passed state is a plausible start, unlike in "markov". The document start (eot) is
-# a change point that is known: every document starts a fresh segment and a uniform first token.
+# happened), so a State Passing start is not impossible here, as it is in "markov"; it is typical
+# only when hazard * T_train is not small (State Passing puts an unmarked change point at EVERY
+# window start). The document start (eot) is a change point that is known: every document starts a
+# fresh segment and a uniform first token.
 
 SWITCHING_DEFAULTS = dict(k=8, alpha=0.3, hazard=1 / 512, doc_len=4096, docs=1024, val_docs=256)
 
@@ -367,8 +371,9 @@ def switching_bayes_nll(tokens, k, alpha, hazard):
 
     tokens [n, T] (numpy or torch) start at a document start, at its eot (= k) or its first token;
     returns [n, T-1] float64 (same library as the input): entry t is -log p(tokens[:, t+1] |
-    tokens[:, :t+1]). No truncation: every run length 0..t is kept (O(T^2) per window, a few seconds
-    for 64 windows of 4096 tokens).
+    tokens[:, :t+1]). No truncation: every run length 0..t is kept (O(T^2) per window: ~10 s for 64
+    windows of 4096 tokens with one torch thread; the per-step tensors are small, so extra threads
+    on a busy CPU only slow it down).
 
     Run length r = how many of the observed transitions belong to the current segment. With q(r)
     its posterior after the last token x, the next transition first lets a change point happen,
@@ -432,7 +437,7 @@ def _switching_chain_nll(chain, k, alpha, hazard):
 
 
 def _load_switching(spec, tokenizer, seed, val_fraction, cache_dir):
-    # Like _load_markov: regenerated on every load (~10 s for the defaults), not cached.
+    # Like _load_markov: regenerated on every load (~1 s for the defaults), not cached.
     cfg = _parse_options("switching", spec, SWITCHING_DEFAULTS)
     k, alpha, hazard = cfg["k"], cfg["alpha"], cfg["hazard"]
     if not (2 <= k < 65535 and alpha > 0 and 0 <= hazard <= 1 and cfg["doc_len"] >= 2

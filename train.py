@@ -5,6 +5,8 @@ The one training script: from scratch, or post-training a checkpoint, with a cho
     python train.py --arch gla --init-state zero --steps 2000 --seq-len 64
     python train.py --init-from out/base --init-state sp --steps 300   # post-training (lr = peak/10)
     torchrun --nproc_per_node 2 train.py --init-state sp               # DistributedDataParallel
+    python train.py --task passkey --init-from out/base --init-state fitted --seq-len 256   # Sec. 5 tasks
+    python train.py --task copy --init-state sp --steps 2000           # synthetic copying, from scratch
 
 The only thing that differs between the paper's interventions is where each training sequence's
 initial state comes from (interventions.py); everything else is the usual recipe of Appendix B:
@@ -14,6 +16,13 @@ cosine decay to 1e-5, no dropout. Evaluation (evaluate.py) always starts from th
 Checkpoints (OUT/ckpt.pt) hold everything needed to continue the SAME run after a kill: model,
 optimizer, step, RNG states, the sampler's position and the strategy's own state (fitted statistics,
 passed states). They are written atomically, so a kill during a save leaves the previous one intact.
+
+Long-context tasks (--task passkey / copy / babilong, the paper's Sec. 5): the batches come from
+tasks.TaskSampler instead of windows of the corpus, and the loss is the cross entropy on the ANSWER
+tokens only (y = -100 elsewhere), averaged per answer token over the batch. Each example is an
+independent document that starts from its own eot, so the initial state is chosen exactly as for LM
+training (--init-state), except tbtt, which needs consecutive chunks of one document and is refused.
+evaluate.py --metrics passkey,copy,babilong scores the checkpoints (settings read from train_config).
 """
 import argparse
 import json
@@ -45,9 +54,22 @@ def get_args(argv=None):
     g.add_argument("--init-state", default="sp", choices=list(interventions.STRATEGIES),
                    help="initial state of each training sequence: zero (baseline), random (N(0, sigma^2)), "
                         "fitted (Gaussian fitted per layer/head to final states), sp (State Passing: the previous "
-                        "batch's final states), tbtt (the previous chunk of the same document). Default: sp")
+                        "batch's final states), tbtt (the previous chunk of the same document; not with --task). "
+                        "Default: sp. For --task passkey use fitted, as the paper: SP would start each haystack "
+                        "from the end state of the previous sample, a 'just answered' state, which is not a "
+                        "realistic start for a new haystack")
     g.add_argument("--sigma", type=float, default=0.1, help="std of the random initial state (--init-state random)")
     g.add_argument("--p-reset", type=float, default=0.1, help="SP: probability that a row restarts from zero")
+    g = p.add_argument_group("task (the paper's Sec. 5; default lm = next-token prediction on --data)")
+    g.add_argument("--task", default="lm", choices=["lm"] + list(tasks.TASKS),
+                   help="lm: every token of --data windows; passkey / copy / babilong: tasks.py examples with the "
+                        "loss on the answer tokens only. passkey: --seq-len tokens, random depth (paper: "
+                        "--init-state fitted). copy: from scratch, string lengths --copy-len (paper: zero vs sp). "
+                        "babilong: --babi-tasks hidden in --data filler, --seq-len tokens (>= 512 with bytes)")
+    g.add_argument("--copy-len", default="50,100",
+                   help="--task copy: inclusive range LO,HI of the string length (example = 2*len+3 tokens); default 50,100")
+    g.add_argument("--babi-tasks", default=",".join(tasks.BABI_TASKS),
+                   help="--task babilong: comma-separated bAbI tasks drawn uniformly (default: qa1,...,qa10)")
     g = p.add_argument_group("model")
     g.add_argument("--arch", default="mamba2", choices=list(model.ARCHS), help="recurrent architecture")
     g.add_argument("--size", default="tiny", help="preset size, see model.PRESETS (tiny, 45m, 85m, 125m, 130m, 370m, ...)")
@@ -97,6 +119,21 @@ def check_args(p, args):
         p.error(f"unknown --size {args.size!r} for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}")
     if args.init_from is not None and not os.path.exists(args.init_from):
         p.error(f"--init-from {args.init_from} does not exist")
+    if args.task != "lm":
+        if args.init_state == "tbtt":
+            p.error(f"--init-state tbtt needs consecutive chunks of one long document, but --task {args.task} "
+                    f"examples are independent: use zero, random, fitted or sp")
+        try:
+            lo, hi = (int(v) for v in args.copy_len.split(","))
+        except ValueError:
+            lo = hi = 0
+        if not 1 <= lo <= hi:
+            p.error(f"--copy-len must be LO,HI with 1 <= LO <= HI, got {args.copy_len!r}")
+        args.copy_len = f"{lo},{hi}"
+        bad = [t for t in args.babi_tasks.split(",") if t not in tasks.BABI_TASKS]
+        if bad or not args.babi_tasks:
+            p.error(f"unknown --babi-tasks {bad or args.babi_tasks!r}: use a comma-separated subset of "
+                    f"{','.join(tasks.BABI_TASKS)}")
 
 
 def main(argv=None):
@@ -118,15 +155,24 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
 
     # --- data -------------------------------------------------------------------------------------
-    data = tasks.load_data(args.data, tokenizer=args.tokenizer, seed=args.seed)
-    if args.init_state == "tbtt":
-        sampler = tasks.DocumentStreams(data.train, data.eot_token, args.batch_size, args.seq_len, seed=args.seed + rank)
+    if args.task == "lm":
+        data = tasks.load_data(args.data, tokenizer=args.tokenizer, seed=args.seed)
+        if args.init_state == "tbtt":
+            sampler = tasks.DocumentStreams(data.train, data.eot_token, args.batch_size, args.seq_len, seed=args.seed + rank)
+        else:
+            sampler = tasks.RandomWindows(data.train, args.batch_size, args.seq_len, seed=args.seed + rank)
+        val_sampler = tasks.RandomWindows(data.val, args.batch_size, args.seq_len, seed=10_000 + args.seed)
     else:
-        sampler = tasks.RandomWindows(data.train, args.batch_size, args.seq_len, seed=args.seed + rank)
-    val_sampler = tasks.RandomWindows(data.val, args.batch_size, args.seq_len, seed=10_000 + args.seed)
+        data = load_task_data(args)
+        # held-out examples: another seed stream (TaskSampler seeds are [seed, step, row, 1]); babilong
+        # also hides its stories in the corpus's validation split
+        sampler = make_task_sampler(args, args.seed + rank, data.train)
+        val_sampler = make_task_sampler(args, 10_000 + args.seed, data.val)
     val_state0 = val_sampler.state_dict()  # the same validation windows at every evaluation
     if args.tokens is not None:
-        args.steps = max(1, int(args.tokens // (args.batch_size * args.seq_len * world)))
+        # (--task copy: examples are 2 * len + 2 tokens after the shift, counted at the longest)
+        per_row = args.seq_len if args.task != "copy" else 2 * int(args.copy_len.split(",")[1]) + 2
+        args.steps = max(1, int(args.tokens // (args.batch_size * per_row * world)))
 
     # --- model and optimizer --------------------------------------------------------------------------
     ckpt_path = os.path.join(args.out, "ckpt.pt")
@@ -164,8 +210,10 @@ def main(argv=None):
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     if master:
         print(lm)
-        print(f"data {data.name}: {len(data.train):,} train tokens, vocab {data.vocab_size}; "
-              f"{args.steps} steps x {args.batch_size * world} x {args.seq_len} tokens; "
+        n_train = f"{len(data.train):,} train tokens, " if data.train is not None else ""
+        seq_desc = args.seq_len if args.task != "copy" else "(2 x copy length + 2)"
+        print(f"data {data.name}: {n_train}vocab {data.vocab_size}; "
+              f"{args.steps} steps x {args.batch_size * world} x {seq_desc} tokens; task {task_summary(args)}; "
               f"init-state {args.init_state}; lr {args.lr:g}; device {device}")
         with open(os.path.join(args.out, "args.json"), "w") as f:
             json.dump(vars(args), f, indent=1)
@@ -183,7 +231,10 @@ def main(argv=None):
         init = strategy.initial_state(batch)
         with autocast:
             logits, final_state = fwd(batch["x"], state=init)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), batch["y"].flatten())
+            # ignore_index: task batches mark every non-answer target -100, so the mean runs over the answer
+            # tokens of the whole batch (per answer token: a long copy weighs more than a short one).
+            # LM batches have no -100: the plain mean over all tokens.
+            loss = F.cross_entropy(logits.float().flatten(0, 1), batch["y"].flatten(), ignore_index=-100)
         if not torch.isfinite(loss):
             raise SystemExit(f"error: loss is {loss.item()} at step {step + 1}; stopped without saving. The last good "
                              f"checkpoint ({ckpt_path}) is intact: resume from it with a lower --lr or larger --warmup")
@@ -241,6 +292,56 @@ def make_optimizer(lm, lr, weight_decay, device):
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
 
 
+def load_task_data(args):
+    """What a task needs from --data: the vocabulary of --tokenizer and, for babilong, the corpus whose
+    text hides the stories (its train split for training, val split for validation). passkey and copy
+    bring their own text, so the corpus is not read for them."""
+    if args.task == "babilong":
+        data = tasks.load_data(args.data, tokenizer=args.tokenizer, seed=args.seed)
+        if data.tokenizer is None:
+            raise SystemExit(f"error: --task babilong hides its stories in --data text, but {data.name} is a "
+                             f"synthetic process without a tokenizer: use --data stdlib or a text path")
+        return data
+    enc = tasks.get_tokenizer(args.tokenizer)
+    return tasks.Data(name=f"{args.task} ({enc.name})", train=None, val=None, vocab_size=enc.n_vocab,
+                      eot_token=enc.eot_token, tokenizer=enc)
+
+
+def make_task_sampler(args, seed, filler_tokens):
+    """The TaskSampler of --task: examples of --seq-len + 1 tokens (x, y of --seq-len), random depth for
+    passkey; strings of --copy-len symbols for copy; a story of --babi-tasks in filler_tokens for babilong."""
+    kw = dict(tokenizer=args.tokenizer)
+    if args.task == "passkey":
+        return tasks.TaskSampler(tasks.passkey_sample, args.batch_size, seed, length=args.seq_len + 1, **kw)
+    if args.task == "copy":
+        lo, hi = (int(v) for v in args.copy_len.split(","))
+        return tasks.TaskSampler(tasks.copy_sample, args.batch_size, seed, length=(lo, hi), **kw)
+    return tasks.TaskSampler(babi_mixture, args.batch_size, seed, babi_tasks=tuple(args.babi_tasks.split(",")),
+                             length=args.seq_len + 1, filler_tokens=filler_tokens, **kw)
+
+
+def babi_mixture(tokenizer, length, seed, babi_tasks, filler_tokens=None):
+    """A babi_sample of a task drawn uniformly from babi_tasks; a pure function of the seed (exact resume).
+    A story too long for `length` is replaced by another one (seed + [retry]): with the bytes tokenizer
+    at length >= 512 that is rare (stories take up to ~470 tokens), at shorter lengths it favours the
+    shorter stories and tasks."""
+    seed = list(np.atleast_1d(seed))
+    task = babi_tasks[np.random.default_rng(seed + [7]).integers(len(babi_tasks))]
+    for retry in range(100):
+        try:
+            return tasks.babi_sample(task, tokenizer, length, seed=seed + [retry] if retry else seed,
+                                     filler_tokens=filler_tokens)
+        except ValueError as e:
+            if "too short" not in str(e):
+                raise
+    raise SystemExit(f"error: no {task} story fits in {length} tokens: use a larger --seq-len (>= 512 with bytes)")
+
+
+def task_summary(args):
+    return {"lm": "lm", "passkey": "passkey (random depth)", "copy": f"copy (lengths {args.copy_len})",
+            "babilong": f"babilong ({args.babi_tasks})"}[args.task]
+
+
 def next_batch(sampler, device):
     out = sampler.next_batch()
     batch = {"x": out[0].to(device), "y": out[1].to(device)}
@@ -251,15 +352,17 @@ def next_batch(sampler, device):
 
 @torch.no_grad()
 def evaluate_loss(lm, sampler, n_batches, device, autocast):
-    """Mean next-token loss on validation windows of the training length, from the zero state."""
+    """Mean next-token loss on validation windows of the training length, from the zero state.
+    Task samplers: the loss on the answer tokens of held-out examples, per answer token."""
     lm.eval()
-    losses = []
+    total, count = 0.0, 0
     for _ in range(n_batches):
         x, y = (t.to(device) for t in sampler.next_batch()[:2])
         with autocast:
             logits, _ = lm(x)
-        losses.append(F.cross_entropy(logits.float().flatten(0, 1), y.flatten()).item())
-    return sum(losses) / len(losses)
+        total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum").item()
+        count += int((y != -100).sum())
+    return total / count
 
 
 def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy, rank, world):
