@@ -756,6 +756,10 @@ def run(args):
             verdict = length_generalization(bk["ppl"], t_train, sem=bk["ppl_sem"], lo=bk["lo"], hi=bk["hi"])
             res["ppl"] = _jsonable(dict(nll=st["mean"], nll_sem=st["sem"], buckets=bk))
             res["verdict"] = verdict
+            if "optimal" in report:  # same windows, so the mean gap is the difference of the means
+                floor = report["optimal"]["buckets"]["nll"]
+                res["gap"] = dict(nll=[a - b for a, b in zip(res["ppl"]["buckets"]["nll"], floor)],
+                                  nll_sem=res["ppl"]["buckets"]["nll_sem"], hi=res["ppl"]["buckets"]["hi"])
         if "effrem" in metrics:
             T = min(args.effrem_len or 4 * t_train, eval_len)
             cuts = default_cuts(T, args.effrem_cuts)
@@ -927,6 +931,14 @@ def _print_table(report):
         if "optimal" in report:
             ob = report["optimal"]["buckets"]["ppl"]
             print(f"{'(optimal)':<16}" + "".join(f"{ob[j]:>9.3f}" for j in cols))
+            # The gap to the exact floor shows a failure that perplexity alone can hide: a model that stops
+            # improving past T_train while the Bayes predictor keeps learning from its growing context.
+            print("\nGap to the Bayes floor, mean NLL - optimal NLL (nats/token) per bucket, +- s.e. of the model's NLL:")
+            print(f"{'model':<16}" + "".join(f"{bk['hi'][j]:>14}" for j in cols))
+            for m in models:
+                if "gap" in m:
+                    g, e = m["gap"]["nll"], m["gap"]["nll_sem"]
+                    print(f"{m['label']:<16}" + "".join(f"{g[j]:>8.3f}+-{e[j]:.3f}" for j in cols))
     if any("effrem" in m for m in models):
         print("\nEffective Remembrance EffRem_T(t) at t/T = 1/T, 1/4, 1/2, 3/4, (T-1)/T:")
         for m in models:

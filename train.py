@@ -77,10 +77,13 @@ def get_args(argv=None):
                    help="post-train this checkpoint (ours: a dir with ckpt.pt; official: a state-spaces/mamba dir "
                         "with config.json + pytorch_model.bin): fresh optimizer, lr defaults to peak/10")
     g = p.add_argument_group("data")
-    g.add_argument("--data", default="stdlib",
-                   help="stdlib (Python's own sources, offline), a text file/dir/glob, a .bin of tokens, or a "
-                        "synthetic process like markov:k=8,alpha=0.3 (see tasks.py)")
-    g.add_argument("--tokenizer", default="bytes", help="bytes (built in) or a tiktoken encoding name (gpt2, ...)")
+    g.add_argument("--data", default=None,
+                   help="stdlib (Python's own sources, offline; the default), a text file/dir/glob, a .bin of tokens, "
+                        "or a synthetic process like markov:k=8,alpha=0.3 (see tasks.py). With --init-from: the "
+                        "checkpoint's own data unless given")
+    g.add_argument("--tokenizer", default=None,
+                   help="bytes (built in; the default) or a tiktoken encoding name (gpt2, ...). With --init-from: the "
+                        "checkpoint's own tokenizer unless given")
     g.add_argument("--seq-len", type=int, default=64, help="T_train: training sequence length in tokens")
     g.add_argument("--batch-size", type=int, default=16, help="sequences per step (per process)")
     g = p.add_argument_group("optimisation")
@@ -119,6 +122,12 @@ def check_args(p, args):
         p.error(f"unknown --size {args.size!r} for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}")
     if args.init_from is not None and not os.path.exists(args.init_from):
         p.error(f"--init-from {args.init_from} does not exist")
+    # Post-training continues on the data the checkpoint was trained on unless told otherwise: silently
+    # switching corpus (or tokenizer) under a model is a mistake that no error would catch later.
+    source = args.init_from or (os.path.join(args.out, "ckpt.pt") if args.resume else None)
+    parent = parent_train_config(source) if source else {}
+    args.data = args.data or parent.get("data") or "stdlib"
+    args.tokenizer = args.tokenizer or parent.get("tokenizer") or "bytes"
     if args.task != "lm":
         if args.init_state == "tbtt":
             p.error(f"--init-state tbtt needs consecutive chunks of one long document, but --task {args.task} "
@@ -273,6 +282,17 @@ def main(argv=None):
 
 
 # --- helpers ------------------------------------------------------------------------------------------
+
+def parent_train_config(path):
+    """train_config of one of our checkpoints (file or directory); {} for official Mamba directories."""
+    ckpt = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
+    if not os.path.isfile(ckpt):
+        return {}
+    try:
+        return torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True).get("train_config", {}) or {}
+    except Exception:
+        return {}  # from_pretrained reports a corrupt checkpoint with a clear message later
+
 
 def lr_at(step, args):
     """Linear warm-up over the first `warmup` fraction of steps, then cosine decay to min_lr."""

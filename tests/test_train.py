@@ -61,7 +61,18 @@ def test_post_training_uses_a_tenth_of_the_peak_lr(tmp_path):
     post = str(tmp_path / "post")
     train.main(BASE + ["--init-state", "sp", "--steps", "2", "--init-from", base, "--out", post, "--warmup", "0"])
     with open(os.path.join(post, "args.json")) as f:
-        assert json.load(f)["lr"] == pytest.approx(train.PEAK_LR["tiny"] / 10)
+        post_args = json.load(f)
+    assert post_args["lr"] == pytest.approx(train.PEAK_LR["tiny"] / 10)
+
+
+def test_post_training_keeps_the_parent_data_unless_told(tmp_path):
+    base = str(tmp_path / "base")
+    train.main(BASE + ["--init-state", "zero", "--steps", "1", "--out", base])
+    post = str(tmp_path / "post")
+    train.main(["--seq-len", "16", "--batch-size", "4", "--quiet", "--steps", "1", "--init-from", base, "--out", post])
+    with open(os.path.join(post, "args.json")) as f:
+        post_args = json.load(f)
+    assert post_args["data"] == DATA and post_args["tokenizer"] == "bytes"
 
 
 @pytest.mark.parametrize("argv,message", [
