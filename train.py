@@ -460,4 +460,8 @@ def make_bar(total, initial, disable):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (tasks.DataError, tasks.TokenizerUnavailableError, FileNotFoundError, RuntimeError) as e:
+        # bad input (missing data, unknown tokenizer, corrupt checkpoint...): one line, not a traceback
+        raise SystemExit(f"error: {e}")

@@ -108,3 +108,11 @@ def test_two_process_gloo_ddp_takes_steps(tmp_path):
     ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     assert ckpt["step"] == 2 and len(ckpt["sampler"]) == 2 and len(ckpt["strategy"]) == 2
     assert sorted(losses(out)) == [1, 2]
+
+
+def test_command_line_bad_data_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--data", str(tmp_path / "missing.txt"),
+                        "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    lines = [l for l in r.stderr.strip().splitlines() if l]
+    assert len(lines) == 1 and "missing.txt" in lines[0] and "Traceback" not in r.stderr
