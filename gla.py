@@ -19,8 +19,17 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import triton
-import triton.language as tl
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # no Triton wheel (e.g. macOS): the naive and chunked forms work, *_triton says why not
+    class _NoTriton:
+        constexpr = None  # kernel signatures annotate with tl.constexpr
+
+        @staticmethod
+        def jit(fn):
+            return fn
+    triton = tl = _NoTriton()
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,6 +262,8 @@ def gla_triton(q, k, v, g, initial_state=None, scale=None):
 
     Computes in float32; the output has q's dtype, the final state is float32.
     """
+    if not hasattr(triton, "cdiv"):
+        raise RuntimeError("gla_triton needs Triton, which is not installed (Linux: pip install triton); use gla_chunked")
     b, t, h, dk, dv = _check_inputs("gla_triton", q, k, v, g, initial_state)
     scale = dk ** -0.5 if scale is None else scale
     return _GLATriton.apply(q, k, v, g, initial_state, scale)

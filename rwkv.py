@@ -20,8 +20,17 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import triton
-import triton.language as tl
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # no Triton wheel (e.g. macOS): the naive and chunked forms work, *_triton says why not
+    class _NoTriton:
+        constexpr = None  # kernel signatures annotate with tl.constexpr
+
+        @staticmethod
+        def jit(fn):
+            return fn
+    triton = tl = _NoTriton()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -212,6 +221,8 @@ class _RWKV6Triton(torch.autograd.Function):
 
 def rwkv6_triton(r, k, v, w, u, initial_state=None, scale=1.0):
     """RWKV-6 scan with a fused recurrent Triton forward (CUDA, or CPU under TRITON_INTERPRET=1)."""
+    if not hasattr(triton, "cdiv"):
+        raise RuntimeError("rwkv6_triton needs Triton, which is not installed (Linux: pip install triton); use rwkv6_chunked")
     _check_inputs("rwkv6_triton", r, k, v, w, u, initial_state)
     if not r.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("rwkv6_triton: CPU tensors need TRITON_INTERPRET=1 set before triton is imported")

@@ -11,8 +11,17 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import triton
-import triton.language as tl
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # no Triton wheel (e.g. macOS): the naive and chunked forms work, *_triton says why not
+    class _NoTriton:
+        constexpr = None  # kernel signatures annotate with tl.constexpr
+
+        @staticmethod
+        def jit(fn):
+            return fn
+    triton = tl = _NoTriton()
 
 
 def causal_conv1d(x, weight, bias=None, conv_state=None):
@@ -119,6 +128,8 @@ def ssd_triton(x, dt, A, B, C, initial_state=None):
 
     Runs on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1 (how the tests run it).
     """
+    if not hasattr(triton, "cdiv"):
+        raise RuntimeError("ssd_triton needs Triton, which is not installed (Linux: pip install triton); use ssd_chunked")
     b, t, h, p, g, n = _check_ssd_inputs("ssd_triton", x, dt, A, B, C, initial_state)
     if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         raise RuntimeError("ssd_triton needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is imported")
@@ -537,6 +548,8 @@ class _SelectiveScanTriton(torch.autograd.Function):
 
 def selective_scan_triton(u, delta, A, B, C, initial_state=None):
     """Fused recurrent Triton kernel (forward); backward recomputes through selective_scan_chunked."""
+    if not hasattr(triton, "cdiv"):
+        raise RuntimeError("selective_scan_triton needs Triton, which is not installed (Linux: pip install triton); use selective_scan_chunked")
     b, t, d, n = _check_selective_scan_args("selective_scan_triton", u, delta, A, B, C, initial_state)
     if triton is None:
         raise RuntimeError("selective_scan_triton needs triton; use selective_scan_chunked")
