@@ -116,3 +116,13 @@ def test_command_line_bad_data_is_one_line(tmp_path):
     assert r.returncode != 0
     lines = [l for l in r.stderr.strip().splitlines() if l]
     assert len(lines) == 1 and "missing.txt" in lines[0] and "Traceback" not in r.stderr
+
+
+def test_demo_runs_end_to_end_small(tmp_path):
+    out = str(tmp_path / "demo")
+    assert train.demo(out, base_steps=2, post_steps=1, n_seqs=4, quiet=True) == 0
+    with open(os.path.join(out, "eval.json")) as f:
+        report = json.load(f)
+    assert [m["label"] for m in report["models"]] == ["base", "control", "SP", "TBTT"]
+    assert "optimal" in report and all("gap" in m for m in report["models"])
+    assert os.path.exists(os.path.join(out, "ppl.png"))
