@@ -73,6 +73,12 @@ def rwkv6_naive(r, k, v, w, u, initial_state=None, scale=1.0):
 #     exp(W_{i-1} - W_j) = exp(W_{i-1} - W_m) * exp(W_m - W_j),   j <= m <= i-1,
 # and BOTH factors are <= 1. So each block level is one "r-side" and one "k-side" rescaling plus a
 # small matmul: log2(C) levels, exact, and never an exponent above zero.
+# The recursion stops at the largest "leaf" block size whose total decay is small (<= 20 nats): inside
+# a leaf one masked matmul against the state just before the block is safe (the k-side factor is at
+# most e^20). With typical RWKV-6 decays the leaf is the whole chunk, so there is no recursion at all.
+
+_MAX_LEAF_DECAY = 20.0  # e^20 ~ 5e8: a harmless factor in float32
+
 
 def rwkv6_chunked(r, k, v, w, u, initial_state=None, scale=1.0, chunk_size=32):
     """Chunked RWKV-6 scan in plain PyTorch (autograd-trainable). T need not divide chunk_size
@@ -96,10 +102,18 @@ def rwkv6_chunked(r, k, v, w, u, initial_state=None, scale=1.0, chunk_size=32):
     W_prev = F.pad(W[..., :-1, :], (0, 0, 1, 0))                # W_{i-1}, with W_{-1} = 0 (exact, no W - w)
     # (exp_ below runs in place on fresh temporaries: same result, fewer large allocations on CPU)
 
+    # Leaf size s: the largest power of two whose blocks decay by at most _MAX_LEAF_DECAY nats in total.
+    # Inside such a block one masked matmul against the block's start is safe: the k-side factor
+    # exp(W_ref - W_j) is >= 1 but at most e^_MAX_LEAF_DECAY. With the layer's usual decays s = C (no
+    # recursion at all); strong decays fall back to smaller leaves, down to the pure recursion (s = 1).
+    s = C
+    while s > 1 and (W_prev[..., ::s, :] - W[..., s - 1::s, :]).max() > _MAX_LEAF_DECAY:
+        s //= 2
+
     # intra-chunk scores [C, C]: the bonus on the diagonal, then one dyadic block level at a time
     scores = [((r * k) @ u.to(dt)[:, :, None]).squeeze(-1)]    # r_i . (u * k_i)
     size = C
-    while size >= 2:
+    while size > s:
         half = size // 2
         blocks = lambda x: x.view(n, b, h, C // size, size, x.shape[-1])
         rb, kb, Wb, Wpb = blocks(r), blocks(k), blocks(W), blocks(W_prev)
@@ -108,8 +122,15 @@ def rwkv6_chunked(r, k, v, w, u, initial_state=None, scale=1.0, chunk_size=32):
         kk = kb[..., :half, :] * (W_m - Wb[..., :half, :]).exp_()              # exponent <= 0
         scores.append((q @ kk.transpose(-1, -2)).flatten(-3))                  # rows: right half, cols: left
         size = half
+    if s > 1:  # leaf blocks: all pairs j < i inside a block, relative to the state before the block
+        blocks = lambda x: x.view(n, b, h, C // s, s, x.shape[-1])
+        W_ref = blocks(W_prev)[..., :1, :]                                     # W just before the block
+        q = blocks(r) * (blocks(W_prev) - W_ref).exp_()                        # exponent <= 0
+        kk = blocks(k) * (W_ref - blocks(W)).exp_()                            # exponent in [0, max leaf decay]
+        leaf = (q @ kk.transpose(-1, -2)).flatten(-2)                          # [n, b, h, C/s, s*s]
+        scores.append(leaf[..., _strictly_lower(s, r.device)].flatten(-2))
     A = torch.zeros(n, b, h, C * C, dtype=dt, device=r.device)
-    A = A.index_copy(-1, _score_index(C, r.device), torch.cat(scores, dim=-1)).view(n * b * h, C, C)
+    A = A.index_copy(-1, _score_index(C, s, r.device), torch.cat(scores, dim=-1)).view(n * b * h, C, C)
 
     # chunk-level state: what each chunk writes, and how much the incoming state decays across it
     W_last = W[..., -1:, :]
@@ -390,20 +411,32 @@ def _layer_ratios(layer_idx, num_layers):
 _SCORE_INDEX_CACHE = {}
 
 
-def _score_index(C, device):
+def _score_index(C, s, device):
     """Flat positions (i * C + j) in a [C, C] block of the scores in the order rwkv6_chunked emits them:
-    the diagonal, then for each dyadic block size (C, C/2, ..., 2) the [right half x left half] blocks."""
-    key = (C, str(device))
+    the diagonal, then for each dyadic block size (C, C/2, ..., 2s) the [right half x left half] blocks,
+    then the strictly lower pairs inside each leaf block of size s."""
+    key = (C, s, str(device))
     if key not in _SCORE_INDEX_CACHE:
         idx = [i * C + i for i in range(C)]
         size = C
-        while size >= 2:
+        while size > s:
             half = size // 2
             idx += [(blk * size + half + i) * C + blk * size + j
                     for blk in range(C // size) for i in range(half) for j in range(half)]
             size = half
+        idx += [(blk * s + i) * C + blk * s + j for blk in range(C // s) for i in range(s) for j in range(i)]
         with torch.inference_mode(False):  # a cached tensor made under inference_mode could not be reused by autograd
             _SCORE_INDEX_CACHE[key] = torch.tensor(idx, dtype=torch.long, device=device)
+    return _SCORE_INDEX_CACHE[key]
+
+
+def _strictly_lower(s, device):
+    """Flat positions i * s + j, j < i, of an [s, s] block, in row-major order (matches _score_index)."""
+    key = ("tril", s, str(device))
+    if key not in _SCORE_INDEX_CACHE:
+        with torch.inference_mode(False):
+            _SCORE_INDEX_CACHE[key] = torch.tensor([i * s + j for i in range(s) for j in range(i)],
+                                                   dtype=torch.long, device=device)
     return _SCORE_INDEX_CACHE[key]
 
 

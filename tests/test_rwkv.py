@@ -218,3 +218,19 @@ def test_layer_init_decay_is_a_valid_log_decay():
     w = -torch.exp(tm.w0)
     assert (w < 0).all() and w.min() > -0.4 and w.max() < -1e-3
     assert tm.bonus.shape == (4, 8)
+
+
+@pytest.mark.parametrize("decay_scale", [0.01, 0.3, 2.0, 10.0])
+def test_chunked_leaf_blocks_are_exact_in_every_decay_regime(decay_scale):
+    # weak decays take one masked matmul per chunk (leaf = chunk), strong ones fall back to smaller leaves
+    # and finally to the pure dyadic recursion; all must equal the loop
+    g = torch.Generator().manual_seed(7)
+    b, t, h, dk, dv = 2, 75, 2, 8, 6
+    r, k = torch.randn(b, t, h, dk, generator=g, dtype=torch.float64), torch.randn(b, t, h, dk, generator=g, dtype=torch.float64)
+    v = torch.randn(b, t, h, dv, generator=g, dtype=torch.float64)
+    w = -decay_scale * torch.rand(b, t, h, dk, generator=g, dtype=torch.float64)
+    u, h0 = torch.randn(h, dk, generator=g, dtype=torch.float64), torch.randn(b, h, dk, dv, generator=g, dtype=torch.float64)
+    o1, s1 = rwkv6_naive(r, k, v, w, u, h0)
+    o2, s2 = rwkv6_chunked(r, k, v, w, u, h0, chunk_size=32)
+    torch.testing.assert_close(o2, o1, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(s2, s1, atol=1e-10, rtol=1e-10)
