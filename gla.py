@@ -19,17 +19,8 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # no Triton wheel (e.g. macOS): the naive and chunked forms work, *_triton says why not
-    class _NoTriton:
-        constexpr = None  # kernel signatures annotate with tl.constexpr
 
-        @staticmethod
-        def jit(fn):
-            return fn
-    triton = tl = _NoTriton()
+from ssm import tl, triton  # Triton, or ssm.py's stand-in where it is not installed
 
 
 # --------------------------------------------------------------------------------------------
