@@ -65,7 +65,7 @@ def position_nll_stats(lm, tokens, chunk_len=None, batch_size=None, edges=None, 
     L = T - 1  # number of predictions
     device = _device_of(lm)
     batch_size = batch_size or n
-    chunk_len = chunk_len or _auto_chunk_len(min(n, batch_size), lm.cfg.vocab_size)
+    chunk_len = chunk_len or _auto_chunk_len(lm, min(n, batch_size))
     total = torch.zeros(L, dtype=torch.float64)
     total_sq = torch.zeros(L, dtype=torch.float64)
     if edges is not None:
@@ -276,8 +276,8 @@ def effective_remembrance(lm, tokens, T, cuts, distance="tv", batch_size=None, c
     device = _device_of(lm)
     # The t = 0 rows are the reference q(.|x[0:T]); add them if the caller did not ask for t = 0.
     starts = sorted(set(cuts.tolist()) | {0})
-    batch_size = batch_size or n
-    chunk_len = chunk_len or _auto_chunk_len(min(n, batch_size) * len(starts), lm.cfg.vocab_size)
+    batch_size = batch_size or _auto_rows(lm, len(starts)) or n
+    chunk_len = chunk_len or _auto_chunk_len(lm, min(n, batch_size) * len(starts), logits=False)
     pieces = _pieces(T, chunk_len, stops=starts)
     out = torch.zeros(n, len(cuts), dtype=torch.float64)
     bar = _tqdm(total=math.ceil(n / batch_size) * len(pieces), desc="effrem", disable=not progress)
@@ -291,7 +291,7 @@ def effective_remembrance(lm, tokens, T, cuts, distance="tv", batch_size=None, c
                     zero = lm.zero_state(m, device)
                     state = zero if state is None else _cat_states(state, zero)
                     n_active += 1
-                logits, state = lm(x[:, a:b].repeat(n_active, 1), state)
+                logits, state = lm(x[:, a:b].repeat(n_active, 1), state, last_only=True)
                 bar.update(1)
             p = _last_probs(logits).view(len(starts), m, -1)  # [starts, rows, V]
             ref = p[0]
@@ -343,7 +343,7 @@ def state_statistics(lm, tokens, positions=None, chunk_len=None, batch_size=None
         raise ValueError(f"state_statistics: positions must lie in [0, {T - 1}], got {positions.tolist()}")
     device = _device_of(lm)
     batch_size = batch_size or n
-    chunk_len = chunk_len or _auto_chunk_len(min(n, batch_size), lm.cfg.vocab_size)
+    chunk_len = chunk_len or _auto_chunk_len(lm, min(n, batch_size), logits=False)
     ends = (positions + 1).tolist()
     pieces = _pieces(ends[-1], chunk_len, stops=ends)
     sums = None  # per layer: [P, heads, 3] float64 = (count, sum, sum of squares)
@@ -353,7 +353,7 @@ def state_statistics(lm, tokens, positions=None, chunk_len=None, batch_size=None
             x = tokens[r0:r0 + batch_size].to(device)
             state = None
             for a, b in pieces:
-                _, state = lm(x[:, a:b], state)
+                _, state = lm(x[:, a:b], state, last_only=True)
                 bar.update(1)
                 if b not in ends:
                     continue
@@ -409,14 +409,14 @@ def greedy_answer(lm, prompt_tokens, max_new_tokens, stop_tokens=(), chunk_len=N
         raise ValueError(f"greedy_answer: max_new_tokens must be >= 1, got {max_new_tokens}")
     b, T = prompts.shape
     device = _device_of(lm)
-    chunk_len = chunk_len or _auto_chunk_len(b, lm.cfg.vocab_size)
+    chunk_len = chunk_len or _auto_chunk_len(lm, b, logits=False)
     is_stop = torch.zeros(lm.cfg.vocab_size, dtype=torch.bool)
     is_stop[[t for t in stop_tokens if 0 <= t < lm.cfg.vocab_size]] = True
     new, done = [], torch.zeros(b, dtype=torch.bool)
     with _eval_mode(lm):
         state = None
         for a, e in _pieces(T, chunk_len):
-            logits, state = lm(prompts[:, a:e].to(device), state)
+            logits, state = lm(prompts[:, a:e].to(device), state, last_only=True)
         while True:
             token = logits[:, -1].argmax(-1)
             new.append(token.cpu())
@@ -1004,7 +1004,11 @@ def _plot(report, out):
     models = report["models"]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     if any("ppl" in m for m in models):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        # With a known floor (synthetic data), a second panel shows the gap to it: the failure past
+        # T_train and the fix read off directly, instead of as small differences between falling curves.
+        with_gap = any("gap" in m for m in models)
+        fig, axes = plt.subplots(1, 2 if with_gap else 1, figsize=(13 if with_gap else 7, 4.5), squeeze=False)
+        ax = axes[0, 0]
         for i, m in enumerate(m for m in models if "ppl" in m):
             c = colors[i % len(colors)]
             bk = m["ppl"]["buckets"]
@@ -1025,6 +1029,22 @@ def _plot(report, out):
         ax.set(xscale="log", xlabel="context length (tokens read; dotted: T_train)", ylabel="perplexity",
                title="Position-wise perplexity (bands: +-1 s.e.)")
         ax.legend(fontsize=8)
+        if with_gap:
+            ax = axes[0, 1]
+            for i, m in enumerate(m for m in models if "ppl" in m):
+                if "gap" not in m:
+                    continue
+                bk, c = m["ppl"]["buckets"], colors[i % len(colors)]
+                x = [math.sqrt((lo + 1) * hi) for lo, hi in zip(bk["lo"], bk["hi"])]
+                y = torch.tensor(m["gap"]["nll"])
+                e = torch.tensor([v if v is not None else 0.0 for v in m["gap"]["nll_sem"]])
+                ax.plot(x, y, color=c, label=m["label"])
+                ax.fill_between(x, y - e, y + e, color=c, alpha=0.25)
+                ax.axvline(m["t_train"], color=c, ls=":", lw=1)
+            ax.axhline(0, color="k", ls="--", lw=1)
+            ax.set(xscale="log", xlabel="context length (tokens read; dotted: T_train)",
+                   ylabel="model NLL - Bayes NLL (nats/token)", title="Gap to the Bayes floor (0 = optimal)")
+            ax.legend(fontsize=8)
         files.append(_save(fig, out, "ppl.png"))
     if any("effrem" in m for m in models):
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -1130,14 +1150,16 @@ def _jsonable(x):
 # ================================================================================================
 
 
-def benchmark(arch="mamba2", lengths=(8192, 131072), n_seqs=2, chunk_len=1024, effrem_len=1024, n_cuts=32,
+def benchmark(arch="mamba2", lengths=(8192, 131072), n_seqs=2, chunk_len=1024, effrem_len=1024, n_cuts=32, effrem_seqs=8,
               device="cpu", repeats=3):
     """Cost of the streaming evaluation on an untrained `tiny` model (cost does not depend on weights).
 
     Memory: peak RSS of position_nll at each length, each in a fresh process (a process's peak RSS
     cannot be reset), next to the RSS after a short warm-up call; streaming should keep the peak
     ~flat in the length. Time: effective_remembrance (one batched pass) vs effective_remembrance_naive
-    (one forward per cut), and whether the two agree. Returns a dict of the numbers.
+    (one forward of each suffix x[t:T]) vs len(cuts) full-length forwards of x[:T], and whether the
+    first two agree. work_in_full_forwards = sum over the suffixes of (T - t) / T: the exact method
+    cannot do less (each cut's state is its own), batched or not. Returns a dict of the numbers.
     """
     import subprocess
     out = dict(arch=arch, n_seqs=n_seqs, chunk_len=chunk_len, memory=[])
@@ -1149,18 +1171,25 @@ def benchmark(arch="mamba2", lengths=(8192, 131072), n_seqs=2, chunk_len=1024, e
         if r.returncode != 0:
             raise RuntimeError(f"benchmark at length {L} failed: {r.stderr.strip().splitlines()[-1:]}")
         out["memory"].append(json.loads(r.stdout.strip().splitlines()[-1]))
-    lm, x = _bench_model(arch, n_seqs, effrem_len, device)
+    lm, x = _bench_model(arch, effrem_seqs, effrem_len, device)
     cuts = default_cuts(effrem_len, n_cuts)
-    times = {"batched": [], "per_cut": []}
+    full = lambda: [lm(x[:, :effrem_len]) for _ in cuts]  # what "len(cuts) separate forwards" costs
+    times = {"batched": [], "per_cut": [], "full": []}
     for _ in range(repeats):  # interleaved, best of `repeats`: robust to other load on a shared machine
         t0 = time.perf_counter()
         batched = effective_remembrance(lm, x, effrem_len, cuts)
         t1 = time.perf_counter()
         naive = effective_remembrance_naive(lm, x, effrem_len, cuts)
+        t2 = time.perf_counter()
+        with torch.inference_mode():
+            full()
         times["batched"].append(t1 - t0)
-        times["per_cut"].append(time.perf_counter() - t1)
-    out["effrem"] = dict(T=effrem_len, n_seqs=n_seqs, n_cuts=len(cuts), batched_s=round(min(times["batched"]), 3),
-                         per_cut_s=round(min(times["per_cut"]), 3),
+        times["per_cut"].append(t2 - t1)
+        times["full"].append(time.perf_counter() - t2)
+    work = sum(effrem_len - t for t in set(cuts.tolist()) | {0}) / effrem_len
+    out["effrem"] = dict(T=effrem_len, n_seqs=effrem_seqs, n_cuts=len(cuts), batched_s=round(min(times["batched"]), 3),
+                         per_cut_s=round(min(times["per_cut"]), 3), full_forwards_s=round(min(times["full"]), 3),
+                         work_in_full_forwards=round(work, 1),
                          max_abs_diff=float((batched - naive.double()).abs().max()))
     return out
 
@@ -1200,10 +1229,31 @@ def _pieces(T, chunk_len, stops=()):
     return out
 
 
-def _auto_chunk_len(rows, vocab):
-    # The logits of one chunk ([rows, chunk, vocab] float32) dominate memory: keep them near 2^24
-    # numbers (64 MB). Between 16 and 2048 tokens: shorter chunks waste time on per-call overhead.
-    return int(max(16, min(2048, 2 ** 24 // max(1, rows * vocab))))
+def _auto_chunk_len(lm, rows, logits=True):
+    """Tokens per row per model call when the caller did not choose. Two limits:
+    memory, when the call's logits are kept: [rows, chunk, vocab] float32 stays near 2^24 numbers (64 MB);
+    speed on the CPU: a call's activations should fit in cache. On this repo's 2-core CPU the tiny
+    Mamba-2 (d_model 64) is fastest with ~2k tokens per call (rows x chunk) and 2-3x slower per token
+    with 16k-65k, so the CPU budget is 2^17 / d_model tokens per call. CUDA wants the largest calls it
+    can get: no speed limit there.
+    Between 16 and 2048 tokens (shorter chunks spend their time on per-call overhead), and a power of
+    two: the chunked scans pad a call to a multiple of their own chunk (64 for Mamba-2), so 70 tokens
+    would cost as much as 128."""
+    chunk = 2048
+    if logits:
+        chunk = min(chunk, 2 ** 24 // max(1, rows * lm.cfg.vocab_size))
+    if _device_of(lm).type == "cpu":
+        chunk = min(chunk, 2 ** 17 // max(1, rows * getattr(lm.cfg, "d_model", 1)))
+    return 2 ** int(math.log2(max(16, chunk)))
+
+
+def _auto_rows(lm, per_sequence):
+    """Sequences per pass when each one becomes `per_sequence` rows (Effective Remembrance: one row per
+    cut): on the CPU about 2^17 / d_model / 16 rows in all, so a 16-token chunk still fits the budget
+    above; on CUDA every sequence at once."""
+    if _device_of(lm).type != "cpu":
+        return None
+    return max(1, 2 ** 13 // getattr(lm.cfg, "d_model", 1) // per_sequence)
 
 
 def _cat_states(a, b):

@@ -164,9 +164,12 @@ class LM(nn.Module):
                 with torch.no_grad():
                     p.div_(math.sqrt(n_branches))
 
-    def forward(self, idx, state=None):
+    def forward(self, idx, state=None, last_only=False):
         """idx [b, t] token ids; state: None (zeros) or a list of per-layer dicts.
-        Returns logits [b, t, vocab_size] and the final state (not detached)."""
+        Returns logits [b, t, vocab_size] and the final state (not detached).
+        last_only=True: logits of the last position only, [b, 1, vocab_size]. Decoding and Effective
+        Remembrance need nothing else, and the head is a large share of the work with a real
+        vocabulary (50k x d_model per token), so they skip it for the other positions."""
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape [batch, time], got {list(idx.shape)}")
         if state is None:
@@ -178,7 +181,7 @@ class LM(nn.Module):
         for block, s in zip(self.backbone.layers, state):
             x, s = block(x, s)
             final_state.append(s)
-        x = self.backbone.norm_f(x)
+        x = self.backbone.norm_f(x[:, -1:] if last_only else x)
         logits = self.lm_head(x)[..., : self.cfg.vocab_size]  # drop the padding rows
         return logits, final_state
 

@@ -33,7 +33,7 @@ class ToyLM(nn.Module):
         return [{"h": torch.zeros(batch_size, *self.shape, device=device),
                  "shift": torch.zeros(batch_size, 5, device=device)}]
 
-    def forward(self, idx, state=None):
+    def forward(self, idx, state=None, last_only=False):
         b, T = idx.shape
         state = state or self.zero_state(b, idx.device)
         h, prev = state[0]["h"], state[0]["shift"]
@@ -42,7 +42,8 @@ class ToyLM(nn.Module):
             h = self.a.view(1, -1, 1, 1) * h + self.emb[idx[:, t]].view(b, *self.shape)
             logits.append(h.flatten(1) @ self.readout + prev @ self.shift_out)
             prev = self.shift_emb[idx[:, t]]
-        return torch.stack(logits, 1), [{"h": h, "shift": prev}]
+        logits = torch.stack(logits, 1)
+        return logits[:, -1:] if last_only else logits, [{"h": h, "shift": prev}]
 
 
 class ConstLM(nn.Module):
@@ -56,8 +57,9 @@ class ConstLM(nn.Module):
     def zero_state(self, batch_size, device=None):
         return [{"h": torch.zeros(batch_size, 1, 1, device=device)}]
 
-    def forward(self, idx, state=None):
-        return self.logp.expand(*idx.shape, -1), state or self.zero_state(idx.shape[0])
+    def forward(self, idx, state=None, last_only=False):
+        logits = self.logp.expand(idx.shape[0], 1 if last_only else idx.shape[1], -1)
+        return logits, state or self.zero_state(idx.shape[0])
 
 
 def tokens(n, T, vocab=11, seed=0):

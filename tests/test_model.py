@@ -38,6 +38,18 @@ def test_split_equivalence(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_last_only_logits_are_the_last_position_of_the_full_ones(arch):
+    lm = tiny_lm(arch)
+    idx = torch.randint(0, 50, (3, 21))
+    with torch.no_grad():
+        full, s_full = lm(idx)
+        last, s_last = lm(idx, last_only=True)
+    assert last.shape == (3, 1, 50)
+    torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=1e-5)
+    assert_states_close(s_last, s_full, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_step_equivalence(arch):
     # token-by-token recurrence == the parallel forward
     lm = tiny_lm(arch, seed=1)

@@ -137,12 +137,12 @@ class OracleLM(nn.Module):
     def zero_state(self, batch_size, device=None):
         return [{"hist": torch.zeros(batch_size, 0, dtype=torch.long)}]
 
-    def forward(self, idx, state=None):
+    def forward(self, idx, state=None, last_only=False):
         hist = torch.cat([(state or self.zero_state(len(idx)))[0]["hist"], idx], 1)
         logits = torch.zeros(*idx.shape, self.cfg.vocab_size)
         for r, h in enumerate(hist.tolist()):
             logits[r, -1, self._next(h)] = 10.0
-        return logits, [{"hist": hist}]
+        return logits[:, -1:] if last_only else logits, [{"hist": hist}]
 
     def _next(self, h):
         if self.wrong:
