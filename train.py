@@ -75,7 +75,8 @@ def get_args(argv=None):
     g.add_argument("--size", default="tiny", help="preset size, see model.PRESETS (tiny, 45m, 85m, 125m, 130m, 370m, ...)")
     g.add_argument("--init-from", default=None,
                    help="post-train this checkpoint (ours: a dir with ckpt.pt; official: a state-spaces/mamba dir "
-                        "with config.json + pytorch_model.bin): fresh optimizer, lr defaults to peak/10")
+                        "with config.json + pytorch_model.bin): fresh optimizer; --lr defaults to the checkpoint's "
+                        "peak lr / 10 and --seq-len to its T_train")
     g = p.add_argument_group("data")
     g.add_argument("--data", default=None,
                    help="stdlib (Python's own sources, offline; the default), a text file/dir/glob, a .bin of tokens, "
@@ -84,12 +85,18 @@ def get_args(argv=None):
     g.add_argument("--tokenizer", default=None,
                    help="bytes (built in; the default) or a tiktoken encoding name (gpt2, ...). With --init-from: the "
                         "checkpoint's own tokenizer unless given")
-    g.add_argument("--seq-len", type=int, default=64, help="T_train: training sequence length in tokens")
-    g.add_argument("--batch-size", type=int, default=16, help="sequences per step (per process)")
+    g.add_argument("--seq-len", type=int, default=None,
+                   help="T_train: training sequence length in tokens (default 64; with --init-from: the checkpoint's)")
+    g.add_argument("--batch-size", type=int, default=16, help="sequences per micro-batch (per process)")
+    g.add_argument("--grad-accum", type=int, default=1,
+                   help="micro-batches per optimizer step: a step sees grad-accum x batch-size x world sequences "
+                        "(the paper's ~0.5M tokens per step on one GPU). Every micro-batch is a 'batch' for the "
+                        "intervention: SP passes each micro-batch's final states to the next one")
     g = p.add_argument_group("optimisation")
     g.add_argument("--steps", type=int, default=1500, help="optimizer steps")
     g.add_argument("--tokens", type=float, default=None, help="token budget instead of --steps (e.g. 5e6)")
-    g.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the preset's; /10 with --init-from)")
+    g.add_argument("--lr", type=float, default=None,
+                   help="peak learning rate (default: the preset's; with --init-from, the checkpoint's peak / 10)")
     g.add_argument("--min-lr", type=float, default=1e-5, help="end of the cosine decay")
     g.add_argument("--warmup", type=float, default=0.1, help="fraction of steps of linear warm-up (paper: 0.1)")
     g.add_argument("--weight-decay", type=float, default=0.01)
@@ -116,8 +123,8 @@ def get_args(argv=None):
 
 
 def check_args(p, args):
-    for name in ("seq_len", "batch_size", "steps", "ckpt_interval", "eval_interval", "eval_batches"):
-        if getattr(args, name) <= 0:
+    for name in ("seq_len", "batch_size", "grad_accum", "steps", "ckpt_interval", "eval_interval", "eval_batches"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if not 0 <= args.warmup < 1:
         p.error(f"--warmup is a fraction of the steps in [0, 1), got {args.warmup}")
@@ -133,6 +140,11 @@ def check_args(p, args):
     parent = parent_train_config(source) if source else {}
     args.data = args.data or parent.get("data") or "stdlib"
     args.tokenizer = args.tokenizer or parent.get("tokenizer") or "bytes"
+    args.seq_len = args.seq_len or parent.get("seq_len") or 64
+    # the peak lr the model was (pre)trained with: post-training defaults to a tenth of it (paper, App. B)
+    args.parent_peak_lr = None
+    if args.init_from and parent:  # older checkpoints lack peak_lr: a post-trained one ran at peak / 10
+        args.parent_peak_lr = parent.get("peak_lr") or parent["lr"] * (10 if parent.get("init_from") else 1)
     if args.task != "lm":
         if args.init_state == "tbtt":
             p.error(f"--init-state tbtt needs consecutive chunks of one long document, but --task {args.task} "
@@ -188,7 +200,7 @@ def main(argv=None):
     if args.tokens is not None:
         # (--task copy: examples are 2 * len + 2 tokens after the shift, counted at the longest)
         per_row = args.seq_len if args.task != "copy" else 2 * int(args.copy_len.split(",")[1]) + 2
-        args.steps = max(1, int(args.tokens // (args.batch_size * per_row * world)))
+        args.steps = max(1, int(args.tokens // (args.batch_size * per_row * world * args.grad_accum)))
 
     # --- model and optimizer --------------------------------------------------------------------------
     ckpt_path = os.path.join(args.out, "ckpt.pt")
@@ -204,9 +216,18 @@ def main(argv=None):
         raise SystemExit(f"error: the model's vocabulary ({lm.cfg.vocab_size}) is smaller than the data's "
                          f"({data.vocab_size}): use the tokenizer the model was trained with")
     lm.to(device)
+    # peak_lr: the lr the weights were (pre)trained with. From scratch it is --lr or the preset's; a
+    # post-training run inherits its checkpoint's (an official checkpoint: the paper's for its size) and
+    # defaults --lr to a tenth of it (paper, App. B); a resumed run keeps the values it started with.
+    if resume is not None:
+        args.peak_lr = resume["train_config"].get("peak_lr")
+        args.lr = args.lr or resume["train_config"]["lr"]
+    elif args.init_from is not None:
+        args.peak_lr = args.parent_peak_lr or PEAK_LR[preset_size(lm.cfg) or "tiny"]
+    else:
+        args.peak_lr = args.lr or PEAK_LR[args.size if args.size in PEAK_LR else "tiny"]
     if args.lr is None:
-        size = args.size if args.size in PEAK_LR else "tiny"
-        args.lr = PEAK_LR[size] / (10 if args.init_from else 1)
+        args.lr = args.peak_lr / (10 if args.init_from else 1)
     optimizer = make_optimizer(lm, args.lr, args.weight_decay, device)
     strategy = interventions.make_strategy(args.init_state, lm, args.batch_size, sigma=args.sigma,
                                            p_reset=args.p_reset, seed=args.seed + rank)
@@ -229,7 +250,7 @@ def main(argv=None):
         n_train = f"{len(data.train):,} train tokens, " if data.train is not None else ""
         seq_desc = args.seq_len if args.task != "copy" else "(2 x copy length + 2)"
         print(f"data {data.name}: {n_train}vocab {data.vocab_size}; "
-              f"{args.steps} steps x {args.batch_size * world} x {seq_desc} tokens; task {task_summary(args)}; "
+              f"{args.steps} steps x {args.grad_accum * args.batch_size * world} x {seq_desc} tokens; task {task_summary(args)}; "
               f"init-state {args.init_state}; lr {args.lr:g}; device {device}")
         with open(os.path.join(args.out, "args.json"), "w") as f:
             json.dump(vars(args), f, indent=1)
@@ -243,25 +264,14 @@ def main(argv=None):
         lr = lr_at(step, args)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = next_batch(sampler, device)
-        init = strategy.initial_state(batch)
-        with autocast:
-            logits, final_state = fwd(batch["x"], state=init)
-            # ignore_index: task batches mark every non-answer target -100, so the mean runs over the answer
-            # tokens of the whole batch (per answer token: a long copy weighs more than a short one).
-            # LM batches have no -100: the plain mean over all tokens.
-            loss = F.cross_entropy(logits.float().flatten(0, 1), batch["y"].flatten(), ignore_index=-100)
-        if not torch.isfinite(loss):
-            raise SystemExit(f"error: loss is {loss.item()} at step {step + 1}; stopped without saving. The last good "
-                             f"checkpoint ({ckpt_path}) is intact: resume from it with a lower --lr or larger --warmup")
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss, tokens = accumulate_gradients(fwd, sampler, strategy, args.grad_accum, device, autocast,
+                                            no_sync=ddp, step=step, ckpt_path=ckpt_path)
         grad_norm = torch.nn.utils.clip_grad_norm_(lm.parameters(), args.grad_clip)
         optimizer.step()
-        strategy.observe(final_state)
         step += 1
-        tokens_since += batch["x"].numel() * world
-        record = {"step": step, "loss": loss.item(), "lr": lr, "grad_norm": grad_norm.item()}
+        tokens_since += tokens * world
+        record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm.item()}
         if step % args.eval_interval == 0 or step == args.steps:
             val_sampler.load_state_dict(val_state0)
             record["val_loss"] = evaluate_loss(lm, val_sampler, args.eval_batches, device, autocast)
@@ -317,6 +327,45 @@ def demo(out, seed=0, device="auto", quiet=False, base_steps=700, post_steps=300
 
 
 # --- helpers ------------------------------------------------------------------------------------------
+
+def accumulate_gradients(fwd, sampler, strategy, n_micro, device, autocast=nullcontext(), no_sync=False, step=0,
+                         ckpt_path="ckpt.pt"):
+    """Forward and backward n_micro micro-batches into the .grad of the parameters (the caller zeroes
+    them before and steps the optimizer after). Each micro-batch takes its initial state from the
+    strategy and hands its final state back, so SP / TBTT / fitted see a micro-batch as a batch.
+    Each loss is divided by n_micro: the gradient is that of the mean loss over the micro-batches,
+    which for LM batches (no ignored targets) is the gradient of one batch n_micro times as large.
+    no_sync: DDP, all-reduce the gradients once, on the last micro-batch. Returns (mean loss, tokens)."""
+    total, tokens = 0.0, 0
+    for micro in range(n_micro):
+        batch = next_batch(sampler, device)
+        init = strategy.initial_state(batch)
+        sync = fwd.no_sync() if no_sync and micro < n_micro - 1 else nullcontext()
+        with sync:
+            with autocast:
+                logits, final_state = fwd(batch["x"], state=init)
+                # ignore_index: task batches mark every non-answer target -100, so the mean runs over the
+                # answer tokens of the micro-batch (per answer token: a long copy weighs more than a short
+                # one). LM batches have no -100: the plain mean over all tokens.
+                loss = F.cross_entropy(logits.float().flatten(0, 1), batch["y"].flatten(), ignore_index=-100)
+            if not torch.isfinite(loss):
+                raise SystemExit(f"error: loss is {loss.item()} at step {step + 1}; stopped without saving. The last "
+                                 f"good checkpoint ({ckpt_path}) is intact: resume from it with a lower --lr or "
+                                 f"larger --warmup")
+            (loss / n_micro).backward()
+        strategy.observe(final_state)
+        total += loss.item()
+        tokens += batch["x"].numel()
+    return total / n_micro, tokens
+
+
+def preset_size(cfg):
+    """The preset name whose dimensions cfg has (e.g. an official 130m directory), or None."""
+    for size, p in model.PRESETS.get(cfg.arch, {}).items():
+        if cfg.d_model == p["d_model"] and cfg.n_layer == p["n_layer"] and size in PEAK_LR:
+            return size
+    return None
+
 
 def parent_train_config(path):
     """train_config of one of our checkpoints (file or directory); {} for official Mamba directories."""

@@ -65,6 +65,60 @@ def test_post_training_uses_a_tenth_of_the_peak_lr(tmp_path):
     assert post_args["lr"] == pytest.approx(train.PEAK_LR["tiny"] / 10)
 
 
+def test_post_training_takes_a_tenth_of_the_checkpoints_own_peak_lr_and_its_seq_len(tmp_path):
+    # a base trained at --lr 1e-3 and T_train 16 (not the tiny preset's 3e-3 / 64): post-training
+    # defaults to 1e-4 and T_train 16, and a second post-training still to 1e-4 (peak_lr is inherited)
+    base, post, post2 = (str(tmp_path / n) for n in ("base", "post", "post2"))
+    train.main(BASE + ["--init-state", "zero", "--steps", "1", "--lr", "1e-3", "--out", base])
+    for parent, out in ((base, post), (post, post2)):
+        train.main(["--quiet", "--steps", "1", "--batch-size", "4", "--init-from", parent, "--out", out])
+        with open(os.path.join(out, "args.json")) as f:
+            a = json.load(f)
+        assert a["lr"] == pytest.approx(1e-4) and a["peak_lr"] == pytest.approx(1e-3) and a["seq_len"] == 16
+
+
+class FixedBatches:
+    """A sampler that hands out the given (x, y) pairs in order."""
+
+    def __init__(self, batches):
+        self.batches = list(batches)
+
+    def next_batch(self):
+        return self.batches.pop(0)
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "rwkv6"])
+def test_two_micro_batches_give_the_gradient_of_one_batch_twice_as_large(arch):
+    import interventions
+    import model
+    torch.manual_seed(0)
+    lm = model.LM(model.make_config(arch, "tiny", vocab_size=11))
+    x = torch.randint(0, 11, (8, 13))
+    y = torch.randint(0, 11, (8, 13))
+    grads = {}
+    for n_micro, batches in ((1, [(x, y)]), (2, [(x[:4], y[:4]), (x[4:], y[4:])])):
+        lm.zero_grad(set_to_none=True)
+        strategy = interventions.make_strategy("zero", lm, len(batches[0][0]))
+        loss, tokens = train.accumulate_gradients(lm, FixedBatches(batches), strategy, n_micro, torch.device("cpu"))
+        assert tokens == x.numel()
+        grads[n_micro] = (loss, [p.grad.clone() for p in lm.parameters()])
+    assert grads[1][0] == pytest.approx(grads[2][0], rel=1e-5)
+    for g1, g2 in zip(grads[1][1], grads[2][1]):
+        torch.testing.assert_close(g1, g2, atol=1e-6, rtol=1e-4)
+
+
+def test_sp_passes_states_from_micro_batch_to_micro_batch(tmp_path):
+    # with --grad-accum 2 every micro-batch is a batch for SP: the run works, counts grad-accum x batch
+    # tokens per step, and resumes exactly
+    common = BASE + ["--init-state", "sp", "--steps", "6", "--grad-accum", "2", "--ckpt-interval", "2"]
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    train.main(common + ["--out", a])
+    train.main(common + ["--out", b, "--stop-at", "3"])
+    train.main(common + ["--out", b, "--resume"])
+    la, lb = losses(a), losses(b)
+    assert la == lb and sorted(la) == list(range(1, 7))
+
+
 def test_post_training_keeps_the_parent_data_unless_told(tmp_path):
     base = str(tmp_path / "base")
     train.main(BASE + ["--init-state", "zero", "--steps", "1", "--out", base])
@@ -78,6 +132,7 @@ def test_post_training_keeps_the_parent_data_unless_told(tmp_path):
 @pytest.mark.parametrize("argv,message", [
     (["--init-state", "warm"], "invalid choice"),
     (["--steps", "0"], "--steps must be a positive integer"),
+    (["--grad-accum", "0"], "--grad-accum must be a positive integer"),
     (["--size", "huge"], "unknown --size"),
     (["--warmup", "1.5"], "--warmup"),
     (["--init-from", "/nonexistent/ckpt"], "does not exist"),
