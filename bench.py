@@ -4,16 +4,26 @@ Timings of the scans (naive loop vs chunked vs Triton) and of evaluation, printe
     python bench.py                    # scans at T = 1k, 4k, 16k on this machine
     python bench.py --lengths 1024 4096 --repeats 3
     python bench.py --what eval        # streaming evaluation: peak memory vs length, EffRem cost
+    python bench.py --what train       # training steps of the paper-size presets: tokens/s, hours per budget
+    python bench.py --what train --presets mamba2:85m,gla:70m --seq-len 2048 --batch-size 8 --tokens 34e9
 
+`--what all` is scans + eval; train is separate (the default presets took 2.5 minutes on a 2-core CPU).
 On the CPU the Triton column is skipped unless --triton-interpret is given (Triton's interpreter is a
 correctness tool, far slower than the naive loop); on CUDA all three forms run.
 """
 import argparse
+import contextlib
 import os
+import statistics
 import sys
 import time
 
 import torch
+import torch.nn.functional as F
+
+# The paper's from-scratch sizes (Fig. 2: Mamba-2 45M/85M/125M, GLA 70M; Fig. 10: RWKV-6 70M) and the
+# official Mamba-2 130M's dimensions, for --what train.
+TRAIN_PRESETS = "mamba2:45m,mamba2:85m,mamba2:125m,gla:70m,rwkv6:70m,mamba2:130m"
 
 
 def scan_inputs(name, T, b=1, device="cpu", seed=0):
@@ -49,8 +59,14 @@ def scan_forms():
 
 
 def timeit(fn, repeats, device):
-    fn()  # warm-up (and compilation for Triton)
-    best = float("inf")
+    return min(times(fn, repeats, device))
+
+
+def times(fn, repeats, device):
+    """Seconds of each of `repeats` calls of fn, after one warm-up call (and compilation for Triton).
+    CUDA runs asynchronously: without the synchronize we would time the kernel launches only."""
+    fn()
+    out = []
     for _ in range(repeats):
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -58,8 +74,8 @@ def timeit(fn, repeats, device):
         fn()
         if device.type == "cuda":
             torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t)
-    return best
+        out.append(time.perf_counter() - t)
+    return out
 
 
 def bench_scans(args, device):
@@ -77,7 +93,22 @@ def bench_scans(args, device):
                 row["triton"] = timeit(lambda: triton_fn(*inputs, initial_state=h0), args.repeats, device) if with_triton else None
             rows.append(row)
             print_row(row, header=len(rows) == 1)
+    print_state_floor(args, device)
     return rows
+
+
+def print_state_floor(args, device):
+    """Mamba-1's decay exp(delta_t * A[d, n]) differs for every (t, d, n), so every exact form computes
+    T * d * n exponentials: one elementwise exp over a [T, d, n] tensor is a floor for any form that
+    goes through PyTorch ops (a fused kernel, like mamba_ssm's or our Triton one, is not bound by it).
+    Printed next to the naive loop's time, it bounds the chunked form's possible speed-up."""
+    (u, delta, A, B, C), h0 = scan_inputs("selective (mamba1)", max(args.lengths))
+    u, delta, A = u.to(device), delta.to(device), A.to(device)
+    with torch.no_grad():
+        floor = timeit(lambda: torch.exp(delta[..., None] * A), args.repeats, device)
+    t, d, n = u.shape[1], *A.shape
+    print(f"floor for selective (mamba1) at T={t}: exp(delta * A) alone, one [T, d, n] = [{t}, {d}, {n}] "
+          f"pass, takes {1e3 * floor:.1f} ms")
 
 
 def print_row(row, header=False):
@@ -89,14 +120,27 @@ def print_row(row, header=False):
     sys.stdout.flush()
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--what", default="scans", choices=["scans", "eval", "all"], help="what to time")
+    p.add_argument("--what", default="scans", choices=["scans", "eval", "train", "all"],
+                   help="what to time (all = scans and eval; train is separate)")
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384], help="sequence lengths for the scans")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats (the best is reported)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     p.add_argument("--triton-interpret", action="store_true", help="on the CPU, also time Triton's interpreter (slow)")
-    args = p.parse_args()
+    g = p.add_argument_group("--what train")
+    g.add_argument("--presets", default=TRAIN_PRESETS, help=f"comma-separated arch:size (default {TRAIN_PRESETS})")
+    g.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence, T_train (default 1024)")
+    g.add_argument("--batch-size", type=int, default=1, help="sequences per step (default 1)")
+    g.add_argument("--vocab-size", type=int, default=50280, help="vocabulary (default 50280, GPT-NeoX as Mamba's)")
+    g.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step (default 3)")
+    g.add_argument("--tokens", type=float, default=2e9, help="token budget whose wall time is estimated (default 2e9)")
+    args = p.parse_args(argv)
+    for name in ("repeats", "seq_len", "batch_size", "vocab_size", "steps"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    if not args.tokens > 0:
+        p.error(f"--tokens must be > 0, got {args.tokens:g}")
     if args.triton_interpret:
         os.environ["TRITON_INTERPRET"] = "1"  # must be set before triton is imported
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
@@ -106,6 +150,11 @@ def main():
         bench_scans(args, device)
     if args.what in ("eval", "all"):
         bench_eval(args, device)
+    if args.what == "train":
+        try:
+            bench_train(args, device)
+        except ValueError as e:  # an unknown preset: one line, not a traceback
+            raise SystemExit(f"error: {e}")
 
 
 def bench_eval(args, device):
@@ -120,9 +169,81 @@ def bench_eval(args, device):
     first, last = r["memory"][0], r["memory"][-1]
     print(f"peak memory ratio {last['length']} / {first['length']} tokens: {last['peak_rss_mb'] / first['peak_rss_mb']:.3f}")
     e = r["effrem"]
-    print(f"\neffective_remembrance, T={e['T']}, {e['n_seqs']} sequences, {e['n_cuts']} cuts: batched {e['batched_s']:.2f} s, "
-          f"one forward per cut {e['per_cut_s']:.2f} s ({e['per_cut_s'] / e['batched_s']:.1f}x), max |diff| {e['max_abs_diff']:.1e}")
+    print(f"\neffective_remembrance, T={e['T']}, {e['n_seqs']} sequences, {e['n_cuts']} cuts (work: "
+          f"{e['work_in_full_forwards']} full forwards): batched {e['batched_s']:.2f} s; "
+          f"one forward per suffix {e['per_cut_s']:.2f} s ({e['per_cut_s'] / e['batched_s']:.1f}x); "
+          f"{e['n_cuts']} full-length forwards {e['full_forwards_s']:.2f} s ({e['full_forwards_s'] / e['batched_s']:.1f}x); "
+          f"max |diff| {e['max_abs_diff']:.1e}")
     return r
+
+
+def parse_presets(text):
+    """"mamba2:45m,gla:70m" -> [("mamba2", "45m"), ("gla", "70m")], every one checked against
+    model.PRESETS up front, so a typo in the last preset fails now and not after minutes of timing."""
+    import model
+    out = []
+    for preset in text.split(","):
+        arch, sep, size = preset.strip().partition(":")
+        if not sep:
+            raise ValueError(f"preset {preset!r} is not arch:size (e.g. mamba2:45m)")
+        model.make_config(arch, size)  # raises ValueError naming the known archs or sizes
+        out.append((arch, size))
+    return out
+
+
+def bench_train(args, device):
+    """Full training steps of each preset on random tokens, as train.py takes them: forward, cross
+    entropy, backward, gradient clipping, AdamW (bf16 autocast on CUDA, as train.py). The state starts
+    at zero, as the baseline; the interventions change only where the initial state comes from."""
+    presets = parse_presets(args.presets)
+    rows = []
+    for arch, size in presets:
+        rows.append(time_train_step(arch, size, args, device))
+        print_train_row(rows[-1], args, header=len(rows) == 1)
+    return rows
+
+
+def time_train_step(arch, size, args, device):
+    import model
+    import train
+    torch.manual_seed(0)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    lm = model.LM(model.make_config(arch, size, vocab_size=args.vocab_size)).to(device)
+    optimizer = train.make_optimizer(lm, lr=1e-4, weight_decay=0.01, device=device)  # lr: no effect on cost
+    idx = torch.randint(args.vocab_size, (args.batch_size, args.seq_len + 1), device=device)
+    x, y = idx[:, :-1], idx[:, 1:]
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+
+    def step():
+        with autocast:
+            logits, _ = lm(x)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
+        optimizer.step()
+
+    # The warm-up step is not timed: it allocates AdamW's moments (and compiles Triton kernels on CUDA).
+    secs = sorted(times(step, args.steps, device))
+    tokens_per_s = x.numel() / secs[0]
+    return {"preset": f"{arch}:{size}", "params": lm.num_params(), "seq_len": args.seq_len,
+            "batch_size": args.batch_size, "best_s": secs[0], "median_s": statistics.median(secs),
+            "tokens_per_s": tokens_per_s, "budget_h": args.tokens / tokens_per_s / 3600,
+            "peak_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None}
+
+
+def print_train_row(row, args, header=False):
+    if header:
+        print(f"\ntraining steps, T = {args.seq_len}, batch {args.batch_size}, vocab {args.vocab_size}, "
+              f"best of {args.steps} after 1 warm-up:")
+        print(f"{'preset':<14}{'params M':>10}{'best s':>9}{'median s':>10}{'tokens/s':>11}"
+              f"{f'h for {args.tokens:.3g}':>14}{'peak GB':>9}")
+    peak = f"{row['peak_gb']:9.1f}" if row["peak_gb"] is not None else f"{'-':>9}"
+    print(f"{row['preset']:<14}{row['params'] / 1e6:10.1f}{row['best_s']:9.2f}{row['median_s']:10.2f}"
+          f"{row['tokens_per_s']:11.0f}{row['budget_h']:14.1f}{peak}")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
-"""bench.py stays runnable: every scan form it times agrees on its inputs (small T, CPU)."""
+"""bench.py stays runnable: every scan form it times agrees on its inputs (small T, CPU), and the
+training-step timing reports a sane row for a tiny preset and a one-line error for an unknown one."""
 import argparse
 
+import pytest
 import torch
 
 import bench
+import model
 
 
 def test_bench_inputs_run_through_every_form_and_agree():
@@ -21,3 +24,34 @@ def test_bench_scans_table(capsys):
     assert [r["scan"] for r in rows] == list(bench.scan_forms())
     assert all(r["naive"] > 0 and r["chunked"] > 0 and r["triton"] is None for r in rows)
     assert "speed-up" in capsys.readouterr().out
+
+
+def train_args(presets, **kw):
+    return argparse.Namespace(**{**dict(presets=presets, seq_len=32, batch_size=2, vocab_size=257, steps=1,
+                                        tokens=1e6), **kw})
+
+
+def test_bench_train_row(capsys):
+    rows = bench.bench_train(train_args("mamba2:tiny"), torch.device("cpu"))
+    assert len(rows) == 1
+    r = rows[0]
+    lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=257))
+    # the embedding and the head are tied: counted once, as parameters() does
+    assert r["params"] == lm.num_params() == sum(p.numel() for p in lm.parameters())
+    assert r["preset"] == "mamba2:tiny" and 0 < r["best_s"] <= r["median_s"]
+    assert r["tokens_per_s"] == pytest.approx(2 * 32 / r["best_s"])
+    assert r["budget_h"] == pytest.approx(1e6 / r["tokens_per_s"] / 3600)
+    assert r["peak_gb"] is None  # CUDA only
+    assert "tokens/s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("preset, message", [("mamba2:9b", "unknown size '9b' for mamba2"),
+                                             ("lstm:45m", "unknown arch 'lstm'"),
+                                             ("mamba2", "not arch:size")])
+def test_bench_train_bad_preset_is_one_line(preset, message, capsys):
+    with pytest.raises(ValueError, match=message):
+        bench.bench_train(train_args(f"mamba2:tiny,{preset}"), torch.device("cpu"))
+    assert "tokens/s" not in capsys.readouterr().out  # checked before anything was timed
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--what", "train", "--device", "cpu", "--presets", preset])
+    assert str(e.value).startswith("error: ") and message in str(e.value) and "\n" not in str(e.value)
