@@ -113,7 +113,7 @@ def get_args(argv=None):
     g.add_argument("--stop-at", type=int, default=None, help="stop after this step as if killed (to test --resume)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     g.add_argument("--demo", action="store_true",
-                   help="run the failure-and-fix demo instead (about 5 minutes on a 2-core CPU): a baseline from "
+                   help="run the failure-and-fix demo instead (about 2 minutes on a 2-core CPU): a baseline from "
                         "the zero state on in-context Markov chains at T_train=32, then 300 steps each of zero-state "
                         "(control), SP and TBTT post-training, evaluated to 16x T_train against the exact Bayes floor; "
                         "writes OUT/demo/ppl.png and eval.json. Uses only --out, --seed, --device, --quiet")
