@@ -782,6 +782,7 @@ def run(args):
                                           args.task_samples, **common)
         if "copy" in metrics:
             res["copy"] = copy_accuracy(lm, tokenizer or "bytes", task_setup["copy_lengths"], args.task_samples, **common)
+            res["copy"]["trained_on"] = tc.get("copy_len") if task == "copy" else None  # "LO,HI" string lengths
         if "babilong" in metrics:
             res["babilong"] = babilong_accuracy(lm, tokenizer or "bytes", task_setup["babi_tasks"],
                                                 task_setup["babi_lengths"], args.task_samples,
@@ -1096,6 +1097,20 @@ def _plot(report, out):
                    title=f"{m['label']} (T_train={m['t_train']})")
         fig.colorbar(im, ax=axes[0].tolist(), label="exact match")
         files.append(_save(fig, out, "passkey.png", tight=False))
+    if any("copy" in m for m in models):
+        # the paper's Table 1 as a curve: char accuracy against string length, the trained range shaded
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for i, m in enumerate(m for m in models if "copy" in m):
+            cp, c = m["copy"], colors[i % len(colors)]
+            ax.errorbar(cp["lengths"], cp["char_mean"], yerr=cp["char_sem"], fmt="o-", ms=3, capsize=2, color=c,
+                        label=m["label"])
+            if cp.get("trained_on"):
+                lo, hi = (int(v) for v in cp["trained_on"].split(","))
+                ax.axvspan(lo, hi, color=c, alpha=0.1)
+        ax.set(ylim=(-0.02, 1.02), xlabel="string length (shaded: lengths seen in training)",
+               ylabel="char accuracy (+- s.e.)", title="Synthetic copying")
+        ax.legend(fontsize=8)
+        files.append(_save(fig, out, "copy.png"))
     if any("babilong" in m for m in models):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for i, m in enumerate(m for m in models if "babilong" in m):

@@ -227,15 +227,28 @@ def _load_bin(path, tokenizer, val_fraction):
 # way to predict well is to count bigrams in the context: exactly the long-range in-context skill
 # whose failure past T_train the paper studies. Small alpha = peaked rows = more to gain from context.
 
-MARKOV_DEFAULTS = dict(k=8, alpha=0.3, doc_len=4096, docs=2048, val_docs=256)
+# shared=C > 0 makes the documents RELATED: a base matrix G (rows ~ Dirichlet(alpha)) is drawn once
+# per seed, and each document's row i ~ Dirichlet(C * G_i): larger C, documents closer to G. Another
+# document's counts are then partly right for this one (the setting where State Passing's foreign
+# states could be realistic starts); the exact floor uses the prior C * G instead of alpha.
+MARKOV_DEFAULTS = dict(k=8, alpha=0.3, doc_len=4096, docs=2048, val_docs=256, shared=0.0)
 
 
-def sample_markov(k, alpha, doc_len, docs, seed=0, split="train"):
+def markov_prior(k, alpha, shared=0.0, seed=0):
+    """[k, k] Dirichlet pseudo-counts of each document's rows: alpha everywhere (independent
+    documents), or shared * G with the base matrix G of this seed (related documents)."""
+    if not shared:
+        return np.full((k, k), float(alpha))
+    return shared * np.random.default_rng([seed, 2]).dirichlet(np.full(k, alpha), size=k)
+
+
+def sample_markov(k, alpha, doc_len, docs, seed=0, split="train", shared=0.0):
     """docs documents -> (tokens [docs, doc_len] int64 in 0..k-1, transitions [docs, k, k]).
 
     Document d of a split is a pure function of (seed, split, d): it does not depend on how many
-    documents are drawn, and train and val use different seed streams.
+    documents are drawn, and train and val use different seed streams. shared: see above.
     """
+    prior = markov_prior(k, alpha, shared, seed)
     split_id = {"train": 0, "val": 1}[split]
     tokens = np.empty((docs, doc_len), dtype=np.int64)
     transitions = np.empty((docs, k, k))
@@ -244,7 +257,8 @@ def sample_markov(k, alpha, doc_len, docs, seed=0, split="train"):
         u = np.empty((doc_len, hi - lo))   # time-major: each step reads one contiguous row
         for doc in range(lo, hi):
             rng = np.random.default_rng([seed, split_id, doc])
-            transitions[doc] = rng.dirichlet(np.full(k, alpha), size=k)
+            transitions[doc] = np.stack([rng.dirichlet(row) for row in prior]) if shared else \
+                rng.dirichlet(np.full(k, alpha), size=k)   # (the seed-0 stream of the original process)
             u[:, doc - lo] = rng.random(doc_len)
         # Inverse-CDF sampling, vectorised over the documents of the block, a loop over time.
         cdf = np.cumsum(transitions[lo:hi], axis=-1)
@@ -258,7 +272,7 @@ def sample_markov(k, alpha, doc_len, docs, seed=0, split="train"):
     return tokens, transitions
 
 
-def markov_bayes_nll(tokens, k, alpha):
+def markov_bayes_nll(tokens, k, alpha, prior=None):
     """Exact Bayes-optimal per-position NLL (nats) of the in-context Markov process.
 
     tokens [n, T] (numpy or torch): windows that start at a document start, either at its eot
@@ -266,7 +280,8 @@ def markov_bayes_nll(tokens, k, alpha):
     -log p(tokens[:, t+1] | tokens[:, :t+1]). With a Dirichlet(alpha) prior on each row of P, the
     posterior predictive after bigram counts c is
         p(j | i, c) = (c_ij + alpha) / (sum_j' c_ij' + K alpha),
-    and the first token of a document (predicted from the eot) has p = 1/K.
+    and the first token of a document (predicted from the eot) has p = 1/K. prior: [k, k]
+    pseudo-counts replacing alpha (markov_prior: related documents).
     """
     is_tensor = torch.is_tensor(tokens)
     x = torch.as_tensor(np.asarray(tokens) if not is_tensor else tokens).long().cpu()
@@ -279,14 +294,17 @@ def markov_bayes_nll(tokens, k, alpha):
                         "first position): use windows from document starts with length <= doc_len + 1")
     n, T = x.shape
     rows = torch.arange(n)
+    prior = torch.full((k, k), float(alpha), dtype=torch.float64) if prior is None else \
+        torch.as_tensor(prior, dtype=torch.float64)
     counts = torch.zeros(n, k, k, dtype=torch.float64)   # counts[r, i, j]: bigrams i -> j so far
     nll = torch.empty(n, T - 1, dtype=torch.float64)
     for t in range(T - 1):
         prev, nxt = x[:, t], x[:, t + 1]
         at_start = prev == k              # eot: no counts yet, p = alpha / (K alpha) = 1/K
         prev = prev.clamp(max=k - 1)
-        row = counts[rows, prev]          # [n, k]
-        nll[:, t] = torch.log(row.sum(-1) + k * alpha) - torch.log(row[rows, nxt] + alpha)
+        row = counts[rows, prev] + prior[prev]   # [n, k] posterior pseudo-counts
+        nll[:, t] = torch.log(row.sum(-1)) - torch.log(row[rows, nxt])
+        nll[at_start, t] = math.log(k)
         counts[rows, prev, nxt] += (~at_start).double()   # (eot, first token) is not a bigram of P
     return nll if is_tensor else nll.numpy()
 
@@ -295,21 +313,22 @@ def _load_markov(spec, tokenizer, seed, val_fraction, cache_dir):
     # Synthetic and fast to regenerate (~1 s for the defaults), so it is not cached on disk;
     # the tokenizer, val_fraction and cache_dir do not apply.
     cfg = _parse_options("markov", spec, MARKOV_DEFAULTS)
-    k, alpha = cfg["k"], cfg["alpha"]
+    k, alpha, shared = cfg["k"], cfg["alpha"], cfg["shared"]
     if not (2 <= k < 65535 and alpha > 0 and cfg["doc_len"] >= 2 and cfg["docs"] >= 1
-            and cfg["val_docs"] >= 1):
+            and cfg["val_docs"] >= 1 and shared >= 0):
         raise DataError(f"markov: need 2 <= k < 65535, alpha > 0, doc_len >= 2, docs >= 1, "
-                        f"val_docs >= 1; got {spec!r}")
+                        f"val_docs >= 1, shared >= 0; got {spec!r}")
 
     def stream(docs, split):
-        tokens, _ = sample_markov(k, alpha, cfg["doc_len"], docs, seed, split)
+        tokens, _ = sample_markov(k, alpha, cfg["doc_len"], docs, seed, split, shared)
         eot = np.full((docs, 1), k)
         return np.concatenate([eot, tokens], axis=1).reshape(-1).astype(np.uint16)
 
-    name = "markov:" + ",".join(f"{key}={value}" for key, value in cfg.items())
+    name = "markov:" + ",".join(f"{key}={value}" for key, value in cfg.items() if key != "shared" or shared)
     return Data(name=name, train=stream(cfg["docs"], "train"), val=stream(cfg["val_docs"], "val"),
                 vocab_size=k + 1, eot_token=k, tokenizer=None,
-                optimal_nll=functools.partial(markov_bayes_nll, k=k, alpha=alpha), info=cfg)
+                optimal_nll=functools.partial(markov_bayes_nll, k=k, alpha=alpha,
+                                              prior=markov_prior(k, alpha, shared, seed)), info=cfg)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -106,3 +106,35 @@ def test_switching_data_loads():
         tasks.load_data("switching:hazard=2")
     with pytest.raises(DataError, match="hazard"):
         tasks.load_data("switching:rate=0.1")
+
+
+# --- related documents: markov shared=C --------------------------------------------------------------
+
+def test_markov_floor_with_a_prior_by_hand():
+    # k = 2, eot = 2, prior pseudo-counts [[1, 3], [2, 2]]; tokens eot 0 1 0 0:
+    # eot->0: 1/2 (first token uniform); 0->1: 3/4; 1->0: 2/4; 0->0: row 0 is now [1, 3+1] -> 1/5
+    nll = tasks.markov_bayes_nll(np.array([[2, 0, 1, 0, 0]]), k=2, alpha=0.3, prior=[[1, 3], [2, 2]])
+    np.testing.assert_allclose(nll[0], -np.log([1 / 2, 3 / 4, 2 / 4, 1 / 5]))
+    # the constant prior is the original process
+    x = np.array([[3, 0, 2, 2, 1, 0, 2]])
+    np.testing.assert_allclose(tasks.markov_bayes_nll(x, 3, 0.5, prior=np.full((3, 3), 0.5)),
+                               tasks.markov_bayes_nll(x, 3, 0.5))
+
+
+def test_shared_documents_scatter_around_one_base_matrix():
+    g = tasks.markov_prior(8, 0.3, shared=1.0, seed=0)           # the base matrix G itself
+    np.testing.assert_allclose(g.sum(1), 1.0)
+    assert (tasks.markov_prior(8, 0.3) == 0.3).all()             # shared = 0: independent documents
+    spread = {}
+    for c in (1.0, 100.0):
+        _, P = tasks.sample_markov(8, 0.3, doc_len=4, docs=64, seed=0, shared=c)
+        spread[c] = np.abs(P - g).mean()
+    assert spread[100.0] < 0.3 * spread[1.0]                      # larger C: documents closer to G
+
+
+def test_shared_markov_data_uses_the_prior_in_its_floor():
+    d = tasks.load_data("markov:k=4,alpha=0.5,doc_len=64,docs=8,val_docs=4,shared=3")
+    w = d.val[:65].astype(np.int64)[None]
+    np.testing.assert_allclose(d.optimal_nll(w), tasks.markov_bayes_nll(w, 4, 0.5, prior=tasks.markov_prior(4, 0.5, 3.0)))
+    with pytest.raises(DataError, match="shared >= 0"):
+        tasks.load_data("markov:k=4,shared=-1")
