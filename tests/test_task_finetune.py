@@ -218,7 +218,8 @@ def test_cli_writes_the_json_and_plots(tmp_path, capsys):
     for m in rep["models"]:
         assert np.array(m["passkey"]["exact"]).shape == (2, 2) and m["t_train"] == 160
         assert m["copy"]["lengths"] == [3, 5] and m["babilong"]["lengths"] == [512]
-    for f in ("passkey.png", "babilong.png"):
+        assert m["copy"]["trained_on"] is None  # a passkey checkpoint: no copy lengths were trained
+    for f in ("passkey.png", "copy.png", "babilong.png"):
         assert (out / f).stat().st_size > 1000
     # with no --metrics, a task checkpoint is scored on its task
     rc = ev.main([a, "--task-samples", "1", "--passkey-lengths", "128", "--passkey-depths", "2",
