@@ -258,7 +258,7 @@ def sample_markov(k, alpha, doc_len, docs, seed=0, split="train", shared=0.0):
         for doc in range(lo, hi):
             rng = np.random.default_rng([seed, split_id, doc])
             transitions[doc] = np.stack([rng.dirichlet(row) for row in prior]) if shared else \
-                rng.dirichlet(np.full(k, alpha), size=k)   # (the seed-0 stream of the original process)
+                rng.dirichlet(np.full(k, alpha), size=k)   # independent documents: the original draw
             u[:, doc - lo] = rng.random(doc_len)
         # Inverse-CDF sampling, vectorised over the documents of the block, a loop over time.
         cdf = np.cumsum(transitions[lo:hi], axis=-1)
@@ -300,7 +300,7 @@ def markov_bayes_nll(tokens, k, alpha, prior=None):
     nll = torch.empty(n, T - 1, dtype=torch.float64)
     for t in range(T - 1):
         prev, nxt = x[:, t], x[:, t + 1]
-        at_start = prev == k              # eot: no counts yet, p = alpha / (K alpha) = 1/K
+        at_start = prev == k              # eot: the first token of a document is uniform, p = 1/K
         prev = prev.clamp(max=k - 1)
         row = counts[rows, prev] + prior[prev]   # [n, k] posterior pseudo-counts
         nll[:, t] = torch.log(row.sum(-1)) - torch.log(row[rows, nxt])
