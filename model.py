@@ -249,6 +249,19 @@ def from_pretrained(path, device="cpu"):
     return lm.to(device)
 
 
+def train_config(path):
+    """train.py's arguments stored in one of our checkpoints (a ckpt.pt or the run directory holding
+    it); {} where there is none (an official Mamba directory). An unreadable file is an error."""
+    ckpt = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
+    if not os.path.isfile(ckpt):
+        return {}
+    try:
+        tc = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True).get("train_config")
+    except Exception as e:
+        raise RuntimeError(f"cannot read checkpoint {ckpt} (corrupt or not a torch file): {type(e).__name__}") from None
+    return tc if isinstance(tc, dict) else {}
+
+
 def _load_mamba_dir(path, device):
     with open(os.path.join(path, "config.json")) as f:
         c = json.load(f)

@@ -11,17 +11,68 @@ import os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+# --- Scan plumbing, shared by ssm.py, gla.py and rwkv.py (not part of the paper) ------------------
 try:
     import triton
     import triton.language as tl
-except ImportError:  # no Triton wheel (e.g. macOS): the naive and chunked forms work, *_triton says why not
-    class _NoTriton:
-        constexpr = None  # kernel signatures annotate with tl.constexpr
+    HAS_TRITON = True
+except ImportError:  # no Triton wheel (e.g. macOS): the naive and chunked forms still work
+    HAS_TRITON = False
+
+    class _NoTriton:  # stand-in so that the @triton.jit kernels below still parse
+        constexpr = None
 
         @staticmethod
         def jit(fn):
             return fn
     triton = tl = _NoTriton()
+
+
+def compute_dtype(*tensors):
+    """Every scan computes in float32 (float64 when an input is float64, as in the tests): a
+    long product of decays loses too much in bf16."""
+    return torch.float64 if any(v is not None and v.dtype == torch.float64 for v in tensors) else torch.float32
+
+
+def pick_form(forms, impl, x):
+    """forms: {"naive", "chunked", "triton"} -> function. "auto": the Triton kernel on CUDA, else chunked."""
+    if impl == "auto":
+        impl = "triton" if x.is_cuda and HAS_TRITON else "chunked"
+    return forms[impl]
+
+
+def check_triton(name, x):
+    if not HAS_TRITON:
+        raise RuntimeError(f"{name} needs Triton, which is not installed (Linux: pip install triton); use the chunked form")
+    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        raise RuntimeError(f"{name} needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is imported")
+
+
+class _TritonForward(torch.autograd.Function):
+    """Forward through a Triton kernel; backward by recomputing the chunked PyTorch form under
+    autograd. Same function, so the same gradients, without a second kernel to keep in sync."""
+
+    @staticmethod
+    def forward(ctx, kernel_forward, chunked, *inputs):
+        ctx.chunked = chunked
+        ctx.save_for_backward(*inputs)
+        return kernel_forward(*inputs)
+
+    @staticmethod
+    def backward(ctx, dy, dfinal_state):
+        needs = ctx.needs_input_grad[2:]
+        with torch.enable_grad():
+            inputs = [v.detach().requires_grad_(need) for v, need in zip(ctx.saved_tensors, needs)]
+            y, final_state = ctx.chunked(*inputs)
+            wanted = [v for v in inputs if v.requires_grad]
+            grads = iter(torch.autograd.grad((y, final_state), wanted, (dy, dfinal_state), allow_unused=True))
+        return (None, None) + tuple(next(grads) if need else None for need in needs)
+
+
+def triton_scan(kernel_forward, chunked, *inputs):
+    """(y, final_state) = kernel_forward(*inputs), differentiable through chunked(*inputs).
+    Non-tensor arguments (scale, chunk size) go in with functools.partial."""
+    return _TritonForward.apply(kernel_forward, chunked, *inputs)
 
 
 def causal_conv1d(x, weight, bias=None, conv_state=None):

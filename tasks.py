@@ -1171,6 +1171,23 @@ def babi_sample(task, tokenizer, length, seed=0, filler_tokens=None):
 
 # --- Scoring ----------------------------------------------------------------------------------
 
+def babi_mixture(tokenizer, length, seed, babi_tasks, filler_tokens=None):
+    """A babi_sample of a task drawn uniformly from babi_tasks; a pure function of the seed (exact resume).
+    A story too long for `length` is replaced by another one (seed + [retry]): with the bytes tokenizer
+    at length >= 512 that is rare (stories take up to ~470 tokens), at shorter lengths it favours the
+    shorter stories and tasks."""
+    seed = list(np.atleast_1d(seed))
+    task = babi_tasks[np.random.default_rng(seed + [7]).integers(len(babi_tasks))]
+    for retry in range(100):
+        try:
+            return babi_sample(task, tokenizer, length, seed=seed + [retry] if retry else seed,
+                                     filler_tokens=filler_tokens)
+        except ValueError as e:
+            if "too short" not in str(e):
+                raise
+    raise ValueError(f"no {task} story fits in {length} tokens: use a larger --seq-len (>= 512 with bytes)")
+
+
 def _normalize_answer(text):
     text = " ".join(text.strip().lower().split())
     text = re.sub(r" ?, ?", ",", text)

@@ -137,7 +137,7 @@ def check_args(p, args):
     # Post-training continues on the data the checkpoint was trained on unless told otherwise: silently
     # switching corpus (or tokenizer) under a model is a mistake that no error would catch later.
     source = args.init_from or (os.path.join(args.out, "ckpt.pt") if args.resume else None)
-    parent = parent_train_config(source) if source else {}
+    parent = model.train_config(source) if source else {}
     args.data = args.data or parent.get("data") or "stdlib"
     args.tokenizer = args.tokenizer or parent.get("tokenizer") or "bytes"
     args.seq_len = args.seq_len or parent.get("seq_len") or 64
@@ -367,17 +367,6 @@ def preset_size(cfg):
     return None
 
 
-def parent_train_config(path):
-    """train_config of one of our checkpoints (file or directory); {} for official Mamba directories."""
-    ckpt = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
-    if not os.path.isfile(ckpt):
-        return {}
-    try:
-        return torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True).get("train_config", {}) or {}
-    except Exception:
-        return {}  # from_pretrained reports a corrupt checkpoint with a clear message later
-
-
 def lr_at(step, args):
     """Linear warm-up over the first `warmup` fraction of steps, then cosine decay to min_lr."""
     warm = int(args.warmup * args.steps)
@@ -420,25 +409,8 @@ def make_task_sampler(args, seed, filler_tokens):
     if args.task == "copy":
         lo, hi = (int(v) for v in args.copy_len.split(","))
         return tasks.TaskSampler(tasks.copy_sample, args.batch_size, seed, length=(lo, hi), **kw)
-    return tasks.TaskSampler(babi_mixture, args.batch_size, seed, babi_tasks=tuple(args.babi_tasks.split(",")),
+    return tasks.TaskSampler(tasks.babi_mixture, args.batch_size, seed, babi_tasks=tuple(args.babi_tasks.split(",")),
                              length=args.seq_len + 1, filler_tokens=filler_tokens, **kw)
-
-
-def babi_mixture(tokenizer, length, seed, babi_tasks, filler_tokens=None):
-    """A babi_sample of a task drawn uniformly from babi_tasks; a pure function of the seed (exact resume).
-    A story too long for `length` is replaced by another one (seed + [retry]): with the bytes tokenizer
-    at length >= 512 that is rare (stories take up to ~470 tokens), at shorter lengths it favours the
-    shorter stories and tasks."""
-    seed = list(np.atleast_1d(seed))
-    task = babi_tasks[np.random.default_rng(seed + [7]).integers(len(babi_tasks))]
-    for retry in range(100):
-        try:
-            return tasks.babi_sample(task, tokenizer, length, seed=seed + [retry] if retry else seed,
-                                     filler_tokens=filler_tokens)
-        except ValueError as e:
-            if "too short" not in str(e):
-                raise
-    raise SystemExit(f"error: no {task} story fits in {length} tokens: use a larger --seq-len (>= 512 with bytes)")
 
 
 def task_summary(args):
