@@ -137,7 +137,10 @@ def check_args(p, args):
     # Post-training continues on the data the checkpoint was trained on unless told otherwise: silently
     # switching corpus (or tokenizer) under a model is a mistake that no error would catch later.
     source = args.init_from or (os.path.join(args.out, "ckpt.pt") if args.resume else None)
-    parent = model.train_config(source) if source else {}
+    try:
+        parent = model.train_config(source) if source else {}
+    except RuntimeError as e:
+        raise SystemExit(f"error: {e}")
     args.data = args.data or parent.get("data") or "stdlib"
     args.tokenizer = args.tokenizer or parent.get("tokenizer") or "bytes"
     args.seq_len = args.seq_len or parent.get("seq_len") or 64
