@@ -47,8 +47,8 @@ ARCHS = {
     "mamba2": lambda cfg, i: (ssm.Mamba2(cfg.d_model, layer_idx=i, **cfg.mixer), None),
     "mamba1": lambda cfg, i: (ssm.Mamba(cfg.d_model, layer_idx=i, **cfg.mixer), None),
     "gla": lambda cfg, i: (gla.GLA(cfg.d_model, layer_idx=i, **cfg.mixer), gla.SwiGLU(cfg.d_model)),
-    "rwkv6": lambda cfg, i: (rwkv.RWKV6TimeMix(cfg.d_model, layer_idx=i, **cfg.mixer),
-                             rwkv.RWKV6ChannelMix(cfg.d_model, layer_idx=i)),
+    "rwkv6": lambda cfg, i: (rwkv.RWKV6TimeMix(cfg.d_model, layer_idx=i, num_layers=cfg.n_layer, **cfg.mixer),
+                             rwkv.RWKV6ChannelMix(cfg.d_model, layer_idx=i, num_layers=cfg.n_layer)),
 }
 
 # Presets: dimensions only; vocab_size comes from the data (train.py sets it).
