@@ -64,11 +64,11 @@ RWKV6_SCANS = {"naive": rwkv6_naive, "chunked": rwkv6_chunked, "triton": rwkv6_t
 # of each piece.
 #
 # Init: BlinkDL's per-layer schedule (rwkv_v6_demo.py). Layer l of L has ratio_0_to_1 = l / (L - 1) and
-# ratio_1_to_almost0 = 1 - l / L; ramp_c = c / d_model over channels, n_c = c / (key_dim - 1) over key
+# ratio_1_to_almost0 = 1 - l / L; ramp_c = c / d_model over channels, key_ramp_c = c / (key_dim - 1) over key
 # channels (all heads together). Lower layers lean more on the previous token and decay faster:
 #   token-shift mixes (time_maa_*)  1 - ramp^ratio_1_to_almost0 (r, g: half exponent; v: - 0.3 ratio_0_to_1)
-#   decay (time_decay)  w0 = -6 + 5 n^(0.7 + 1.3 ratio_0_to_1): log decay -exp(w0) from -0.0025 to -0.37
-#   bonus (time_faaaa)  u = ratio_0_to_1 (1 - n) + zigzag (0, 0.1, -0.1, ...): the zigzag alone in layer 0
+#   decay (time_decay)  w0 = -6 + 5 key_ramp^(0.7 + 1.3 ratio_0_to_1): log decay -exp(w0), -0.0025 to -0.37
+#   bonus (time_faaaa)  u = ratio_0_to_1 (1 - key_ramp) + zigzag (0, 0.1, -0.1, ...): zigzag alone in layer 0
 #   read-out GroupNorm weight  ((l + 1) / L)^0.7 (generate_init_weight in RWKV-v5/src/model.py)
 # LoRA down-projections start at 0 and up-projections at U(-0.01, 0.01). The official optimizer
 # (configure_optimizers, RWKV-v5/src/model.py) exempts the mixes, decay, bonus and LoRAs from weight decay
@@ -97,7 +97,7 @@ class RWKV6TimeMix(nn.Module):
 
         ratio_0_to_1, ratio_1_to_almost0 = _layer_ratios(layer_idx, num_layers)
         ramp = torch.arange(d_model) / d_model
-        n = torch.arange(self.key_dim) / max(self.key_dim - 1, 1)
+        key_ramp = torch.arange(self.key_dim) / max(self.key_dim - 1, 1)
         zigzag = ((torch.arange(self.key_dim) + 1) % 3 - 1) * 0.1
         shift_share = 1.0 - ramp.pow(ratio_1_to_almost0)
         half_share = 1.0 - ramp.pow(0.5 * ratio_1_to_almost0)
@@ -107,11 +107,12 @@ class RWKV6TimeMix(nn.Module):
                                             shift_share - 0.3 * ratio_0_to_1, half_share]))
         self.mix_lora_down = nn.Parameter(torch.zeros(d_model, 5 * proj_low_rank_dim))
         self.mix_lora_up = nn.Parameter(torch.empty(5, proj_low_rank_dim, d_model).uniform_(-0.01, 0.01))
-        self.w0 = nn.Parameter(-6.0 + 5.0 * n.pow(0.7 + 1.3 * ratio_0_to_1))  # log decay -exp(w0 + lora)
+        # log decay w = -exp(w0 + lora(x_w))
+        self.w0 = nn.Parameter(-6.0 + 5.0 * key_ramp.pow(0.7 + 1.3 * ratio_0_to_1))
         self.w0._lr_scale = 2.0
         self.decay_lora_down = nn.Parameter(torch.zeros(d_model, gate_low_rank_dim))
         self.decay_lora_up = nn.Parameter(torch.empty(gate_low_rank_dim, self.key_dim).uniform_(-0.01, 0.01))
-        self.bonus = nn.Parameter((ratio_0_to_1 * (1.0 - n) + zigzag).view(num_heads, self.head_k_dim))
+        self.bonus = nn.Parameter((ratio_0_to_1 * (1.0 - key_ramp) + zigzag).view(num_heads, self.head_k_dim))
         _no_weight_decay(self.mu_x, self.mu, self.mix_lora_down, self.mix_lora_up, self.w0,
                          self.decay_lora_down, self.decay_lora_up, self.bonus)
 
@@ -139,11 +140,11 @@ class RWKV6TimeMix(nn.Module):
         r, k, v = self.r_proj(x_r).view(heads), self.k_proj(x_k).view(heads), self.v_proj(x_v).view(heads)
         w = -torch.exp(self.w0 + torch.tanh(x_w @ self.decay_lora_down) @ self.decay_lora_up).view(heads)
         scan = pick_form(RWKV6_SCANS, self.scan_impl, x)
-        o, h = scan(r, k, v, w, self.bonus, initial_state=state["h"])
+        o, final_state = scan(r, k, v, w, self.bonus, initial_state=state["h"])
         o = F.group_norm(o.reshape(b * t, self.value_dim), self.num_heads, self.norm_weight, self.norm_bias,
                          self.norm_eps).view(b, t, self.value_dim)
         y = self.o_proj(o * F.silu(self.g_proj(x_g)))
-        return y, {"h": h, "shift": x[:, -1].to(compute_dtype(x))}
+        return y, {"h": final_state, "shift": x[:, -1].to(compute_dtype(x))}
 
 
 class RWKV6ChannelMix(nn.Module):
