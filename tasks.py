@@ -58,7 +58,7 @@ def get_tokenizer(name="bytes"):
     (id = byte value) plus <|endoftext|> = 256, built in code; a tokenizer.json path: JsonTokenizer; else
     a tiktoken name (gpt2, ...) from tiktoken's cache. Runs never depend on the network."""
     if not isinstance(name, str):
-        _check(hasattr(name, "encode_ordinary"), f"tokenizer must be a name or a tokenizer.json path, got {name!r}")
+        _check(hasattr(name, "encode_ordinary"), f"tokenizer must be a name or a tokenizer.json, got {name!r}")
         return name
     return _load_tokenizer(os.path.abspath(name) if name.endswith(".json") else name)
 
@@ -74,7 +74,7 @@ def _load_tokenizer(name):
     if name.endswith(".json"):
         return JsonTokenizer(name)
     known = tiktoken.list_encoding_names()
-    _check(name in known, f"unknown tokenizer {name!r}: use bytes, a tokenizer.json path or one of {', '.join(known)}")
+    _check(name in known, f"unknown tokenizer {name!r}: use bytes, a tokenizer.json or one of {', '.join(known)}")
     # tiktoken downloads a missing file through `requests`, which can hang for minutes behind a firewall:
     # while loading, a file reader that refuses URLs makes a missing file fail at once.
     read_file = tiktoken.load.read_file
@@ -83,7 +83,7 @@ def _load_tokenizer(name):
         if "://" in blobpath:
             cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "data-gym-cache")
             raise TokenizerUnavailableError(f"tokenizer {name!r} is not in the tiktoken cache {cache}: set "
-                                            f"TIKTOKEN_CACHE_DIR to a folder holding its file, or use --tokenizer bytes")
+                                            f"TIKTOKEN_CACHE_DIR to the folder with its file, or --tokenizer bytes")
         return read_file(blobpath)
 
     tiktoken.load.read_file = read_local_only
@@ -102,17 +102,19 @@ class JsonTokenizer:
         try:
             import tokenizers
         except ImportError:
-            raise TokenizerUnavailableError(f"{path} needs the tokenizers library: pip install tokenizers") from None
+            raise TokenizerUnavailableError(f"{path} needs the tokenizers library: pip install tokenizers") \
+                from None
         _check(os.path.isfile(path), f"no such tokenizer file {path!r}: pass a Hugging Face tokenizer.json")
         with open(path, "rb") as f:
             raw = f.read()
         try:
             self._tok = tokenizers.Tokenizer.from_str(raw.decode())
         except Exception as e:
-            raise DataError(f"{path} is not a readable tokenizer.json ({str(e)[:60]!r}): pass the model's own") from None
+            raise DataError(f"{path} is not a readable tokenizer.json ({str(e)[:60]!r}): pass the model's "
+                            f"own") from None
         self._tok.encode_special_tokens = True
         special = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
-        _check(EOT in special, f"{path} has no {EOT} special token to mark documents: use one that has (GPT-NeoX's)")
+        _check(EOT in special, f"{path} has no {EOT} special token to mark documents: use GPT-NeoX's")
         self.name, self.eot_token = "json-" + hashlib.sha1(raw).hexdigest()[:12], special[EOT]
         self.n_vocab = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
 
@@ -208,6 +210,7 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
     a temporary name: a crash or a full disk never leaves a half cache that looks complete."""
     t0, tmp, val, n_train, docs_train, skipped = time.time(), f"{base}.{os.getpid()}.tmp", [], 0, 0, 0
     is_val = _document_split(len(files), val_fraction, seed)
+    dtype = np.uint16 if enc.n_vocab <= 1 << 16 else np.uint32
     try:
         os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
         with open(tmp, "wb") as out:
@@ -222,7 +225,7 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
                     skipped += 1
                     continue
                 # encode_ordinary: "<|endoftext|>" inside a file is plain text, not a fake document boundary
-                ids = np.array([enc.eot_token] + enc.encode_ordinary(text), np.uint16 if enc.n_vocab <= 65536 else np.uint32)
+                ids = np.array([enc.eot_token] + enc.encode_ordinary(text), dtype)
                 if to_val:   # val documents wait in memory, to go last
                     val.append(ids)
                 else:
@@ -234,7 +237,7 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
             for ids in val:
                 out.write(ids.tobytes())
         n_val = sum(map(len, val)) or int(round(n_train * val_fraction))   # one document: split its tokens
-        meta = dict(source=label, tokenizer=enc.name, seed=seed, val_fraction=val_fraction, dtype=ids.dtype.name,
+        meta = dict(source=label, tokenizer=enc.name, seed=seed, val_fraction=val_fraction, dtype=np.dtype(dtype).name,
                     n_train=n_train - (0 if val else n_val), n_val=n_val, docs_train=docs_train, docs_val=len(val),
                     skipped_files=skipped, files=len(files))
         os.replace(tmp, base + ".bin")
@@ -244,7 +247,8 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
     except OSError as e:
         if e.errno != errno.ENOSPC:
             raise
-        raise DataError(f"no space left on the disk to cache {label} in {os.path.dirname(base)}: free some") from None
+        raise DataError(f"no space left on the disk to cache {label} in {os.path.dirname(base)}: free "
+                        f"some") from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -265,8 +269,8 @@ def _document_split(n_docs, val_fraction, seed):
 def _load_bin(path, enc, val_fraction):   # nanoGPT's prepare.py output: memory-mapped as is, val is its tail
     _check(os.path.isfile(path), f"no such file {path!r}: pass an existing pre-tokenized .bin file")
     dtype, size = np.dtype(np.uint32 if path.endswith(".u32.bin") else np.uint16), os.path.getsize(path)
-    _check(size and size % dtype.itemsize == 0, f"{path!r} has {size} bytes, not a whole number of {dtype.name} "
-                                                f"tokens: nanoGPT .bin files are uint16 (name uint32 files *.u32.bin)")
+    _check(size and size % dtype.itemsize == 0, f"{path!r} has {size} bytes, not a whole number of "
+           f"{dtype.name} tokens: nanoGPT .bin files are uint16 (name uint32 files *.u32.bin)")
     tokens = np.memmap(path, dtype=dtype, mode="r")
     top = int(tokens.max())   # one pass over the file: an id past the vocabulary would fail mid-training
     _check(top < enc.n_vocab, f"{path!r} holds token id {top}, beyond tokenizer {enc.name!r} "
@@ -383,8 +387,8 @@ def _windows(tokens, starts, length):
 def _check_sampler(what, tokens, batch_size, seq_len):
     _check(_is_int(batch_size) and _is_int(seq_len), f"{what}: batch_size and seq_len must be integers >= 1, "
                                                      f"got {batch_size!r}, {seq_len!r}")
-    _check(len(tokens) > seq_len, f"{what}: {len(tokens)} tokens cannot hold a window of seq_len+1 = {seq_len + 1}: "
-                                  f"use a shorter seq_len or more data")
+    _check(len(tokens) > seq_len, f"{what}: {len(tokens)} tokens cannot hold a window of seq_len+1 = "
+                                  f"{seq_len + 1}: use a shorter seq_len or more data")
 
 
 class RandomWindows:
@@ -399,7 +403,8 @@ class RandomWindows:
         """-> x, y: int64 [batch_size, seq_len], y = x shifted left by one token."""
         rng = np.random.default_rng([self.seed, self.step])
         self.step += 1
-        w = _windows(self.tokens, rng.integers(0, len(self.tokens) - self.seq_len, self.batch_size), self.seq_len + 1)
+        starts = rng.integers(0, len(self.tokens) - self.seq_len, self.batch_size)
+        w = _windows(self.tokens, starts, self.seq_len + 1)
         return w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
     def state_dict(self):
@@ -513,7 +518,8 @@ class TaskSampler:
     def next_batch(self):
         """-> x, y: int64 [batch_size, T-1], T the longest example; y is -100 (ignored by F.cross_entropy)
         outside the answer. Shorter examples are LEFT-padded with eot: a recurrent model carries what it
-        reads, so padding must not come between prompt and answer; before the eot it reads as empty documents."""
+        reads, so padding must not come between prompt and answer; before the eot it reads as empty
+        documents."""
         samples = self.next_samples()
         T = max(len(s.tokens) for s in samples)
         tokens = torch.full((len(samples), T), self.pad_id, dtype=torch.int64)
@@ -813,7 +819,8 @@ def _carrying_story(rng):             # qa7, qa8: who carries what
 
 def _babi_counting(rng):              # qa7: counting
     events, p, held = _carrying_story(rng)
-    return events, f"How many objects is {p} carrying?", BABI_NUMBERS[len(held)], dict(kind="count_carried", person=p)
+    question = f"How many objects is {p} carrying?"
+    return events, question, BABI_NUMBERS[len(held)], dict(kind="count_carried", person=p)
 
 
 def _babi_lists(rng):                 # qa8: lists/sets, sorted by name
@@ -821,7 +828,7 @@ def _babi_lists(rng):                 # qa8: lists/sets, sorted by name
     return events, f"What is {p} carrying?", ",".join(held) or "nothing", dict(kind="list_carried", person=p)
 
 
-def _babi_is_in(rng, fact):           # qa9 (fact "not_in"), qa10 ("either"): "Is p in the X?" after moves and facts
+def _babi_is_in(rng, fact):           # qa9 (fact "not_in"), qa10 ("either"): "Is p in the X?"
     events, w, people, places, _ = _simulate(rng, ["move", "move", fact], int(rng.integers(4, 9)), 3, 4, 0)
     p = _pick(rng, [p for p in people if w["last_fact"][p]])
     last = w["last_fact"][p]
@@ -871,7 +878,8 @@ def babi_sample(task, tokenizer, length, seed=0, filler_tokens=None):
     budget = length - 1 - sum(map(len, facts)) - len(question_tokens) - len(answer_tokens)
     _check(budget >= 0, f"babi_sample: length {length} is too short for this {task} story, its sentences and "
                         f"question alone take {length - budget} tokens: use a longer length")
-    filler, boundaries = _our_filler(enc, budget) if ours else _corpus_filler(enc, filler_tokens, budget, layout_rng)
+    filler, boundaries = _our_filler(enc, budget) if ours else \
+        _corpus_filler(enc, filler_tokens, budget, layout_rng)
     positions = np.sort(layout_rng.choice(boundaries, size=len(facts))).tolist()
     tokens, mask, starts = _assemble(enc, filler, list(zip(positions, facts)), question_tokens, answer_tokens)
     return Sample(tokens, mask, dict(task=task, answer=answer, question=question, asked=asked, events=events,
