@@ -1,201 +1,250 @@
+"""tasks.py: tokenizers (incl. a Hugging Face tokenizer.json), corpora and their cache, the Markov process's
+exact Bayes floor, the samplers, and the Sec. 5 task generators."""
+import errno
+import json
 import os
+import sys
 import time
 
 import numpy as np
 import pytest
+import tiktoken
 import tiktoken.load
 import torch
+import torch.nn.functional as F
 
 import tasks
-from tasks import DataError, DocumentStreams, RandomWindows, TokenizerUnavailableError
+from tasks import BABI_TASKS, DataError, DocumentStreams, RandomWindows, TaskSampler, TokenizerUnavailableError
 
-BYTES_EOT = 256
+EOT = 256   # the bytes tokenizer's end-of-text id
+ENC = tasks.get_tokenizer("bytes")
 
 
-def split_docs(tokens, eot):
-    """Stream -> list of documents (token tuples between eot tokens, eot dropped)."""
-    docs, cur = [], None
-    for t in np.asarray(tokens).tolist():
-        if t == eot:
-            if cur is not None:
-                docs.append(tuple(cur))
-            cur = []
-        else:
-            cur.append(t)
-    if cur is not None:
-        docs.append(tuple(cur))
-    return docs
+def error(exc_type, fn, *words):
+    """fn() raises exc_type with a one-line message holding every word."""
+    with pytest.raises(exc_type) as info:
+        fn()
+    assert "\n" not in str(info.value) and all(w in str(info.value) for w in words), str(info.value)
+
+
+def split_docs(tokens, eot=EOT):   # stream -> documents (tuples between eots, eot dropped)
+    text = ",".join(map(str, np.asarray(tokens).tolist()))
+    return [tuple(int(t) for t in d.split(",") if t) for d in f",{text},".split(f",{eot},")[1:]]
 
 
 def write_docs(folder, n=20, ext=".txt"):
     os.makedirs(folder, exist_ok=True)
-    texts = {}
-    for i in range(n):
-        text = f"document {i}: " + "héllo wörld ✓ " * (i + 1) + "\n"
-        path = os.path.join(folder, f"doc{i:02d}{ext}")
+    texts = {os.path.join(folder, f"doc{i:02d}{ext}"): f"document {i}: " + "héllo wörld ✓ " * (i + 1) + "\n"
+             for i in range(n)}
+    for path, text in texts.items():
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
-        texts[path] = text
     return texts
-
-
-def assert_one_line_error(exc_type, fn, *words):
-    with pytest.raises(exc_type) as info:
-        fn()
-    msg = str(info.value)
-    assert "\n" not in msg, msg
-    for w in words:
-        assert w in msg, (w, msg)
-    return msg
 
 
 # ---------------------------------------------------------------------------------- tokenizers
 
-def test_bytes_tokenizer_round_trip():
-    enc = tasks.get_tokenizer("bytes")
-    assert enc.n_vocab == 257 and enc.eot_token == BYTES_EOT
+def test_bytes_tokenizer_and_offline_tiktoken(tmp_path, monkeypatch):
     raw = bytes(np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8))
-    assert enc.decode_bytes(list(raw)) == raw           # every byte is a token, id = byte value
-    text = "plain ascii, ünïcödé, 中文, emoji 🐍𝄞, tabs\t\nand NUL\x00 <|endoftext|> " * 20
-    ids = enc.encode_ordinary(text)
-    assert ids == list(text.encode("utf-8"))
-    assert enc.decode(ids) == text
-    assert enc.encode("a<|endoftext|>b", allowed_special="all") == [97, BYTES_EOT, 98]
+    assert ENC.n_vocab == 257 and ENC.eot_token == EOT and ENC.decode_bytes(list(raw)) == raw
+    text = "ascii, ünïcödé, 中文, 🐍𝄞, tabs\t\nNUL\x00 <|endoftext|> " * 20
+    assert ENC.encode_ordinary(text) == list(text.encode()) and ENC.decode(ENC.encode_ordinary(text)) == text
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))   # an empty cache: nothing to load, no download
+    original, t0 = tiktoken.load.read_file, time.time()
+    error(TokenizerUnavailableError, lambda: tasks.get_tokenizer("cl100k_base"), "TIKTOKEN_CACHE_DIR", "bytes")
+    assert time.time() - t0 < 2.0 and tiktoken.load.read_file is original
+    error(DataError, lambda: tasks.get_tokenizer("nonsense"), "unknown tokenizer", "bytes")
+    error(DataError, lambda: tasks.get_tokenizer(3), "tokenizer")
 
 
-def test_unavailable_tiktoken_encoding_fails_fast(tmp_path, monkeypatch):
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))   # an empty cache: nothing to load
-    original = tiktoken.load.read_file
-    t0 = time.time()
-    msg = assert_one_line_error(TokenizerUnavailableError, lambda: tasks.get_tokenizer("cl100k_base"),
-                                "cl100k_base", "TIKTOKEN_CACHE_DIR", "--tokenizer bytes")
-    assert time.time() - t0 < 2.0, msg
-    assert tiktoken.load.read_file is original                # the download guard is undone
-    assert_one_line_error(DataError, lambda: tasks.get_tokenizer("nonsense"), "nonsense", "bytes")
+@pytest.fixture(scope="module")
+def tok_json(tmp_path_factory):
+    """A small byte-level BPE tokenizer.json with a special end-of-text token, trained here (offline)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=300, special_tokens=["<|pad|>", "<|endoftext|>"],
+                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([CORPUS_TEXT] * 4, trainer)
+    path = str(tmp_path_factory.mktemp("tok") / "tokenizer.json")
+    tok.save(path)
+    return path
 
 
-# ---------------------------------------------------------------------------------- text sources
+CORPUS_TEXT = "".join(f"def f{i}(x):\n    return x + {i}  # the river runs down to the sea\n\n" for i in range(60))
 
-def test_directory_document_split(tmp_path):
+
+def test_tokenizer_json_encodes_exactly_as_the_tokenizers_library(tok_json, tmp_path):
+    import tokenizers
+    enc, ref = tasks.get_tokenizer(tok_json), tokenizers.Tokenizer.from_file(tok_json)
+    assert enc.eot_token == ref.token_to_id("<|endoftext|>") == 1 and enc.n_vocab == ref.get_vocab_size() == 300
+    texts = ["plain words", "  two  spaces\t\ttabs \n\n\nnewlines   \n", "ünïcödé 中文 🐍 𝄞 é", "", " ",
+             CORPUS_TEXT[:500], "x<|endoftext|>y <|pad|>"]
+    for text in texts:
+        ids = enc.encode_ordinary(text)
+        if "<|" not in text:   # no special token in the text: exactly tokenizers' default encoding
+            assert ids == ref.encode(text).ids
+        ref.encode_special_tokens = True   # a special token's text inside a document is plain text
+        assert ids == ref.encode(text).ids and enc.decode(ids) == text
+        ref.encode_special_tokens = False
+    assert ref.encode("a<|endoftext|>b").ids[1] == enc.eot_token   # the file's special token is our eot
+    assert enc.encode_single_token(tasks.COPY_SEP) != enc.encode_single_token(tasks.COPY_EOS)
+    # text tokenized with it is cached (uint16: the vocabulary fits); a .bin plus the tokenizer.json works
+    (tmp_path / "c.txt").write_text(CORPUS_TEXT)
+    d = tasks.load_data(str(tmp_path / "c.txt"), tokenizer=tok_json, cache_dir=str(tmp_path / "cache"))
+    whole = np.concatenate([d.train, d.val])
+    assert d.train.dtype == np.uint16 and whole.tolist() == [1] + ref.encode(CORPUS_TEXT).ids
+    whole.tofile(tmp_path / "c.bin")
+    b = tasks.load_data(str(tmp_path / "c.bin"), tokenizer=tok_json)
+    assert b.vocab_size == 300 and b.eot_token == 1 and np.array_equal(np.concatenate([b.train, b.val]), whole)
+
+
+def test_tokenizer_json_errors(tok_json, tmp_path, monkeypatch):
+    error(DataError, lambda: tasks.get_tokenizer(str(tmp_path / "missing.json")), "no such tokenizer file")
+    (tmp_path / "bad.json").write_text("{not json")
+    error(DataError, lambda: tasks.get_tokenizer(str(tmp_path / "bad.json")), "not a readable tokenizer.json")
+    spec = json.load(open(tok_json))
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] != "<|endoftext|>"]
+    (tmp_path / "no_eot.json").write_text(json.dumps(spec))
+    error(DataError, lambda: tasks.get_tokenizer(str(tmp_path / "no_eot.json")), "<|endoftext|>")
+    monkeypatch.setitem(sys.modules, "tokenizers", None)   # the library is not installed
+    (tmp_path / "other.json").write_text(open(tok_json).read())
+    error(TokenizerUnavailableError, lambda: tasks.get_tokenizer(str(tmp_path / "other.json")), "pip install tokenizers")
+
+
+def test_official_checkpoint_trains_and_evaluates_with_a_tokenizer_json(tok_json, tmp_path, monkeypatch):
+    import evaluate
+    import train
+    from test_model import OFFICIAL_MAMBA2_LAYER, official_state_dict
+    ckpt = tmp_path / "mamba2-official"
+    ckpt.mkdir()
+    torch.save(official_state_dict(OFFICIAL_MAMBA2_LAYER, vocab=304), ckpt / "pytorch_model.bin")
+    (ckpt / "config.json").write_text(json.dumps(dict(
+        d_model=64, n_layer=2, vocab_size=300, ssm_cfg={"layer": "Mamba2", "d_state": 16, "headdim": 16},
+        rms_norm=True, residual_in_fp32=True, fused_add_norm=True, pad_vocab_size_multiple=8, tie_embeddings=True)))
+    (tmp_path / "long.txt").write_text(CORPUS_TEXT * 3)
+    monkeypatch.setattr(tasks, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
+    data = ["--data", str(tmp_path / "long.txt"), "--tokenizer", tok_json]
+    train.main(["--init-from", str(ckpt), "--init-state", "sp", "--steps", "2", "--seq-len", "16", "--batch-size",
+                "2", "--eval-interval", "1000", "--quiet", "--out", str(tmp_path / "post")] + data)
+    for path in (str(ckpt), str(tmp_path / "post")):
+        assert evaluate.main([path, "--t-train", "16", "--eval-len", "64", "--n-seqs", "2", "--metrics", "ppl",
+                              "--out", str(tmp_path / "eval")] + data) == 0
+        report = json.load(open(tmp_path / "eval" / "eval.json"))
+        assert report["tokenizer"] == tok_json and np.isfinite(report["models"][0]["ppl"]["nll"]).all()
+
+
+# ---------------------------------------------------------------------------------- corpora
+
+def test_directory_split_cache_and_skipped_files(tmp_path, monkeypatch, capsys):
     texts = write_docs(tmp_path / "corpus")
     (tmp_path / "corpus" / "blob.dat").write_bytes(b"\xff\xfe\x00binary")   # skipped: not UTF-8
     (tmp_path / "corpus" / ".hidden").write_text("never read")
-    d = tasks.load_data(str(tmp_path / "corpus"), cache_dir=str(tmp_path / "cache"))
-    assert d.vocab_size == 257 and d.eot_token == BYTES_EOT
-    assert d.train[0] == BYTES_EOT and d.val[0] == BYTES_EOT         # every document starts at eot
-    train = set(split_docs(d.train, BYTES_EOT))
-    val = set(split_docs(d.val, BYTES_EOT))
-    expected = {tuple(t.encode()) for t in texts.values()}
-    assert train | val == expected and not train & val
-    assert len(val) == 1 and d.info["skipped_files"] == 1          # round(0.05 * 20) = 1
-    # deterministic, and the split really depends on the seed
-    again = tasks.load_data(str(tmp_path / "corpus"), cache_dir=str(tmp_path / "cache2"))
-    assert np.array_equal(again.train, d.train) and np.array_equal(again.val, d.val)
-    vals = {tuple(np.asarray(tasks.load_data(str(tmp_path / "corpus"), seed=s, val_fraction=0.2,
-                                             cache_dir=str(tmp_path / "cache")).val)) for s in range(4)}
-    assert len(vals) > 1
+    cache = str(tmp_path / "cache")
+    d = tasks.load_data(str(tmp_path / "corpus"), cache_dir=cache)
+    assert "1 files skipped" in capsys.readouterr().out and d.info["skipped_files"] == 1
+    assert isinstance(d.train, np.memmap) and d.train.dtype == np.uint16 and d.train[0] == d.val[0] == EOT
+    train, val = set(split_docs(d.train)), set(split_docs(d.val))
+    assert train | val == {tuple(t.encode()) for t in texts.values()} and not train & val and len(val) == 1
+    assert sorted(os.listdir(cache)) == sorted(os.path.basename(d.info["cache"])[:-4] + e for e in (".bin", ".json"))
+    monkeypatch.setattr(tasks, "_build_cache", None)   # a second load reads the cache, builds nothing
+    again = tasks.load_data(str(tmp_path / "corpus"), cache_dir=cache)
+    assert np.array_equal(again.train, d.train) and capsys.readouterr().out == ""
+    monkeypatch.undo()
+    with open(next(iter(texts)), "a") as f:                          # a changed file: a new cache
+        f.write("more text\n")
+    tasks.load_data(str(tmp_path / "corpus"), cache_dir=cache)
+    assert len(os.listdir(cache)) == 4
+    vals = {tuple(tasks.load_data(str(tmp_path / "corpus"), seed=s, val_fraction=0.2, cache_dir=cache).val)
+            for s in range(4)}
+    assert len(vals) > 1                                              # the split depends on the seed
 
 
-def test_glob_and_single_file(tmp_path):
-    texts = write_docs(tmp_path / "a", n=6, ext=".txt")
+def test_glob_single_file_and_wide_vocabulary(tmp_path):
+    texts = write_docs(tmp_path / "a", n=6)
     write_docs(tmp_path / "a", n=3, ext=".md")
     d = tasks.load_data(str(tmp_path / "a" / "*.txt"), val_fraction=0.34, cache_dir=str(tmp_path / "c"))
-    docs = split_docs(d.train, BYTES_EOT) + split_docs(d.val, BYTES_EOT)
-    assert sorted(docs) == sorted(tuple(t.encode()) for t in texts.values())
-    assert len(split_docs(d.val, BYTES_EOT)) == 2
-    # one file = one document: split by tokens, val is the tail
-    path = next(iter(texts))
+    assert sorted(split_docs(d.train) + split_docs(d.val)) == sorted(tuple(t.encode()) for t in texts.values())
+    path = next(iter(texts))                                          # one document: split by tokens
     one = tasks.load_data(path, val_fraction=0.25, cache_dir=str(tmp_path / "c"))
     whole = np.concatenate([one.train, one.val])
-    assert whole.tolist() == [BYTES_EOT] + list(texts[path].encode())
-    assert len(one.val) == round(0.25 * len(whole))
+    assert whole.tolist() == [EOT] + list(texts[path].encode()) and len(one.val) == round(0.25 * len(whole))
+
+    class Wide:   # a vocabulary past uint16: the cache holds uint32 ids
+        name, n_vocab, eot_token = "wide", 70_000, 69_999
+        encode_ordinary = staticmethod(lambda text: [66_000 + ord(c) % 100 for c in text])
+    w = tasks.load_data(path, tokenizer=Wide(), cache_dir=str(tmp_path / "c"))
+    assert w.train.dtype == np.uint32 and w.train[0] == 69_999 and w.train[1:].min() >= 66_000
 
 
 def test_bin_files(tmp_path):
     ids = np.random.default_rng(0).integers(0, 257, 1000).astype(np.uint16)
     ids.tofile(tmp_path / "train.bin")
     d = tasks.load_data(str(tmp_path / "train.bin"), val_fraction=0.1)
-    assert isinstance(d.train, np.memmap) and d.train.dtype == np.uint16
-    assert np.array_equal(d.train, ids[:900]) and np.array_equal(d.val, ids[900:])
+    assert isinstance(d.train, np.memmap) and np.array_equal(d.train, ids[:900]) and np.array_equal(d.val, ids[900:])
     ids.astype(np.uint32).tofile(tmp_path / "big.u32.bin")
-    d32 = tasks.load_data(str(tmp_path / "big.u32.bin"), val_fraction=0.1)
-    assert d32.train.dtype == np.uint32 and np.array_equal(d32.val, ids[900:])
-    np.array([5, 300], dtype=np.uint16).tofile(tmp_path / "gpt2ish.bin")     # 300 >= 257
-    assert_one_line_error(DataError, lambda: tasks.load_data(str(tmp_path / "gpt2ish.bin")), "--tokenizer")
+    assert tasks.load_data(str(tmp_path / "big.u32.bin")).train.dtype == np.uint32
+    late = np.zeros((1 << 20) + 10, dtype=np.uint16)
+    late[-3] = 300                                   # beyond the bytes vocabulary, far past the file's head
+    late.tofile(tmp_path / "late.bin")
+    error(DataError, lambda: tasks.load_data(str(tmp_path / "late.bin")), "300", "--tokenizer")
     (tmp_path / "odd.bin").write_bytes(b"\x01\x02\x03")
-    assert_one_line_error(DataError, lambda: tasks.load_data(str(tmp_path / "odd.bin")), "uint16")
+    error(DataError, lambda: tasks.load_data(str(tmp_path / "odd.bin")), "uint16")
 
 
-def test_cache_is_reused_memmap_and_rebuilt_on_change(tmp_path, monkeypatch, capsys):
-    texts = write_docs(tmp_path / "corpus", n=5)
-    cache = str(tmp_path / "cache")
-    first = tasks.load_data(str(tmp_path / "corpus"), cache_dir=cache)
-    out = capsys.readouterr().out
-    assert out.count("\n") == 1 and "cached" in out
-    assert isinstance(first.train, np.memmap) and first.train.dtype == np.uint16
-    assert len(os.listdir(cache)) == 2                               # .bin + .json, no temp files left
+def test_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    write_docs(tmp_path / "corpus", n=4)
 
-    def no_rebuild(*args, **kwargs):
-        raise AssertionError("the cache was rebuilt")
-    monkeypatch.setattr(tasks, "_build_cache", no_rebuild)
-    second = tasks.load_data(str(tmp_path / "corpus"), cache_dir=cache)
-    assert np.array_equal(second.train, first.train) and np.array_equal(second.val, first.val)
-    assert capsys.readouterr().out == ""
-    monkeypatch.undo()
-    path = next(iter(texts))                                        # a changed file: a new cache
-    with open(path, "a") as f:
-        f.write("more text\n")
-    tasks.load_data(str(tmp_path / "corpus"), cache_dir=cache)
-    assert len(os.listdir(cache)) == 4
+    class FullDisk:
+        def __init__(self, f):
+            self.f = f
+        def __enter__(self):
+            return self
+        def __exit__(self, *exc):
+            self.f.close()
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(tasks, "open", lambda p, m="r", **k: FullDisk(open(p, m, **k)) if "w" in m else open(p, m, **k),
+                        raising=False)
+    error(DataError, lambda: tasks.load_data(str(tmp_path / "corpus"), cache_dir=str(tmp_path / "c")), "no space")
+    assert os.listdir(tmp_path / "c") == []
 
 
 def test_stdlib_corpus(tmp_path):
     d = tasks.load_data("stdlib", cache_dir=str(tmp_path))
-    assert isinstance(d.train, np.memmap) and len(d.train) > 1_000_000 and len(d.val) > 10_000
-    assert d.info["docs_val"] >= 1 and d.info["docs_train"] > 10 * d.info["docs_val"]
-    assert d.train[0] == BYTES_EOT and d.val[0] == BYTES_EOT
-    text = d.tokenizer.decode(np.asarray(d.val[:2000]).tolist())
-    assert text.startswith("<|endoftext|>") and "site-packages" not in d.info["cache"]
+    assert len(d.train) > 1_000_000 and len(d.val) > 10_000 and d.info["docs_train"] > 10 * d.info["docs_val"]
+    assert d.tokenizer.decode(np.asarray(d.val[:100]).tolist()).startswith("<|endoftext|>")
 
 
 def test_bad_data_inputs(tmp_path):
     (tmp_path / "empty").mkdir()
-    load = tasks.load_data
-    assert_one_line_error(DataError, lambda: load("wikitext"), "unknown data", "markov")
-    assert_one_line_error(DataError, lambda: load(str(tmp_path / "missing.txt")), "no such file")
-    assert_one_line_error(DataError, lambda: load(str(tmp_path / "empty")), "holds no files")
-    assert_one_line_error(DataError, lambda: load(str(tmp_path / "*.nothing")), "no files match")
-    assert_one_line_error(DataError, lambda: load("markov:k=8,beta=2"), "beta", "alpha")
-    assert_one_line_error(DataError, lambda: load("markov:k=eight"), "int")
-    assert_one_line_error(DataError, lambda: load("markov:k=1"), "k")
-    assert_one_line_error(DataError, lambda: load("stdlib", val_fraction=1.5), "val_fraction")
     (tmp_path / "bin_only").mkdir()
     (tmp_path / "bin_only" / "x.dat").write_bytes(b"\x80\x81")
-    assert_one_line_error(DataError, lambda: load(str(tmp_path / "bin_only"), cache_dir=str(tmp_path / "c")),
-                          "UTF-8")
-    assert not any(n.endswith(".tmp") for n in os.listdir(tmp_path / "c"))   # failed build cleaned up
+    load = tasks.load_data
+    for call, words in [(lambda: load("wikitext"), ["unknown data", "markov"]),
+                        (lambda: load("switching:hazard=0.1"), ["unknown data"]),
+                        (lambda: load(str(tmp_path / "missing.txt")), ["no such file"]),
+                        (lambda: load(str(tmp_path / "empty")), ["holds no files"]),
+                        (lambda: load(str(tmp_path / "*.nothing")), ["no files match"]),
+                        (lambda: load(str(tmp_path / "bin_only"), cache_dir=str(tmp_path / "c")), ["UTF-8"]),
+                        (lambda: load("markov:k=8,beta=2"), ["beta", "alpha"]), (lambda: load("markov:k=eight"), ["int"]),
+                        (lambda: load("markov:k=1"), ["k"]), (lambda: load("markov:shared=-1"), ["shared >= 0"]),
+                        (lambda: load("stdlib", val_fraction=1.5), ["val_fraction"]), (lambda: load(None), ["data"]),
+                        (lambda: load("stdlib", seed=-1), ["seed"])]:
+        error(DataError, call, *words)
+    assert os.listdir(tmp_path / "c") == []                            # the failed build cleaned up
 
 
 # ---------------------------------------------------------------------------------- samplers
 
-def test_random_windows_shift_and_resume():
-    tokens = np.arange(5000, dtype=np.uint16) % 257
-    s = RandomWindows(tokens, batch_size=4, seq_len=16, seed=3)
-    x, y = s.next_batch()
-    assert x.shape == y.shape == (4, 16) and x.dtype == y.dtype == torch.int64
-    assert torch.equal(x[:, 1:], y[:, :-1])
-    for row_x, row_y in zip(x, y):                         # each row is a real window of the stream
-        start = int(np.flatnonzero(tokens == row_x[0].item())[0])
-        assert np.array_equal(tokens[start:start + 17], torch.cat([row_x, row_y[-1:]]).numpy())
-    s.next_batch()
-    state = torch.load(_saved(s.state_dict()), weights_only=True)
-    expected = [s.next_batch() for _ in range(3)]
-    resumed = RandomWindows(tokens, batch_size=4, seq_len=16, seed=999)
+def resumes_exactly(make, sampler, n=3):
+    state = torch.load(_saved(sampler.state_dict()), weights_only=True)
+    expected = [sampler.next_batch() for _ in range(n)]
+    resumed = make(seed=999)
     resumed.load_state_dict(state)
-    for (ex, ey), (rx, ry) in zip(expected, [resumed.next_batch() for _ in range(3)]):
-        assert torch.equal(ex, rx) and torch.equal(ey, ry)
-    fresh = RandomWindows(tokens, batch_size=4, seq_len=16, seed=3)
-    assert torch.equal(fresh.next_batch()[0], x)           # deterministic given seed
+    return all(all(torch.equal(a, b) for a, b in zip(e, r)) for e, r in zip(expected, [resumed.next_batch()
+                                                                                        for _ in range(n)]))
 
 
 def _saved(state):
@@ -206,134 +255,322 @@ def _saved(state):
     return buf
 
 
-def make_stream(lengths, eot=BYTES_EOT, seed=0):
-    rng = np.random.default_rng(seed)
-    docs = [rng.integers(0, 256, n).astype(np.uint16) for n in lengths]
+def make_stream(lengths, eot=EOT, seed=0):   # [eot d1 eot d2 ...], documents of the given lengths
+    docs = [np.random.default_rng([seed, i]).integers(0, 256, n) for i, n in enumerate(lengths)]
     return np.concatenate([np.concatenate([[eot], d]) for d in docs]).astype(np.uint16), docs
 
 
-def test_document_streams_chunks_follow_documents():
+def test_random_windows_and_eval_windows():
+    tokens = np.arange(5000, dtype=np.uint16)
+    s = RandomWindows(tokens, batch_size=4, seq_len=16, seed=3)
+    x, y = s.next_batch()
+    assert x.shape == y.shape == (4, 16) and x.dtype == torch.int64 and torch.equal(x[:, 1:], y[:, :-1])
+    assert (torch.diff(torch.cat([x, y[:, -1:]], 1)) == 1).all()   # each row is a window of the stream
+    assert resumes_exactly(lambda seed: RandomWindows(tokens, 4, 16, seed), s)
+    assert torch.equal(RandomWindows(tokens, 4, 16, seed=3).next_batch()[0], x)
+    stream, _ = make_stream([50] * 20)
+    w = tasks.eval_windows(stream, n=8, length=30, seed=0)
+    assert w.shape == (8, 30) and torch.equal(w, tasks.eval_windows(stream, 8, 30, seed=0))
+    assert not torch.equal(w, tasks.eval_windows(stream, 8, 30, seed=1))
+    ws = tasks.eval_windows(stream, n=10, length=51, seed=0, eot_token=EOT)
+    assert (ws[:, 0] == EOT).all() and (ws[:, 1:] != EOT).all() and len({tuple(r.tolist()) for r in ws}) == 10
+    error(DataError, lambda: tasks.eval_windows(stream, 25, 51, eot_token=EOT), "documents")
+    error(DataError, lambda: tasks.eval_windows(stream, 0, 51), "n >= 1")
+    error(DataError, lambda: RandomWindows(tokens, 4, 5000), "seq_len")
+    error(DataError, lambda: RandomWindows(tokens, 0, 16), "batch_size")
+
+
+@pytest.mark.parametrize("eot_after", [False, True], ids=["eot_before", "nanogpt_eot_after"])
+def test_document_streams_keep_the_eot_and_flag_exactly_the_new_documents(eot_after):
     seq_len, b = 8, 3
-    lengths = [3, 40, 7, 100, 17, 8, 55, 25, 9, 64]
+    lengths = [30, 40, 7, 100, 17, 8, 55, 25, 3, 64]
     tokens, docs = make_stream(lengths)
-    s = DocumentStreams(tokens, BYTES_EOT, batch_size=b, seq_len=seq_len, seed=1)
-    eligible = {i for i, n in enumerate(lengths) if n >= seq_len + 1}   # 8 and 7, 3 are skipped
-    reads = [[] for _ in range(b)]                     # per row: list of (x chunks, y chunks)
+    if eot_after:   # [d1 eot d2 eot ...]: the first document has no eot, the last eot starts nothing
+        tokens = np.append(tokens[1:], EOT).astype(np.uint16)
+    docs = [np.append([] if eot_after and i == 0 else [EOT], d).astype(np.int64) for i, d in enumerate(docs)]
+    s = DocumentStreams(tokens, EOT, batch_size=b, seq_len=seq_len, seed=1)
+    reads, seen = [[] for _ in range(b)], []
     for step in range(60):
         x, y, new_doc = s.next_batch()
-        assert x.shape == (b, seq_len) and new_doc.dtype == torch.bool
-        assert torch.equal(x[:, 1:], y[:, :-1])
-        if step == 0:
-            assert new_doc.all()
+        assert torch.equal(x[:, 1:], y[:, :-1]) and (step or new_doc.all())
         for r in range(b):
+            assert new_doc[r] == (x[r, 0] == EOT) or (eot_after and torch.equal(x[r], torch.as_tensor(docs[0][:8])))
             if new_doc[r]:
-                reads[r].append(([], []))
-            reads[r][-1][0].append(x[r])
-            reads[r][-1][1].append(y[r])
-    seen = []
+                reads[r].append([])
+            reads[r][-1].append(torch.cat([x[r], y[r, -1:]]).numpy())
     for r in range(b):
-        for xs, ys in reads[r][:-1]:                   # complete reads (the last may be unfinished)
-            xs, ys = torch.cat(xs).numpy(), torch.cat(ys).numpy()
-            assert np.array_equal(xs[1:], ys[:-1])                 # chunk k+1 continues chunk k
-            doc = next(i for i, d in enumerate(docs) if np.array_equal(xs, d[:len(xs)]))
-            assert doc in eligible and BYTES_EOT not in xs
-            assert len(xs) == ((lengths[doc] - 1) // seq_len) * seq_len   # every full chunk, then move on
+        for chunks in reads[r][:-1]:                     # every complete read of a document
+            assert all(a[-1] == c[0] for a, c in zip(chunks, chunks[1:]))   # chunk k+1 starts at chunk k's end
+            read = np.concatenate([chunks[0]] + [c[1:] for c in chunks[1:]])
+            doc = next(i for i, d in enumerate(docs) if np.array_equal(read, d[:len(read)]))
+            assert len(read) == ((len(docs[doc]) - 1) // seq_len) * seq_len + 1   # every full chunk, then on
             seen.append(doc)
-    assert set(seen) == eligible                      # short documents never appear, others all do
-
-
-def test_document_streams_text_and_resume(tmp_path):
-    texts = write_docs(tmp_path / "corpus", n=12)
-    d = tasks.load_data(str(tmp_path / "corpus"), val_fraction=0.0, cache_dir=str(tmp_path / "c"))
-    enc = d.tokenizer
-    s = DocumentStreams(d.train, d.eot_token, batch_size=2, seq_len=10, seed=0)
-    rows = {0: b"", 1: b""}
-    for _ in range(3):                                 # every document here is >= 30 bytes
-        x, _, new_doc = s.next_batch()
-        for r in range(2):
-            rows[r] += enc.decode_bytes(x[r].tolist())
-    for r in range(2):                                 # the bytes of one document's text, no eot
-        assert len(rows[r]) == 30 and b"<|endoftext|>" not in rows[r]
-        assert any(t.encode().startswith(rows[r]) for t in texts.values())
-    state = torch.load(_saved(s.state_dict()), weights_only=True)
-    expected = [s.next_batch() for _ in range(100)]    # long enough to wrap into a second pass
-    resumed = DocumentStreams(d.train, d.eot_token, batch_size=2, seq_len=10, seed=5)
-    resumed.load_state_dict(state)
-    for e, r in zip(expected, [resumed.next_batch() for _ in range(100)]):
-        assert all(torch.equal(a, b) for a, b in zip(e, r))
-    assert s.epoch >= 1
-    with pytest.raises(DataError):
-        DocumentStreams(d.train, d.eot_token, batch_size=2, seq_len=10_000, seed=0)
-
-
-def test_eval_windows():
-    tokens, _ = make_stream([50] * 20)
-    w = tasks.eval_windows(tokens, n=8, length=30, seed=0)
-    assert w.shape == (8, 30) and w.dtype == torch.int64
-    assert torch.equal(w, tasks.eval_windows(tokens, n=8, length=30, seed=0))
-    assert not torch.equal(w, tasks.eval_windows(tokens, n=8, length=30, seed=1))
-    ws = tasks.eval_windows(tokens, n=10, length=51, seed=0, eot_token=BYTES_EOT)
-    assert (ws[:, 0] == BYTES_EOT).all() and (ws[:, 1:] != BYTES_EOT).all()   # one whole document each
-    assert len({tuple(r.tolist()) for r in ws}) == 10                          # distinct documents
-    assert_one_line_error(DataError, lambda: tasks.eval_windows(tokens, 25, 51, eot_token=BYTES_EOT),
-                          "documents")
+    assert set(seen) == {i for i, d in enumerate(docs) if len(d) > seq_len}   # short documents are skipped
+    assert resumes_exactly(lambda seed: DocumentStreams(tokens, EOT, b, seq_len, seed), s, n=40) and s.epoch >= 1
+    error(DataError, lambda: DocumentStreams(tokens, EOT, 2, 10_000), "seq_len")
+    other = DocumentStreams(tokens, EOT, 2, seq_len)
+    error(DataError, lambda: other.load_state_dict(s.state_dict()), "batch size")
 
 
 # ---------------------------------------------------------------------------------- markov
 
-def brute_force_bayes(window, k, alpha):
-    nll, counts = [], {}
-    for t in range(len(window) - 1):
-        a, b = int(window[t]), int(window[t + 1])
-        if a == k:
-            nll.append(np.log(k))
-            continue
-        row = sum(counts.get((a, j), 0) for j in range(k))
-        nll.append(-np.log((counts.get((a, b), 0) + alpha) / (row + k * alpha)))
-        counts[(a, b)] = counts.get((a, b), 0) + 1
-    return np.array(nll)
-
-
-def test_markov_data():
+def test_markov_data_and_sampler():
     spec = "markov:k=5,alpha=0.2,doc_len=300,docs=40,val_docs=10"
     d = tasks.load_data(spec, seed=1)
-    assert d.vocab_size == 6 and d.eot_token == 5 and d.tokenizer is None
-    assert len(d.train) == 40 * 301 and len(d.val) == 10 * 301
+    assert d.vocab_size == 6 and d.eot_token == 5 and d.tokenizer is None and len(d.val) == 10 * 301
     docs = d.train.reshape(40, 301)
     assert (docs[:, 0] == 5).all() and docs[:, 1:].max() < 5
-    again = tasks.load_data(spec, seed=1)
-    assert np.array_equal(again.train, d.train) and np.array_equal(again.val, d.val)
-    assert not np.array_equal(tasks.load_data(spec, seed=2).train, d.train)
-    assert not np.array_equal(d.val, d.train[:len(d.val)])
+    assert np.array_equal(tasks.load_data(spec, seed=1).val, d.val)
+    assert not np.array_equal(tasks.load_data(spec, seed=2).train, d.train) and not np.array_equal(d.val, d.train[:3010])
     tokens, P = tasks.sample_markov(5, 0.2, 300, 40, seed=1)
-    assert np.allclose(P.sum(-1), 1.0) and (P >= 0).all()
-    assert np.array_equal(tokens, docs[:, 1:])
-    tokens10, _ = tasks.sample_markov(5, 0.2, 300, 10, seed=1)
-    assert np.array_equal(tokens10, tokens[:10])      # document d does not depend on the count
+    assert np.allclose(P.sum(-1), 1.0) and np.array_equal(tokens, docs[:, 1:])
+    assert np.array_equal(tasks.sample_markov(5, 0.2, 300, 10, seed=1)[0], tokens[:10])   # independent of the count
+    error(DataError, lambda: tasks.sample_markov(1, 0.2, 300, 10), "k >= 2")
 
 
-def test_markov_bayes_nll_matches_brute_force():
+def test_markov_floor_by_hand_and_brute_force():
+    # k = 2, eot = 2, prior pseudo-counts [[1, 3], [2, 2]]; tokens eot 0 1 0 0:
+    # eot->0: 1/2 (first token uniform); 0->1: 3/4; 1->0: 2/4; 0->0: row 0 is now [1, 3+1] -> 1/5
+    nll = tasks.markov_bayes_nll(np.array([[2, 0, 1, 0, 0]]), k=2, alpha=0.3, prior=[[1, 3], [2, 2]])
+    np.testing.assert_allclose(nll[0], -np.log([1 / 2, 3 / 4, 2 / 4, 1 / 5]))
     k, alpha = 4, 0.5
     d = tasks.load_data(f"markov:k={k},alpha={alpha},doc_len=60,docs=4,val_docs=6")
     w = tasks.eval_windows(d.val, n=6, length=61, seed=0, eot_token=d.eot_token)
-    nll = d.optimal_nll(w)
-    assert torch.is_tensor(nll) and nll.shape == (6, 60)
-    for row, got in zip(w.numpy(), nll.numpy()):
-        assert np.allclose(got, brute_force_bayes(row, k, alpha))
-    assert np.allclose(nll[:, 0].numpy(), np.log(k))   # first token of a document: 1/K
-    from_first = tasks.markov_bayes_nll(w.numpy()[:, 1:], k, alpha)   # numpy, starting at token 0
-    assert isinstance(from_first, np.ndarray) and np.allclose(from_first, nll.numpy()[:, 1:])
+    got = d.optimal_nll(w)
+    assert torch.is_tensor(got) and got.shape == (6, 60)
+    for row, nll in zip(w.tolist(), got.numpy()):   # counting bigrams by hand, with the uniform first token
+        counts, want = np.zeros((k, k)), [np.log(k)]
+        for a, b in zip(row[1:], row[2:]):
+            want.append(np.log(counts[a].sum() + k * alpha) - np.log(counts[a, b] + alpha))
+            counts[a, b] += 1
+        np.testing.assert_allclose(nll, want)
+    np.testing.assert_allclose(tasks.markov_bayes_nll(w.numpy()[:, 1:], k, alpha), got.numpy()[:, 1:])
     crossing = tasks.eval_windows(d.val, n=2, length=80, seed=0)
     crossing[:, 5] = k
-    assert_one_line_error(DataError, lambda: tasks.markov_bayes_nll(crossing, k, alpha), "document")
+    error(DataError, lambda: tasks.markov_bayes_nll(crossing, k, alpha), "document boundary")
 
 
-def test_markov_bayes_nll_learns_in_context():
+def test_markov_floor_learns_in_context_and_shared_documents():
     k, alpha, doc_len = 8, 0.3, 1024
     tokens, P = tasks.sample_markov(k, alpha, doc_len, 64, seed=0, split="val")
     nll = tasks.markov_bayes_nll(torch.from_numpy(tokens), k, alpha).numpy()
     late = nll[:, doc_len // 2:].mean()
-    assert nll[:, :8].mean() > late and late < np.log(k) - 0.3   # far below the uniform predictor
-    # and, late in a document, close to (but above) the loss of knowing the true P
     true = -np.log(P[np.arange(64)[:, None], tokens[:, :-1], tokens[:, 1:]])[:, doc_len // 2:].mean()
-    assert true < late < true + 0.05
+    assert nll[:, :8].mean() > late and true < late < true + 0.05   # close to knowing P, from above
+    g = tasks.markov_prior(8, 0.3, shared=1.0, seed=0)               # the base matrix G itself
+    assert np.allclose(g.sum(1), 1.0) and (tasks.markov_prior(8, 0.3) == 0.3).all()
+    spread = [np.abs(tasks.sample_markov(8, 0.3, 4, 64, seed=0, shared=c)[1] - g).mean() for c in (1.0, 100.0)]
+    assert spread[1] < 0.3 * spread[0]                                # larger C: documents closer to G
+    d = tasks.load_data("markov:k=4,alpha=0.5,doc_len=64,docs=8,val_docs=4,shared=3")
+    w = d.val[:65].astype(np.int64)[None]
+    np.testing.assert_allclose(d.optimal_nll(w), tasks.markov_bayes_nll(w, 4, 0.5, tasks.markov_prior(4, 0.5, 3.0)))
+
+
+# ---------------------------------------------------------------------------------- Sec. 5 tasks
+
+def toy_bpe():   # a tiktoken BPE WITH merges, so the generators do not rely on one token per byte
+    ranks = {bytes([i]): i for i in range(256)}
+    for piece in [b"th", b"the", b" the", b"he", b"in", b"er", b" p", b"ss", b"ass", b" pass", b"ke", b" ke",
+                  b" key", b"12", b"45", b"\n\n", b"is", b" is", b"  "]:
+        ranks[piece] = len(ranks)
+    return tiktoken.Encoding("toy_bpe", pat_str=r"""'s| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+                             mergeable_ranks=ranks, special_tokens={"<|endoftext|>": len(ranks)})
+
+
+def check_sample(s, length, answer_text, enc):
+    tokens, mask, meta = s
+    n = int(mask.sum())
+    assert len(tokens) == length and tokens.dtype == np.int64 and n and mask[-n:].all() and not mask[:-n].any()
+    assert enc.decode(tasks.split_answer(s)[1].tolist()) == answer_text
+    assert tokens[0] == enc.eot_token and enc.eot_token not in tokens[1:].tolist()
+    return enc.decode(tokens.tolist())
+
+
+@pytest.mark.parametrize("enc", [ENC, toy_bpe()], ids=["bytes", "toy_bpe"])
+def test_passkey_and_copy_structure(enc):
+    for length, depth in [(200, 0.0), (1000, 0.25), (1000, 0.9), (4097, 0.5), (4097, 1.0)]:
+        s = tasks.passkey_sample(enc, length, depth, seed=length)
+        key, k = s.meta["key"], s.meta["key_start"]
+        text = check_sample(s, length, f" {key}.", enc)
+        assert len(key) == 5 and text.endswith(f"{tasks.PASSKEY_QUESTION} {key}.")
+        needle = enc.encode_ordinary(tasks.PASSKEY_SENTENCE.format(key=key))
+        assert text.count(tasks.PASSKEY_SENTENCE.format(key=key)) == 1 and s.tokens[k:k + len(needle)].tolist() == needle
+        budget = length - 1 - len(needle) - sum(len(enc.encode_ordinary(x)) for x in (tasks.PASSKEY_QUESTION, f" {key}."))
+        assert abs((k - 1) - depth * budget) <= max(len(enc.encode_ordinary(x)) for x in tasks.FILLER_SENTENCES)
+        after = enc.decode(s.tokens[k + len(needle):].tolist())   # the key sits between whole sentences
+        assert any(after.startswith(x) for x in tasks.FILLER_SENTENCES + (tasks.PASSKEY_QUESTION,))
+    sep, eos = enc.encode_single_token(tasks.COPY_SEP), enc.encode_single_token(tasks.COPY_EOS)
+    for L in [1, 50, 300]:
+        s = tasks.copy_sample(enc, L, seed=L)
+        check_sample(s, 2 * L + 3, s.meta["answer"] + tasks.COPY_EOS.decode(), enc)
+        assert s.tokens[L + 1] == sep and s.tokens[-1] == eos and s.answer_mask.sum() == L + 1
+        assert np.array_equal(s.tokens[1:L + 1], s.meta["target"]) and enc.decode(s.meta["target"]) == s.meta["answer"]
+    assert set(tasks.copy_sample(enc, 3000, seed=0).meta["answer"]) == set(tasks.COPY_ALPHABET)
+
+
+def test_generators_are_pure_functions_of_their_seed():
+    a, b = tasks.passkey_sample("bytes", 500, None, seed=7), tasks.passkey_sample("bytes", 500, None, seed=7)
+    assert np.array_equal(a.tokens, b.tokens) and a.meta == b.meta
+    assert len({tasks.passkey_sample("bytes", 300, 0.5, seed=s).meta["key"] for s in range(50)}) > 45
+    depths = [tasks.passkey_sample("bytes", 300, None, seed=s).meta["depth"] for s in range(200)]
+    assert min(depths) < 0.1 and max(depths) > 0.9
+    assert len({tasks.passkey_sample("bytes", n, d, seed=3).meta["key"] for n in [200, 2000] for d in [0, 1]}) == 1
+    lengths = {tasks.copy_sample("bytes", (50, 100), seed=s).meta["length"] for s in range(300)}
+    assert min(lengths) == 50 and max(lengths) == 100
+    assert np.array_equal(tasks.copy_sample("bytes", 60, seed=5).tokens, tasks.copy_sample("bytes", 60, seed=5).tokens)
+    assert set(tasks.copy_sample("bytes", 40, seed=0, alphabet="01").meta["answer"]) <= {"0", "1"}
+    corpus = corpus_stream(ENC)
+    a = tasks.babi_sample("qa2", "bytes", 800, seed=11, filler_tokens=corpus)
+    assert np.array_equal(a.tokens, tasks.babi_sample("qa2", "bytes", 800, seed=11, filler_tokens=corpus).tokens)
+    assert tasks.babi_sample("qa2", "bytes", 400, seed=11).meta["events"] == a.meta["events"]   # one story per seed
+    starts = np.concatenate([tasks.babi_sample("qa1", "bytes", 4000, seed=s).meta["fact_starts"] for s in range(20)])
+    assert starts.min() < 1000 and starts.max() > 3000                 # facts spread through the filler
+    assert {tasks.babi_sample(None, "bytes", 500, seed=s).meta["task"] for s in range(100)} == set(BABI_TASKS)
+
+
+def test_generator_bad_inputs():
+    for call, words in [(lambda: tasks.passkey_sample("bytes", 50, 0.5), ["too short"]),
+                        (lambda: tasks.passkey_sample("bytes", 500, 1.5), ["depth"]),
+                        (lambda: tasks.passkey_sample("bytes", 50.5), ["length"]),
+                        (lambda: tasks.copy_sample("bytes", 0), ["length"]),
+                        (lambda: tasks.copy_sample("bytes", (9, 3)), ["lo <= hi"]),
+                        (lambda: tasks.babi_sample("qa3", "bytes", 60), ["too short"]),
+                        (lambda: tasks.babi_sample("qa11", "bytes", 500), ["unknown bAbI task"]),
+                        (lambda: tasks.babi_sample("qa1", "bytes", 2000, filler_tokens=np.arange(100)), ["filler"]),
+                        (lambda: tasks.babi_mixture("bytes", 100, 0, ("qa3",)), ["--seq-len"]),
+                        (lambda: TaskSampler(tasks.passkey_sample, 0, length=300), ["batch_size"])]:
+        error(DataError, call, *words)
+
+
+# bAbI: every answer re-derived from the event log, by code independent of the simulation
+def replay(events):
+    """Walk the story checking the world's rules -> (where people are, who holds what, where free objects lie,
+    the distinct places each object has been in)."""
+    loc, holder, lies, trail = {}, {}, {}, {}
+    for e in events:
+        p, kind, o = e["person"], e["kind"], e.get("obj")
+        if kind == "move":
+            loc[p] = e["place"]
+        elif kind in ("not_in", "either"):
+            loc.pop(p, None)
+        elif kind == "grab":
+            assert p in loc and holder.get(o) is None and lies.get(o, loc[p]) == loc[p]
+            holder[o], _ = p, lies.pop(o, None)
+        elif kind == "drop":
+            assert holder.get(o) == p
+            holder[o], lies[o] = None, loc[p]
+        elif kind == "give":
+            assert holder.get(o) == p and e["other"] != p and loc[p] == loc[e["other"]]
+            holder[o] = e["other"]
+        assert all(list(holder.values()).count(h) <= tasks.MAX_CARRIED for h in holder.values() if h)
+        for x in set(holder) | set(lies):
+            place = loc.get(holder[x]) if holder.get(x) else lies.get(x)
+            if not trail.get(x) or trail[x][-1] != place:
+                trail.setdefault(x, []).append(place)
+    return loc, holder, lies, trail
+
+
+def derive_answer(events, asked):
+    kind = asked["kind"]
+    loc, holder, lies, trail = replay([e for e in events if e["kind"] != "relation"])
+    held = sorted(o for o, h in holder.items() if h == asked.get("person"))
+    if kind in ("where_person", "where_object"):
+        return loc[asked["person"]] if kind == "where_person" else loc.get(holder.get(asked["obj"])) or lies[asked["obj"]]
+    if kind == "where_before":
+        places = trail[asked["obj"]]
+        assert places.count(asked["place"]) == 1 and places.index(asked["place"]) > 0, "ambiguous question"
+        return places[places.index(asked["place"]) - 1]
+    if kind in ("count_carried", "list_carried"):
+        return tasks.BABI_NUMBERS[len(held)] if kind == "count_carried" else ",".join(held) or "nothing"
+    if kind in ("what_is_dir_of", "what_is_x_dir_of"):   # lay the places on a grid from the stated relations
+        pos = {events[0]["place2"]: (0, 0)}
+        for _ in events:
+            for e in events:
+                dx, dy = tasks.BABI_DIRECTIONS[e["direction"]]
+                if e["place2"] in pos:
+                    pos.setdefault(e["place"], (pos[e["place2"]][0] + dx, pos[e["place2"]][1] + dy))
+                elif e["place"] in pos:
+                    pos.setdefault(e["place2"], (pos[e["place"]][0] - dx, pos[e["place"]][1] - dy))
+        assert len(set(pos.values())) == len(pos), "two places on one cell"
+        (x, y), (dx, dy), sign = pos[asked["place"]], tasks.BABI_DIRECTIONS[asked["direction"]], \
+            1 if kind == "what_is_dir_of" else -1
+        return next(p for p, c in pos.items() if c == (x + sign * dx, y + sign * dy))
+    if kind in ("who_gave", "what_given", "given_to", "who_received"):
+        field = {"who_gave": "person", "what_given": "obj", "given_to": "other", "who_received": "other"}[kind]
+        answers = {e[field] for e in events if e["kind"] == "give" and all(e[k] == v for k, v in asked.items()
+                                                                             if k != "kind")}
+        assert len(answers) == 1, "the question must have one answer"
+        return answers.pop()
+    assert kind == "is_in"
+    last = [e for e in events if e["person"] == asked["person"] and e["kind"] in ("move", "not_in", "either")][-1]
+    if last["kind"] == "not_in":
+        assert last["place"] == asked["place"], "a 'not in' fact only answers about its place"
+    if last["kind"] == "either" and asked["place"] in (last["place"], last["place2"]):
+        return "maybe"
+    return "yes" if last["kind"] == "move" and last["place"] == asked["place"] else "no"
+
+
+@pytest.mark.parametrize("task", list(BABI_TASKS))
+def test_babi_answers_follow_from_the_event_log(task):
+    stories = [tasks.babi_story(task, seed) for seed in range(200)]
+    for events, question, answer, asked in stories:
+        assert derive_answer(events, asked) == answer, (task, question, events)
+        for e in events:   # the sentence says what the event is
+            assert all(str(v) in e["text"] for k, v in e.items() if k not in ("kind", "text"))
+    answers, kinds = {s[2] for s in stories}, {s[3]["kind"] for s in stories}
+    assert len(answers) >= 2 and (task not in ("qa6", "qa9") or answers == {"yes", "no"})
+    assert task != "qa10" or answers == {"yes", "no", "maybe"}
+    assert task != "qa5" or kinds == {"who_gave", "what_given", "given_to", "who_received"}
+
+
+def corpus_stream(enc):
+    text = [f"def f{i}(x):\n    return x + {i}\n\n# comment {i}\nclass C{i}:\n    pass\n" for i in range(300)]
+    return np.array([t for d in text for t in [enc.eot_token] + enc.encode_ordinary(d)], dtype=np.uint16)
+
+
+@pytest.mark.parametrize("enc", [ENC, toy_bpe()], ids=["bytes", "toy_bpe"])
+def test_babi_sample_structure(enc):
+    corpus = corpus_stream(enc)
+    for i, task in enumerate(BABI_TASKS):
+        for length, filler in [(400, None), (3000, corpus)]:
+            s = tasks.babi_sample(task, enc, length, seed=i, filler_tokens=filler)
+            text = check_sample(s, length, f" {s.meta['answer']}.", enc)
+            assert text.endswith(f"\nQuestion: {s.meta['question']}\nAnswer: {s.meta['answer']}.")
+            assert s.meta["fact_starts"] == sorted(s.meta["fact_starts"])
+            for e, start in zip(s.meta["events"], s.meta["fact_starts"]):
+                piece = enc.encode_ordinary(f" {e['text']}" if filler is None else f"{e['text']}\n")
+                assert s.tokens[start:start + len(piece)].tolist() == piece
+                assert filler is None or start == 1 or enc.decode([int(s.tokens[start - 1])]).endswith("\n")
+
+
+def test_task_sampler_batches_left_padded_with_the_loss_on_the_answer():
+    corpus = corpus_stream(ENC)
+    for fn, kwargs in [(tasks.passkey_sample, dict(length=257)), (tasks.copy_sample, dict(length=(5, 9))),
+                       (tasks.babi_mixture, dict(babi_tasks=("qa1", "qa2"), length=513, filler_tokens=corpus))]:
+        sampler = TaskSampler(fn, 4, seed=3, tokenizer="bytes", **kwargs)
+        samples = TaskSampler(fn, 4, seed=3, tokenizer="bytes", **kwargs).next_samples()
+        assert np.array_equal(samples[1].tokens, fn(seed=[3, 0, 1, 1], tokenizer="bytes", **kwargs).tokens)
+        x, y = sampler.next_batch()
+        T = max(len(s.tokens) for s in samples)
+        for row, s in enumerate(samples):   # each row: eot padding on the left, then the example
+            full = torch.cat([x[row], y[row, -1:]])
+            assert (full[:T - len(s.tokens)] == EOT).all() and torch.equal(full[T - len(s.tokens):],
+                                                                           torch.as_tensor(s.tokens))
+            assert torch.equal(y[row] != -100, torch.as_tensor(np.r_[[False] * (T - len(s.tokens)), s.answer_mask])[1:])
+        logits = torch.randn(*x.shape, 300)   # -100: the loss averages over the answer tokens only
+        manual = -torch.log_softmax(logits, -1).gather(-1, y.clamp(min=0)[..., None])[..., 0][y != -100].mean()
+        assert torch.allclose(F.cross_entropy(logits.flatten(0, 1), y.flatten()), manual)
+        assert resumes_exactly(lambda seed: TaskSampler(fn, 4, seed=seed, tokenizer="bytes", **kwargs), sampler, n=2)
+
+
+def test_scores():
+    assert tasks.exact_match(" 12345.", "12345") and tasks.exact_match("  Kitchen. ", "kitchen")
+    assert tasks.exact_match("apple, milk", "apple,milk.") and not tasks.exact_match("milk,apple", "apple,milk")
+    assert not tasks.exact_match("kitchen garden", "kitchen") and not tasks.exact_match("", "yes")
+    assert tasks.cut_answer(" 12345. What is") == " 12345." and tasks.cut_answer(" garden\nQuestion: x") == " garden"
+    assert tasks.cut_answer(" maybe") == " maybe"
+    assert [tasks.passkey_digit_accuracy(p, "12345") for p in (" 12345.", " 12395.", " 123", " no.", " 54321")] == \
+        [1.0, 0.8, 0.6, 0.0, 0.2]
+    assert tasks.copy_scores([1, 2, 3, 4, 9], [1, 2, 3, 4]) == (1.0, True)          # extra tokens ignored
+    assert tasks.copy_scores(torch.tensor([1, 0, 3, 0]), [1, 2, 3, 4]) == (0.5, False)
+    assert tasks.copy_scores([1, 2], [1, 2, 3, 4]) == (0.5, False) and tasks.copy_scores([], [1]) == (0.0, False)

@@ -1,0 +1,92 @@
+"""What is specific to gla.py / rwkv.py (test_scans.py checks that the three forms of every scan agree):
+the stable bisection of the shared chunked form in every decay regime, the layers' sizes and init, and
+RWKV-6's per-layer init schedule (BlinkDL's rwkv_v6_demo.py) with the parameters its optimizer sets apart."""
+import math
+
+import pytest
+import torch
+
+import model
+from gla import GLA, SwiGLU, gla_chunked, gla_naive
+from rwkv import RWKV6ChannelMix, RWKV6TimeMix, rwkv6_chunked, rwkv6_naive
+
+
+def inputs(decay, dtype, b=2, t=75, h=2, dk=8, dv=6, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
+    g = -decay * torch.rand(b, t, h, dk, generator=gen, dtype=torch.float64)
+    q, k, v, u, s0 = x(b, t, h, dk), x(b, t, h, dk), x(b, t, h, dv), x(h, dk), x(b, h, dk, dv)
+    return [y.to(dtype) for y in (q, k, v, g, u, s0)]
+
+
+# Per-step log decay: leaves of a whole chunk (0.01), a few bisection levels (0.3, 2), down to
+# two-token leaves (10: a 32-token chunk decays by ~160 nats) and one-token leaves (40).
+@pytest.mark.parametrize("decay", [0.01, 0.3, 2.0, 10.0, 40.0])
+def test_chunked_bisection_is_exact_in_every_decay_regime(decay):
+    q, k, v, g, u, s0 = inputs(decay, torch.float64)
+    gla_ref, rwkv_ref = gla_naive(q, k, v, g, s0), rwkv6_naive(q, k, v, g, u, s0)
+    for chunk_size in (8, 32):
+        torch.testing.assert_close(gla_chunked(q, k, v, g, s0, chunk_size=chunk_size), gla_ref,
+                                   atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(rwkv6_chunked(q, k, v, g, u, s0, chunk_size=chunk_size), rwkv_ref,
+                                   atol=1e-10, rtol=1e-10)
+
+
+def test_chunked_float32_survives_decays_past_88_nats_per_chunk():
+    # g = -10 per step: a 64-token chunk decays by 640 nats; exp(-cumsum(g)) would be inf and give nan.
+    q, k, v, g, u, s0 = inputs(10.0, torch.float32, t=200)
+    g = torch.full_like(g, -10.0).requires_grad_()
+    q64, k64, v64, g64, u64, s64 = (x.double() for x in (q, k, v, g, u, s0))
+    for (o, s), (o_ref, s_ref) in [(gla_chunked(q, k, v, g, s0), gla_naive(q64, k64, v64, g64, s64)),
+                                   (rwkv6_chunked(q, k, v, g, u, s0, chunk_size=64),
+                                    rwkv6_naive(q64, k64, v64, g64, u64, s64))]:
+        torch.testing.assert_close(o, o_ref.float(), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(s, s_ref.float(), atol=1e-4, rtol=1e-4)
+        (grad_g,) = torch.autograd.grad(o.sum() + s.sum(), g)
+        assert torch.isfinite(grad_g).all()
+
+
+def test_gla_layer_and_mlp_are_sized_and_initialised_as_fla():
+    layer = GLA(64, num_heads=4)
+    assert (layer.head_k_dim, layer.head_v_dim, layer.norm_eps) == (8, 16, 1e-6)  # fla's GLAConfig.norm_eps
+    assert [n for n, _ in layer.named_parameters() if n.endswith("bias")] == ["gk_proj.1.bias"]
+    assert not layer.gk_proj[1].bias.any() and abs(layer.q_proj.weight.std().item() - 0.02) < 0.005
+    y, state = layer(torch.randn(3, 10, 64))
+    assert y.shape == (3, 10, 64) and state["h"].shape == (3, 4, 8, 16)
+    assert SwiGLU(64).intermediate_size == 256 and SwiGLU(384).intermediate_size == 1024  # 8/3 d, 256s
+    assert SwiGLU(64).zero_state(2, "cpu") == {}
+
+
+def test_rwkv6_init_follows_the_official_per_layer_schedule():
+    L, d, K = 12, 64, 32
+    first, last = RWKV6TimeMix(d, num_heads=4, layer_idx=0, num_layers=L), \
+        RWKV6TimeMix(d, num_heads=4, layer_idx=L - 1, num_layers=L)
+    zigzag = torch.tensor([0.0, 0.1, -0.1] * 11)[:K].view(4, 8)
+    torch.testing.assert_close(first.bonus.data, zigzag)                      # ratio_0_to_1 = 0
+    torch.testing.assert_close(last.bonus.data, (1 - torch.arange(K) / (K - 1)).view(4, 8) + zigzag)
+    for layer, exponent in [(first, 0.7), (last, 2.0)]:                       # 0.7 + 1.3 ratio_0_to_1
+        assert layer.w0[0] == -6.0 and math.isclose(layer.w0[-1].item(), -1.0, rel_tol=1e-6)
+        assert math.isclose(layer.w0[16].item(), -6 + 5 * (16 / 31) ** exponent, rel_tol=1e-5)
+    assert (first.w0[1:-1] > last.w0[1:-1]).all()  # lower layers decay faster
+    ramp = torch.arange(d) / d
+    torch.testing.assert_close(first.mu_x.data, 1 - ramp)                      # ratio_1_to_almost0 = 1
+    torch.testing.assert_close(last.mu_x.data, 1 - ramp ** (1 / L))
+    torch.testing.assert_close(last.mu[3].data, 1 - ramp ** (1 / L) - 0.3)    # v
+    torch.testing.assert_close(last.mu[0].data, 1 - ramp ** (0.5 / L))        # r
+    torch.testing.assert_close(RWKV6ChannelMix(d, layer_idx=L - 1, num_layers=L).mu_k.data, last.mu_x.data)
+    assert first.norm_weight[0].item() == pytest.approx((1 / L) ** 0.7) and last.norm_weight[0] == 1.0
+    assert first.norm_eps == 6.4e-4                                           # BlinkDL's ln_x
+    # the official optimizer: no weight decay on mixes, decay, bonus, LoRAs; the decay at 2x lr
+    exempt = {n for n, p in first.named_parameters() if getattr(p, "_no_weight_decay", False)}
+    assert exempt == {"mu_x", "mu", "mix_lora_down", "mix_lora_up", "w0", "decay_lora_down",
+                      "decay_lora_up", "bonus"}
+    assert first.w0._lr_scale == 2.0 and not hasattr(first.bonus, "_lr_scale")
+    assert RWKV6ChannelMix(d).mu_r._no_weight_decay
+
+
+def test_the_lm_gives_each_rwkv6_layer_its_depth():
+    lm = model.LM(model.make_config("rwkv6", "tiny", vocab_size=50, n_layer=3))
+    bonus = [block.mixer.bonus[0, 0].item() for block in lm.backbone.layers]
+    assert bonus == pytest.approx([0.0, 0.5, 1.0])
+    ffn_mix = [block.mlp.mu_k[1].item() for block in lm.backbone.layers]
+    assert ffn_mix[0] > ffn_mix[1] > ffn_mix[2]
