@@ -126,8 +126,9 @@ def resolve(args):
         cfg = model.official_config(args.init_from) if official else None
         size = next((s for s, p in model.PRESETS["mamba2" if cfg is None else cfg.arch].items()
                      if cfg and (cfg.d_model, cfg.n_layer) == (p["d_model"], p["n_layer"])), args.size)
-        args.peak_lr = parent.get("peak_lr") or (args.lr if not args.init_from else None) or PEAK_LR.get(size, 3e-3)
-        args.lr = args.lr or args.peak_lr / (10 if args.init_from else 1)
+        own_lr = args.lr if not args.init_from else None  # from scratch, an explicit --lr is the peak
+        args.peak_lr = parent.get("peak_lr") or (own_lr if own_lr is not None else PEAK_LR.get(size, 3e-3))
+        args.lr = args.lr if args.lr is not None else args.peak_lr / (10 if args.init_from else 1)
         args.min_lr = args.min_lr if "min_lr" in given else min(args.min_lr, args.lr)
         if args.tokens is not None and math.isfinite(args.tokens):
             per_row = args.seq_len if args.task != "copy" else 2 * int(args.copy_len.split(",")[-1]) + 2
@@ -290,8 +291,10 @@ def train(args):
                 bar.set_postfix({k: f"{record[k]:.3g}" for k in ("loss", "val_loss", "tokens_per_s") if k in record})
                 bar.update(1)
             if step % args.ckpt_interval == 0 or step == args.steps:
-                if not all(torch.isfinite(p).all() for p in lm.parameters()):
-                    diverged(args, step, "the weights", saved_step)
+                val_sampler.load_state_dict(val_state0)  # only weights with a finite validation loss are saved
+                if not math.isfinite(record.get("val_loss") or evaluate_loss(lm, val_sampler, args.eval_batches,
+                                                                             device, autocast)):
+                    diverged(args, step, "the validation loss", saved_step)
                 save_checkpoint(ckpt_path, lm, optimizer, step, args, sampler, strategy, rank, world)
                 saved_step = step
             if args.stop_at is not None and step >= args.stop_at:
