@@ -2,326 +2,332 @@
 The one training script: from scratch, or post-training a checkpoint, with a chosen initial state.
 
     python train.py --init-state sp                      # the CPU default: tiny Mamba-2, stdlib bytes
-    python train.py --arch gla --init-state zero --steps 2000 --seq-len 64
     python train.py --init-from out/base --init-state sp --steps 300   # post-training (lr = peak/10)
+    python train.py --init-from PATH/mamba2-370m --data corpus.bin --tokenizer PATH/tokenizer.json \
+        --init-state sp --steps 100 --grad-accum 32      # the paper's Fig. 5 on an official checkpoint
     torchrun --nproc_per_node 2 train.py --init-state sp               # DistributedDataParallel
-    python train.py --task passkey --init-from out/base --init-state fitted --seq-len 256   # Sec. 5 tasks
-    python train.py --task copy --init-state sp --steps 2000           # synthetic copying, from scratch
 
-The only thing that differs between the paper's interventions is where each training sequence's
-initial state comes from (interventions.py); everything else is the usual recipe of Appendix B:
-AdamW (0.9, 0.95), weight decay 0.01 on matrices only, gradient clipping 1.0, 10% linear warm-up,
-cosine decay to 1e-5, no dropout. Evaluation (evaluate.py) always starts from the zero state.
-
-Checkpoints (OUT/ckpt.pt) hold everything needed to continue the SAME run after a kill: model,
-optimizer, step, RNG states, the sampler's position and the strategy's own state (fitted statistics,
-passed states). They are written atomically, so a kill during a save leaves the previous one intact.
-
-Long-context tasks (--task passkey / copy / babilong, the paper's Sec. 5): the batches come from
-tasks.TaskSampler instead of windows of the corpus, and the loss is the cross entropy on the ANSWER
-tokens only (y = -100 elsewhere), averaged per answer token over the batch. Each example is an
-independent document that starts from its own eot, so the initial state is chosen exactly as for LM
-training (--init-state), except tbtt, which needs consecutive chunks of one document and is refused.
-evaluate.py --metrics passkey,copy,babilong scores the checkpoints (settings read from train_config).
+The interventions differ only in where each training sequence's initial state comes from
+(interventions.py); the rest is Appendix B's recipe. Batches are random windows of --data, except for
+tbtt and --streams (each row reads one document in chunks) and --task (independent examples).
+A run directory (--out) holds ckpt.pt (all a resume needs to continue exactly, replaced atomically and
+only with finite weights), metrics.jsonl and args.json; one train.py at a time writes it (train.lock).
 """
 import argparse
+import fcntl
 import json
 import math
 import os
-import random
+import pathlib
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 
-import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 import interventions
 import model
 import tasks
 
-# Peak learning rates of the presets (from scratch). Post-training (--init-from) uses 1/10 of these,
-# as in the paper. The paper's Table 2 values for its sizes; the tiny CPU presets were tuned here.
+# Peak learning rates of the presets (from scratch): the paper's Table 2 for its sizes, the tiny CPU
+# presets tuned here. Post-training (--init-from) uses a tenth of the checkpoint's peak, as the paper.
 PEAK_LR = {"tiny": 3e-3, "45m": 1.5e-3, "70m": 1.5e-3, "85m": 1.5e-3, "125m": 1e-3, "130m": 1e-3,
            "370m": 7.5e-4, "780m": 5e-4, "1.3b": 4e-4}
+# Every flag: name, type (a list: the choices; bool: a switch), default, help. The parser's defaults are
+# None, so that a flag given explicitly is known; resolve() fills in the rest, in one place.
+FLAGS = [
+    ("init-state", list(interventions.STRATEGIES), "sp", "initial state of each training sequence (interventions.py)"),
+    ("sigma", float, 0.1, "std of the random initial state (--init-state random)"),
+    ("p-reset", float, 0.1, "SP: probability that a row restarts from zero"),
+    ("streams", bool, False, "read --data as TBTT does, each row one document in order, with any --init-state: "
+     "--init-state zero --streams is TBTT's control (the same data from the zero state)"),
+    ("task", ["lm"] + list(tasks.TASKS), "lm", "lm: next-token prediction on --data; the paper's Sec. 5 tasks "
+     "(passkey: the paper uses --init-state fitted): loss on the answer tokens only"),
+    ("copy-len", str, "50,100", "--task copy: inclusive range LO,HI of the string length"),
+    ("babi-tasks", str, ",".join(tasks.BABI_TASKS), "--task babilong: bAbI tasks hidden in --data text"),
+    ("arch", list(model.ARCHS), "mamba2", "recurrent architecture"),
+    ("size", str, "tiny", "preset size, see model.PRESETS (tiny, 45m, 85m, 125m, 130m, 370m, ...)"),
+    ("init-from", str, None, "post-train this checkpoint: a run directory, or an official state-spaces/mamba dir"),
+    ("data", str, "stdlib", "stdlib, a text file/dir/glob, a .bin of tokens or a process like markov:k=8 (tasks.py); "
+     "with --init-from, the checkpoint's"),
+    ("tokenizer", str, "bytes", "bytes, a tiktoken name (gpt2, ...) or a tokenizer.json (GPT-NeoX, for official "
+     "Mamba checkpoints); with --init-from, the checkpoint's"),
+    ("seq-len", int, 64, "T_train, the training sequence length; with --init-from, the checkpoint's"),
+    ("batch-size", int, 16, "sequences per micro-batch (per process)"),
+    ("grad-accum", int, 1, "micro-batches per optimizer step (paper: ~0.5M tokens a step); each is a batch for SP"),
+    ("steps", int, 1500, "optimizer steps"),
+    ("tokens", float, None, "token budget instead of --steps (e.g. 5e6)"),
+    ("lr", float, None, "peak learning rate (default: the preset's; with --init-from, a tenth of the checkpoint's, "
+     "for an official one of the paper's for its size: Mamba-2 370m 7.5e-4, 780m 5e-4, 1.3b 4e-4)"),
+    ("min-lr", float, 1e-5, "end of the cosine decay (at most --lr)"),
+    ("warmup", float, 0.1, "fraction of steps of linear warm-up"),
+    ("weight-decay", float, 0.01, "AdamW weight decay of the matrices"),
+    ("grad-clip", float, 1.0, "clip the gradient norm to this (inf: no clipping)"),
+    ("out", str, "out", "run directory (ckpt.pt, metrics.jsonl, args.json); a new run needs one without ckpt.pt"),
+    ("resume", bool, False, "continue the run in --out exactly, as configured (may change: --steps, "
+     "--ckpt-interval, --eval-interval, --lr, --grad-clip)"),
+    ("ckpt-interval", int, 250, "save a checkpoint every N steps (and at the end)"),
+    ("eval-interval", int, 250, "validation loss every N steps"),
+    ("eval-batches", int, 8, "batches of validation windows per evaluation"),
+    ("seed", int, 0, "seed of the model, the data order and the strategy"),
+    ("device", str, "auto", "auto (CUDA when present), cpu, cuda, cuda:1 ..."),
+    ("compile", bool, False, "torch.compile the model"),
+    ("stop-at", int, None, "stop after this step as if killed (to test --resume)"),
+    ("quiet", bool, False, "no progress bar"),
+    ("demo", bool, False, "the failure-and-fix demo (a few CPU minutes): a zero-state base at T_train=32, control, "
+     "SP and TBTT post-training, evaluated to 16x T_train. Uses only --out, --seed, --device, --quiet"),
+]
+DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
+# A resumed run takes its configuration from the checkpoint. These flags describe one invocation, not
+# the run; these may change on resume (the schedule's length, and the remedies for a divergence).
+PER_INVOCATION = ("out", "resume", "stop_at", "device", "compile", "quiet", "demo")
+MAY_CHANGE = ("steps", "ckpt_interval", "eval_interval", "lr", "grad_clip")
 
 
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = p.add_argument_group("the intervention")
-    g.add_argument("--init-state", default="sp", choices=list(interventions.STRATEGIES),
-                   help="initial state of each training sequence: zero (baseline), random (N(0, sigma^2)), "
-                        "fitted (Gaussian fitted per layer/head to final states), sp (State Passing: the previous "
-                        "batch's final states), tbtt (the previous chunk of the same document; not with --task). "
-                        "Default: sp. For --task passkey use fitted, as the paper: SP would start each haystack "
-                        "from the end state of the previous sample, a 'just answered' state, which is not a "
-                        "realistic start for a new haystack")
-    g.add_argument("--sigma", type=float, default=0.1, help="std of the random initial state (--init-state random)")
-    g.add_argument("--p-reset", type=float, default=0.1, help="SP: probability that a row restarts from zero")
-    g = p.add_argument_group("task (the paper's Sec. 5; default lm = next-token prediction on --data)")
-    g.add_argument("--task", default="lm", choices=["lm"] + list(tasks.TASKS),
-                   help="lm: every token of --data windows; passkey / copy / babilong: tasks.py examples with the "
-                        "loss on the answer tokens only. passkey: --seq-len tokens, random depth (paper: "
-                        "--init-state fitted). copy: from scratch, string lengths --copy-len (paper: zero vs sp). "
-                        "babilong: --babi-tasks hidden in --data filler, --seq-len tokens (>= 512 with bytes)")
-    g.add_argument("--copy-len", default="50,100",
-                   help="--task copy: inclusive range LO,HI of the string length (example = 2*len+3 tokens); default 50,100")
-    g.add_argument("--babi-tasks", default=",".join(tasks.BABI_TASKS),
-                   help="--task babilong: comma-separated bAbI tasks drawn uniformly (default: qa1,...,qa10)")
-    g = p.add_argument_group("model")
-    g.add_argument("--arch", default="mamba2", choices=list(model.ARCHS), help="recurrent architecture")
-    g.add_argument("--size", default="tiny", help="preset size, see model.PRESETS (tiny, 45m, 85m, 125m, 130m, 370m, ...)")
-    g.add_argument("--init-from", default=None,
-                   help="post-train this checkpoint (ours: a dir with ckpt.pt; official: a state-spaces/mamba dir "
-                        "with config.json + pytorch_model.bin): fresh optimizer; --lr defaults to the checkpoint's "
-                        "peak lr / 10 and --seq-len to its T_train")
-    g = p.add_argument_group("data")
-    g.add_argument("--data", default=None,
-                   help="stdlib (Python's own sources, offline; the default), a text file/dir/glob, a .bin of tokens, "
-                        "or a synthetic process like markov:k=8,alpha=0.3 (see tasks.py). With --init-from: the "
-                        "checkpoint's own data unless given")
-    g.add_argument("--tokenizer", default=None,
-                   help="bytes (built in; the default) or a tiktoken encoding name (gpt2, ...). With --init-from: the "
-                        "checkpoint's own tokenizer unless given")
-    g.add_argument("--seq-len", type=int, default=None,
-                   help="T_train: training sequence length in tokens (default 64; with --init-from: the checkpoint's)")
-    g.add_argument("--batch-size", type=int, default=16, help="sequences per micro-batch (per process)")
-    g.add_argument("--grad-accum", type=int, default=1,
-                   help="micro-batches per optimizer step: a step sees grad-accum x batch-size x world sequences "
-                        "(the paper's ~0.5M tokens per step on one GPU). Every micro-batch is a 'batch' for the "
-                        "intervention: SP passes each micro-batch's final states to the next one")
-    g = p.add_argument_group("optimisation")
-    g.add_argument("--steps", type=int, default=1500, help="optimizer steps")
-    g.add_argument("--tokens", type=float, default=None, help="token budget instead of --steps (e.g. 5e6)")
-    g.add_argument("--lr", type=float, default=None,
-                   help="peak learning rate (default: the preset's; with --init-from, the checkpoint's peak / 10)")
-    g.add_argument("--min-lr", type=float, default=1e-5, help="end of the cosine decay")
-    g.add_argument("--warmup", type=float, default=0.1, help="fraction of steps of linear warm-up (paper: 0.1)")
-    g.add_argument("--weight-decay", type=float, default=0.01)
-    g.add_argument("--grad-clip", type=float, default=1.0)
-    g = p.add_argument_group("run")
-    g.add_argument("--out", default="out", help="output directory (ckpt.pt, metrics.jsonl)")
-    g.add_argument("--resume", action="store_true", help="continue the run saved in --out/ckpt.pt exactly")
-    g.add_argument("--ckpt-interval", type=int, default=250, help="save a checkpoint every N steps (and at the end)")
-    g.add_argument("--eval-interval", type=int, default=250, help="validation loss every N steps")
-    g.add_argument("--eval-batches", type=int, default=8, help="batches of validation windows per evaluation")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1 ...")
-    g.add_argument("--compile", action="store_true", help="torch.compile the model")
-    g.add_argument("--stop-at", type=int, default=None, help="stop after this step as if killed (to test --resume)")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
-    g.add_argument("--demo", action="store_true",
-                   help="run the failure-and-fix demo instead (about 2 minutes on a 2-core CPU): a baseline from "
-                        "the zero state on in-context Markov chains at T_train=32, then 300 steps each of zero-state "
-                        "(control), SP and TBTT post-training, evaluated to 16x T_train against the exact Bayes floor; "
-                        "writes OUT/demo/ppl.png and eval.json. Uses only --out, --seed, --device, --quiet")
+    p.error = lambda message: sys.exit(f"error: {message} (see python train.py --help)")
+    for name, kind, default, help in FLAGS:
+        kw = dict(action="store_true") if kind is bool else \
+            dict(choices=kind) if isinstance(kind, list) else dict(type=kind)
+        p.add_argument("--" + name, default=None, help=help + (f" (default {default})" if default else ""), **kw)
     args = p.parse_args(argv)
-    check_args(p, args)
+    resolve(args)
+    if not args.demo:
+        check(args)
     return args
 
 
-def check_args(p, args):
-    for name in ("seq_len", "batch_size", "grad_accum", "steps", "ckpt_interval", "eval_interval", "eval_batches"):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
-    if not 0 <= args.warmup < 1:
-        p.error(f"--warmup is a fraction of the steps in [0, 1), got {args.warmup}")
-    if args.lr is not None and not args.lr > 0:
-        p.error(f"--lr must be > 0, got {args.lr}")
-    if args.init_from is None and args.size not in model.PRESETS[args.arch]:
-        p.error(f"unknown --size {args.size!r} for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}")
-    if args.init_from is not None and not os.path.exists(args.init_from):
-        p.error(f"--init-from {args.init_from} does not exist")
-    # Post-training continues on the data the checkpoint was trained on unless told otherwise: silently
-    # switching corpus (or tokenizer) under a model is a mistake that no error would catch later.
-    source = args.init_from or (os.path.join(args.out, "ckpt.pt") if args.resume else None)
-    try:
-        parent = model.train_config(source) if source else {}
-    except RuntimeError as e:
-        raise SystemExit(f"error: {e}")
-    args.data = args.data or parent.get("data") or "stdlib"
-    args.tokenizer = args.tokenizer or parent.get("tokenizer") or "bytes"
-    args.seq_len = args.seq_len or parent.get("seq_len") or 64
-    # the peak lr the model was (pre)trained with: post-training defaults to a tenth of it (paper, App. B)
-    args.parent_peak_lr = None
-    if args.init_from and parent:  # older checkpoints lack peak_lr: a post-trained one ran at peak / 10
-        args.parent_peak_lr = parent.get("peak_lr") or parent["lr"] * (10 if parent.get("init_from") else 1)
-    if args.task != "lm":
-        if args.init_state == "tbtt":
-            p.error(f"--init-state tbtt needs consecutive chunks of one long document, but --task {args.task} "
-                    f"examples are independent: use zero, random, fitted or sp")
-        try:
-            lo, hi = (int(v) for v in args.copy_len.split(","))
-        except ValueError:
-            lo = hi = 0
-        if not 1 <= lo <= hi:
-            p.error(f"--copy-len must be LO,HI with 1 <= LO <= HI, got {args.copy_len!r}")
-        args.copy_len = f"{lo},{hi}"
-        bad = [t for t in args.babi_tasks.split(",") if t not in tasks.BABI_TASKS]
-        if bad or not args.babi_tasks:
-            p.error(f"unknown --babi-tasks {bad or args.babi_tasks!r}: use a comma-separated subset of "
-                    f"{','.join(tasks.BABI_TASKS)}")
+def resolve(args):
+    """Every flag not given gets its value here. A resumed run: the checkpoint's (an explicit flag must agree,
+    except MAY_CHANGE). Post-training: data, tokenizer and seq_len of the parent, and a tenth of the peak lr
+    the parent was trained with (paper, App. B). Then DEFAULTS."""
+    given = {k for k, v in vars(args).items() if v is not None}
+    out = args.out or DEFAULTS["out"]
+    if args.resume and not args.demo:
+        saved = model.train_config(os.path.join(out, "ckpt.pt"))
+        if not saved:
+            sys.exit(f"error: --resume but {out}/ckpt.pt does not exist: start without --resume, or fix --out")
+        differ = [f"--{k.replace('_', '-')} {saved[k]} (given {getattr(args, k)})" for k in sorted(given)
+                  if k in saved and k not in PER_INVOCATION + MAY_CHANGE and saved[k] != getattr(args, k)]
+        if differ:
+            sys.exit(f"error: --resume continues {out} as it was configured, but these flags differ: "
+                     f"{'; '.join(differ)}. Drop them, or start a new run with another --out")
+        vars(args).update({k: v for k, v in saved.items() if k not in given and k not in PER_INVOCATION})
+    parent = model.train_config(args.init_from) if args.init_from and not args.resume else {}
+    for k, v in DEFAULTS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, parent.get(k, v) if k in ("data", "tokenizer", "seq_len") else v)
+    if not args.resume:
+        official = args.init_from and os.path.isfile(os.path.join(args.init_from, "config.json"))
+        cfg = model.official_config(args.init_from) if official else None
+        size = next((s for s, p in model.PRESETS["mamba2" if cfg is None else cfg.arch].items()
+                     if cfg and (cfg.d_model, cfg.n_layer) == (p["d_model"], p["n_layer"])), args.size)
+        own_lr = args.lr if not args.init_from else None  # from scratch, an explicit --lr is the peak
+        args.peak_lr = parent.get("peak_lr") or (own_lr if own_lr is not None else PEAK_LR.get(size, 3e-3))
+        args.lr = args.lr if args.lr is not None else args.peak_lr / (10 if args.init_from else 1)
+        args.min_lr = args.min_lr if "min_lr" in given else min(args.min_lr, args.lr)
+        if args.tokens is not None and math.isfinite(args.tokens):
+            per_row = args.seq_len if args.task != "copy" else 2 * int(args.copy_len.split(",")[-1]) + 2
+            per_step = args.batch_size * per_row * int(os.environ.get("WORLD_SIZE", 1)) * args.grad_accum
+            args.steps = max(1, int(args.tokens // per_step))
+
+
+def check(args):
+    """Every flag's value, in one place: the first problem is one line naming the flag and the fix."""
+    fin = lambda v: v is not None and math.isfinite(v)
+    positive = ("seq_len", "batch_size", "grad_accum", "steps", "ckpt_interval", "eval_interval", "eval_batches")
+    rules = [(k, getattr(args, k) > 0, "a positive integer") for k in positive] + [
+        ("stop_at", args.stop_at is None or args.stop_at > 0, "a positive integer"),
+        ("seed", args.seed >= 0, "an integer >= 0"),
+        ("tokens", args.tokens is None or fin(args.tokens) and args.tokens > 0, "a finite number > 0"),
+        ("lr", fin(args.lr) and args.lr > 0, "finite and > 0"),
+        ("min_lr", 0 <= args.min_lr <= args.lr, f"in [0, --lr] = [0, {args.lr:g}]"),
+        ("warmup", 0 <= args.warmup < 1, "a fraction of the steps in [0, 1)"),
+        ("weight_decay", fin(args.weight_decay) and args.weight_decay >= 0, "finite and >= 0"),
+        ("grad_clip", args.grad_clip > 0, "> 0 (inf: no clipping)"),
+        ("sigma", fin(args.sigma) and args.sigma > 0, "finite and > 0"),
+        ("p_reset", 0 <= args.p_reset <= 1, "a probability in [0, 1]")]
+    problems = [f"--{k.replace('_', '-')} must be {what}, got {getattr(args, k)}" for k, ok, what in rules if not ok]
+    lo, _, hi = args.copy_len.partition(",")
+    bad_babi = [t for t in args.babi_tasks.split(",") if t not in tasks.BABI_TASKS]
+    ckpt, real = os.path.join(args.out, "ckpt.pt"), os.path.realpath
+    problems += [message for bad, message in [
+        (not args.init_from and args.size not in model.PRESETS[args.arch],
+         f"unknown --size {args.size!r} for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}"),
+        (args.init_from and not os.path.exists(args.init_from), f"--init-from {args.init_from} does not exist"),
+        (args.init_from and real(args.init_from) in (real(args.out), real(ckpt)),
+         f"--init-from and --out are the same run ({args.out}): post-training writes a new run, pass another --out"),
+        (os.path.exists(args.out) and not os.path.isdir(args.out), f"--out {args.out} is a file, not a directory"),
+        (not args.resume and os.path.exists(ckpt), f"{args.out} holds a run: --resume to continue it, or another --out"),
+        (args.task != "lm" and (args.init_state == "tbtt" or args.streams), f"--init-state tbtt and --streams need "
+         f"consecutive chunks of long documents, but --task {args.task} examples are independent"),
+        (not (lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)), "--copy-len must be LO,HI, 1 <= LO <= HI"),
+        (bad_babi, f"unknown --babi-tasks {bad_babi}: use a comma-separated subset of {','.join(tasks.BABI_TASKS)}"),
+    ] if bad]
+    if problems:
+        sys.exit(f"error: {problems[0]}")
+    try:  # one example, so that a --seq-len too short for the task is a clear error now
+        _ = args.task in ("passkey", "babilong") and make_task_sampler(args, 0, None).next_samples()
+    except ValueError as e:
+        sys.exit(f"error: --seq-len {args.seq_len} is too short for --task {args.task}: {e}")
 
 
 def main(argv=None):
-    args = get_args(argv)
-    if args.demo:
-        return demo(os.path.join(args.out, "demo"), seed=args.seed, device=args.device, quiet=args.quiet)
-    ddp = "RANK" in os.environ
-    rank, world = 0, 1
-    if ddp:
-        # One process per device; gloo on CPU, nccl on CUDA. The SP/fitted statistics stay PER RANK:
-        # each rank passes its own final states to its own next batch, exactly as a single process would.
-        import torch.distributed as dist
-        backend = "nccl" if torch.cuda.is_available() and args.device != "cpu" else "gloo"
-        dist.init_process_group(backend)
-        rank, world = dist.get_rank(), dist.get_world_size()
-    device = pick_device(args.device, rank)
-    torch.manual_seed(args.seed + rank)
-    random.seed(args.seed + rank)
-    np.random.seed(args.seed + rank)
-    master = rank == 0
+    try:
+        args = get_args(argv)
+        if args.demo:
+            return demo(os.path.join(args.out, "demo"), seed=args.seed, device=args.device, quiet=args.quiet)
+        return train(args)
+    except (OSError, ValueError, tasks.TokenizerUnavailableError) as e:  # bad input: one line, no traceback
+        sys.exit(f"error: {e}")
+
+
+def accumulate_gradients(fwd, sampler, strategy, n_micro, device, autocast=nullcontext(), no_sync=False):
+    """The gradients of one optimizer step: the paper's loop. Each micro-batch is a batch for the strategy;
+    its loss is divided by n_micro (the gradient of the mean). no_sync (DDP): all-reduce on the last one."""
+    total, tokens = 0.0, 0
+    for micro in range(n_micro):
+        x, y, *new_doc = sampler.next_batch()  # DocumentStreams also says which rows start a new document
+        batch = {"x": x.to(device), "y": y.to(device), "new_doc": new_doc[0] if new_doc else None}
+        initial_state = strategy.initial_state(batch)
+        with fwd.no_sync() if no_sync and micro < n_micro - 1 else nullcontext():
+            with autocast:
+                logits, final_state = fwd(batch["x"], state=initial_state)
+                # task batches mark every non-answer target -100: the mean over the answer tokens
+                loss = F.cross_entropy(logits.float().flatten(0, 1), batch["y"].flatten(), ignore_index=-100)
+            (loss / n_micro).backward()
+        strategy.observe(final_state)
+        total, tokens = total + loss.item(), tokens + x.numel()
+    return total / n_micro, tokens
+
+
+def train(args):
+    ddp, rank, world = "RANK" in os.environ, 0, 1
+    if ddp:  # one process per device; every rank keeps its own sampler and strategy state, as one process would
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() and args.device != "cpu" else "gloo")
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    device, master = pick_device(args.device, rank), rank == 0
     os.makedirs(args.out, exist_ok=True)
 
-    # --- data -------------------------------------------------------------------------------------
+    # --- data ---------------------------------------------------------------------------------------------
+    data = tasks.load_data(args.data, args.tokenizer, args.seed) if args.task in ("lm", "babilong") else None
     if args.task == "lm":
-        data = tasks.load_data(args.data, tokenizer=args.tokenizer, seed=args.seed)
-        if args.init_state == "tbtt":
-            sampler = tasks.DocumentStreams(data.train, data.eot_token, args.batch_size, args.seq_len, seed=args.seed + rank)
-        else:
-            sampler = tasks.RandomWindows(data.train, args.batch_size, args.seq_len, seed=args.seed + rank)
-        val_sampler = tasks.RandomWindows(data.val, args.batch_size, args.seq_len, seed=10_000 + args.seed)
-    else:
-        data = load_task_data(args)
-        # held-out examples: another seed stream (TaskSampler seeds are [seed, step, row, 1]); babilong
-        # also hides its stories in the corpus's validation split
-        sampler = make_task_sampler(args, args.seed + rank, data.train)
-        val_sampler = make_task_sampler(args, 10_000 + args.seed, data.val)
-    val_state0 = val_sampler.state_dict()  # the same validation windows at every evaluation
-    if args.tokens is not None:
-        # (--task copy: examples are 2 * len + 2 tokens after the shift, counted at the longest)
-        per_row = args.seq_len if args.task != "copy" else 2 * int(args.copy_len.split(",")[1]) + 2
-        args.steps = max(1, int(args.tokens // (args.batch_size * per_row * world * args.grad_accum)))
+        Sampler = tasks.DocumentStreams if args.init_state == "tbtt" or args.streams else tasks.RandomWindows
+        eot = (data.eot_token,) if Sampler is tasks.DocumentStreams else ()
+        sampler = Sampler(data.train, *eot, args.batch_size, args.seq_len, args.seed + rank)
+        val_sampler = tasks.RandomWindows(data.val, args.batch_size, args.seq_len, 10_000 + args.seed)
+    else:  # babilong hides its stories in --data text (train / val split); passkey and copy bring their own
+        if data is not None and data.tokenizer is None:
+            raise ValueError(f"--task babilong hides its stories in --data text, but {data.name} is not text")
+        sampler = make_task_sampler(args, args.seed + rank, data and data.train)
+        val_sampler = make_task_sampler(args, 10_000 + args.seed, data and data.val)
+    vocab_size = data.vocab_size if data else tasks.get_tokenizer(args.tokenizer).n_vocab
+    val_state0 = val_sampler.state_dict()  # the same validation batches at every evaluation
 
-    # --- model and optimizer --------------------------------------------------------------------------
-    ckpt_path = os.path.join(args.out, "ckpt.pt")
-    resume = load_checkpoint(ckpt_path, device) if args.resume else None
-    if resume is not None:
+    # --- model, optimizer, strategy -------------------------------------------------------------------------
+    ckpt_path, step = os.path.join(args.out, "ckpt.pt"), 0
+    torch.manual_seed(args.seed)
+    resume = load_checkpoint(ckpt_path, world, device) if args.resume else None
+    if resume:
         lm = model.LM(model.ModelConfig(**resume["model_config"]))
         lm.load_state_dict(resume["model"])
-    elif args.init_from is not None:
-        lm = model.from_pretrained(args.init_from)
     else:
-        lm = model.LM(model.make_config(args.arch, args.size, vocab_size=data.vocab_size))
-    if lm.cfg.vocab_size < data.vocab_size:
-        raise SystemExit(f"error: the model's vocabulary ({lm.cfg.vocab_size}) is smaller than the data's "
-                         f"({data.vocab_size}): use the tokenizer the model was trained with")
-    lm.to(device)
-    # peak_lr: the lr the weights were (pre)trained with. From scratch it is --lr or the preset's; a
-    # post-training run inherits its checkpoint's (an official checkpoint: the paper's for its size) and
-    # defaults --lr to a tenth of it (paper, App. B); a resumed run keeps the values it started with.
-    if resume is not None:
-        args.peak_lr = resume["train_config"].get("peak_lr")
-        args.lr = args.lr or resume["train_config"]["lr"]
-    elif args.init_from is not None:
-        args.peak_lr = args.parent_peak_lr or PEAK_LR[preset_size(lm.cfg) or "tiny"]
-    else:
-        args.peak_lr = args.lr or PEAK_LR[args.size if args.size in PEAK_LR else "tiny"]
-    if args.lr is None:
-        args.lr = args.peak_lr / (10 if args.init_from else 1)
-    optimizer = make_optimizer(lm, args.lr, args.weight_decay, device)
+        lm = model.from_pretrained(args.init_from) if args.init_from else \
+            model.LM(model.make_config(args.arch, args.size, vocab_size=vocab_size))
+    args.arch = lm.cfg.arch
+    if lm.cfg.vocab_size < vocab_size:
+        raise ValueError(f"the model's vocabulary ({lm.cfg.vocab_size}) is smaller than the data's ({vocab_size}): "
+                         f"use the tokenizer the model was trained with")
+    optimizer = make_optimizer(lm.to(device), args.lr, args.weight_decay, device)
     strategy = interventions.make_strategy(args.init_state, lm, args.batch_size, sigma=args.sigma,
                                            p_reset=args.p_reset, seed=args.seed + rank)
-    step = 0
-    if resume is not None:
-        optimizer.load_state_dict(resume["optimizer"])
+    if resume:
         step = resume["step"]
+        optimizer.load_state_dict(resume["optimizer"])
         sampler.load_state_dict(resume["sampler"][rank])
-        strategy.load_state_dict(move_to(resume["strategy"][rank], device))
-        set_rng_state(resume["rng"][rank])
-        if master:
-            print(f"resuming {ckpt_path} at step {step}")
+        strategy.load_state_dict(resume["strategy"][rank])
     fwd = torch.compile(lm) if args.compile else lm
     if ddp:
-        from torch.nn.parallel import DistributedDataParallel
-        fwd = DistributedDataParallel(fwd, device_ids=[device.index] if device.type == "cuda" else None)
+        fwd = torch.nn.parallel.DistributedDataParallel(fwd, device_ids=[device.index] if device.type == "cuda" else None)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     if master:
-        print(lm)
-        n_train = f"{len(data.train):,} train tokens, " if data.train is not None else ""
-        seq_desc = args.seq_len if args.task != "copy" else "(2 x copy length + 2)"
-        print(f"data {data.name}: {n_train}vocab {data.vocab_size}; "
-              f"{args.steps} steps x {args.grad_accum * args.batch_size * world} x {seq_desc} tokens; task {task_summary(args)}; "
-              f"init-state {args.init_state}; lr {args.lr:g}; device {device}")
-        with open(os.path.join(args.out, "args.json"), "w") as f:
-            json.dump(vars(args), f, indent=1)
+        print(f"{lm.extra_repr()}; data {data.name if data else args.task} (vocab {vocab_size}); {args.steps} steps x "
+              f"{args.grad_accum * args.batch_size * world} x {args.seq_len} tokens; init-state {args.init_state}"
+              f"{' on document streams' if args.streams else ''}; lr {args.lr:g}; device {device}"
+              + (f"; resuming {ckpt_path} at step {step}" if resume else ""))
 
-    # --- the loop -------------------------------------------------------------------------------------
-    log = open(os.path.join(args.out, "metrics.jsonl"), "a") if master else None
-    bar = make_bar(args.steps, step, disable=args.quiet or not master)
-    t0, tokens_since = time.time(), 0
-    lm.train()
-    while step < args.steps:
-        lr = lr_at(step, args)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.zero_grad(set_to_none=True)
-        loss, tokens = accumulate_gradients(fwd, sampler, strategy, args.grad_accum, device, autocast,
-                                            no_sync=ddp, step=step, ckpt_path=ckpt_path)
-        grad_norm = torch.nn.utils.clip_grad_norm_(lm.parameters(), args.grad_clip)
-        optimizer.step()
-        step += 1
-        tokens_since += tokens * world
-        record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm.item()}
-        if step % args.eval_interval == 0 or step == args.steps:
-            val_sampler.load_state_dict(val_state0)
-            record["val_loss"] = evaluate_loss(lm, val_sampler, args.eval_batches, device, autocast)
-            lm.train()
+    # --- the loop -------------------------------------------------------------------------------------------
+    with run_lock(args.out) if master else nullcontext():
         if master:
-            dt = time.time() - t0
-            record["tokens_per_s"] = tokens_since / max(dt, 1e-9)
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-            bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", lr=f"{lr:.2e}",
-                            **({"val": f"{record['val_loss']:.3f}"} if "val_loss" in record else {}))
-            bar.update(1)
-        if step % args.ckpt_interval == 0 or step == args.steps:
-            save_checkpoint(ckpt_path, lm, optimizer, step, args, sampler, strategy, rank, world)
-        if args.stop_at is not None and step >= args.stop_at:
-            break
-    bar.close()
-    if master:
-        log.close()
-        print(f"done: step {step}, {time.time() - t0:.0f}s, checkpoint {ckpt_path}")
+            with open(os.path.join(args.out, "args.json"), "w") as f:
+                json.dump(vars(args), f, indent=1)
+            log = keep_metrics_until(os.path.join(args.out, "metrics.jsonl"), step)
+        bar = tqdm(total=args.steps, initial=step, disable=args.quiet or not master, file=sys.stdout)
+        t0, start, saved_step = time.time(), step, step if resume else None
+        lm.train()
+        while step < args.steps:
+            lr = lr_at(step, args)
+            for group in optimizer.param_groups:
+                group["lr"] = lr * group["lr_scale"]
+            optimizer.zero_grad(set_to_none=True)
+            loss, tokens = accumulate_gradients(fwd, sampler, strategy, args.grad_accum, device, autocast, no_sync=ddp)
+            grad_norm = torch.nn.utils.clip_grad_norm_(lm.parameters(), args.grad_clip).item()
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                diverged(args, step + 1, f"loss {loss:g}, gradient norm {grad_norm:g}", saved_step)
+            optimizer.step()
+            step += 1
+            record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                      "tokens_per_s": tokens * world * (step - start) / max(time.time() - t0, 1e-9)}
+            if step % args.eval_interval == 0 or step == args.steps:
+                val_sampler.load_state_dict(val_state0)
+                record["val_loss"] = evaluate_loss(lm, val_sampler, args.eval_batches, device, autocast)
+            if master:
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                bar.set_postfix({k: f"{record[k]:.3g}" for k in ("loss", "val_loss", "tokens_per_s") if k in record})
+                bar.update(1)
+            if step % args.ckpt_interval == 0 or step == args.steps:
+                val_sampler.load_state_dict(val_state0)  # only weights with a finite validation loss are saved
+                if not math.isfinite(record.get("val_loss") or evaluate_loss(lm, val_sampler, args.eval_batches,
+                                                                             device, autocast)):
+                    diverged(args, step, "the validation loss", saved_step)
+                save_checkpoint(ckpt_path, lm, optimizer, step, args, sampler, strategy, rank, world)
+                saved_step = step
+            if args.stop_at is not None and step >= args.stop_at:
+                break
+        bar.close()
+        if master:
+            log.close()
+            print(f"done: step {step}, {time.time() - t0:.0f}s, checkpoint {ckpt_path}")
     if ddp:
-        import torch.distributed as dist
-        dist.destroy_process_group()
+        torch.distributed.destroy_process_group()
     return lm
 
 
-# --- the demo -----------------------------------------------------------------------------------------
+# --- the demo -------------------------------------------------------------------------------------------
 
 # Each document draws its own 8 x 8 transition matrix, so the best predictor learns it from the bigram
 # counts of its own context and keeps improving with length: a task that NEEDS state past T_train,
-# with an exact optimal loss to compare against (tasks.markov_bayes_nll). See README, Results 1.
+# with an exact optimal loss to compare against (tasks.markov_bayes_nll).
 DEMO_DATA = "markov:k=8,alpha=0.3,doc_len=512,docs=16384"
 
 
 def demo(out, seed=0, device="auto", quiet=False, base_steps=700, post_steps=300, n_seqs=128):
-    """Failure and fix in one command: train from zero at T_train = 32, post-train three ways, evaluate.
-    Expected (README): the baseline falls behind the Bayes floor past T_train; TBTT halves that gap; SP
-    makes it worse on this process (the passed state holds another chain's counts)."""
+    """Failure and fix in one command: train from zero at T_train = 32, post-train three ways, evaluate."""
     import evaluate
+    if os.path.exists(os.path.join(out, "base")):
+        sys.exit(f"error: {out} holds an earlier demo: remove it, or pass another --out")
     common = ["--data", DEMO_DATA, "--seq-len", "32", "--batch-size", "128", "--seed", str(seed),
               "--device", device, "--eval-interval", "100000"] + (["--quiet"] if quiet else [])
-    runs = {"base": os.path.join(out, "base")}
+    runs = {label: os.path.join(out, label) for label in ("base", "control", "SP", "TBTT")}
     print(f"demo 1/4: baseline, zero initial state, {base_steps} steps at T_train = 32")
     main(common + ["--init-state", "zero", "--steps", str(base_steps), "--out", runs["base"]])
     for i, (label, strategy) in enumerate([("control", "zero"), ("SP", "sp"), ("TBTT", "tbtt")]):
         print(f"demo {i + 2}/4: post-training the baseline {post_steps} steps with --init-state {strategy} ({label})")
-        runs[label] = os.path.join(out, label)
         main(common + ["--init-from", runs["base"], "--init-state", strategy, "--steps", str(post_steps),
                        "--out", runs[label]])
     return evaluate.main(list(runs.values()) + ["--labels", *runs, "--metrics", "ppl,state", "--eval-len", "512",
@@ -329,46 +335,7 @@ def demo(out, seed=0, device="auto", quiet=False, base_steps=700, post_steps=300
                                                 "--out", out])
 
 
-# --- helpers ------------------------------------------------------------------------------------------
-
-def accumulate_gradients(fwd, sampler, strategy, n_micro, device, autocast=nullcontext(), no_sync=False, step=0,
-                         ckpt_path="ckpt.pt"):
-    """Forward and backward n_micro micro-batches into the .grad of the parameters (the caller zeroes
-    them before and steps the optimizer after). Each micro-batch takes its initial state from the
-    strategy and hands its final state back, so SP / TBTT / fitted see a micro-batch as a batch.
-    Each loss is divided by n_micro: the gradient is that of the mean loss over the micro-batches,
-    which for LM batches (no ignored targets) is the gradient of one batch n_micro times as large.
-    no_sync: DDP, all-reduce the gradients once, on the last micro-batch. Returns (mean loss, tokens)."""
-    total, tokens = 0.0, 0
-    for micro in range(n_micro):
-        batch = next_batch(sampler, device)
-        init = strategy.initial_state(batch)
-        sync = fwd.no_sync() if no_sync and micro < n_micro - 1 else nullcontext()
-        with sync:
-            with autocast:
-                logits, final_state = fwd(batch["x"], state=init)
-                # ignore_index: task batches mark every non-answer target -100, so the mean runs over the
-                # answer tokens of the micro-batch (per answer token: a long copy weighs more than a short
-                # one). LM batches have no -100: the plain mean over all tokens.
-                loss = F.cross_entropy(logits.float().flatten(0, 1), batch["y"].flatten(), ignore_index=-100)
-            if not torch.isfinite(loss):
-                raise SystemExit(f"error: loss is {loss.item()} at step {step + 1}; stopped without saving. The last "
-                                 f"good checkpoint ({ckpt_path}) is intact: resume from it with a lower --lr or "
-                                 f"larger --warmup")
-            (loss / n_micro).backward()
-        strategy.observe(final_state)
-        total += loss.item()
-        tokens += batch["x"].numel()
-    return total / n_micro, tokens
-
-
-def preset_size(cfg):
-    """The preset name whose dimensions cfg has (e.g. an official 130m directory), or None."""
-    for size, p in model.PRESETS.get(cfg.arch, {}).items():
-        if cfg.d_model == p["d_model"] and cfg.n_layer == p["n_layer"] and size in PEAK_LR:
-            return size
-    return None
-
+# --- helpers --------------------------------------------------------------------------------------------
 
 def lr_at(step, args):
     """Linear warm-up over the first `warmup` fraction of steps, then cosine decay to min_lr."""
@@ -380,59 +347,30 @@ def lr_at(step, args):
 
 
 def make_optimizer(lm, lr, weight_decay, device):
-    # Decay matrices only: not norms, biases, nor the SSM's A_log / D / dt_bias (marked _no_weight_decay).
-    decay, no_decay = [], []
+    """AdamW. Weight decay on matrices only: not norms, biases, nor parameters marked _no_weight_decay (the
+    SSM's A_log / D / dt_bias, RWKV's decays and mixes). A parameter marked _lr_scale (RWKV-6's time_decay:
+    2.0, as the official code) trains at lr * scale: its group keeps the scale, the loop applies it."""
+    groups = {}
     for p in lm.parameters():
-        (no_decay if p.dim() < 2 or getattr(p, "_no_weight_decay", False) else decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
-
-
-def load_task_data(args):
-    """What a task needs from --data: the vocabulary of --tokenizer and, for babilong, the corpus whose
-    text hides the stories (its train split for training, val split for validation). passkey and copy
-    bring their own text, so the corpus is not read for them."""
-    if args.task == "babilong":
-        data = tasks.load_data(args.data, tokenizer=args.tokenizer, seed=args.seed)
-        if data.tokenizer is None:
-            raise SystemExit(f"error: --task babilong hides its stories in --data text, but {data.name} is a "
-                             f"synthetic process without a tokenizer: use --data stdlib or a text path")
-        return data
-    enc = tasks.get_tokenizer(args.tokenizer)
-    return tasks.Data(name=f"{args.task} ({enc.name})", train=None, val=None, vocab_size=enc.n_vocab,
-                      eot_token=enc.eot_token, tokenizer=enc)
+        no_decay = p.dim() < 2 or getattr(p, "_no_weight_decay", False)
+        groups.setdefault((0.0 if no_decay else weight_decay, getattr(p, "_lr_scale", 1.0)), []).append(p)
+    return torch.optim.AdamW([{"params": ps, "weight_decay": wd, "lr_scale": s, "lr": lr * s}
+                              for (wd, s), ps in groups.items()], lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
 
 
 def make_task_sampler(args, seed, filler_tokens):
-    """The TaskSampler of --task: examples of --seq-len + 1 tokens (x, y of --seq-len), random depth for
-    passkey; strings of --copy-len symbols for copy; a story of --babi-tasks in filler_tokens for babilong."""
-    kw = dict(tokenizer=args.tokenizer)
-    if args.task == "passkey":
-        return tasks.TaskSampler(tasks.passkey_sample, args.batch_size, seed, length=args.seq_len + 1, **kw)
-    if args.task == "copy":
-        lo, hi = (int(v) for v in args.copy_len.split(","))
-        return tasks.TaskSampler(tasks.copy_sample, args.batch_size, seed, length=(lo, hi), **kw)
-    return tasks.TaskSampler(tasks.babi_mixture, args.batch_size, seed, babi_tasks=tuple(args.babi_tasks.split(",")),
-                             length=args.seq_len + 1, filler_tokens=filler_tokens, **kw)
-
-
-def task_summary(args):
-    return {"lm": "lm", "passkey": "passkey (random depth)", "copy": f"copy (lengths {args.copy_len})",
-            "babilong": f"babilong ({args.babi_tasks})"}[args.task]
-
-
-def next_batch(sampler, device):
-    out = sampler.next_batch()
-    batch = {"x": out[0].to(device), "y": out[1].to(device)}
-    if len(out) > 2:
-        batch["new_doc"] = out[2]
-    return batch
+    """Task examples of --seq-len + 1 tokens (passkey at a random depth; a story of --babi-tasks hidden in
+    filler_tokens), or of strings of --copy-len symbols (copy)."""
+    fn, kw = {"passkey": (tasks.passkey_sample, {}), "copy": (tasks.copy_sample, {}),
+              "babilong": (tasks.babi_mixture, dict(babi_tasks=tuple(args.babi_tasks.split(",")),
+                                                    filler_tokens=filler_tokens))}[args.task]
+    length = tuple(map(int, args.copy_len.split(","))) if args.task == "copy" else args.seq_len + 1
+    return tasks.TaskSampler(fn, args.batch_size, seed, tokenizer=args.tokenizer, length=length, **kw)
 
 
 @torch.no_grad()
 def evaluate_loss(lm, sampler, n_batches, device, autocast):
-    """Mean next-token loss on validation windows of the training length, from the zero state.
-    Task samplers: the loss on the answer tokens of held-out examples, per answer token."""
+    """Mean next-token loss (tasks: per answer token) on validation batches, from the zero state."""
     lm.eval()
     total, count = 0.0, 0
     for _ in range(n_batches):
@@ -441,86 +379,85 @@ def evaluate_loss(lm, sampler, n_batches, device, autocast):
             logits, _ = lm(x)
         total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum").item()
         count += int((y != -100).sum())
+    lm.train()
     return total / count
 
 
+def diverged(args, step, what, saved_step):
+    last = (f"the last checkpoint, {args.out}/ckpt.pt (step {saved_step}), is intact: continue it with --resume "
+            f"and a lower --lr" if saved_step else "no checkpoint was saved: start again with a lower --lr")
+    sys.exit(f"error: training diverged at step {step} ({what} not finite); stopped without saving: {last}")
+
+
+@contextmanager
+def run_lock(out):
+    """One writer per run directory. flock is released by the OS however the process ends (even kill -9),
+    so a dead run never blocks the next one; the file names the holder's pid for the message."""
+    with open(os.path.join(out, "train.lock"), "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            sys.exit(f"error: {out} is being written by another train.py (pid {f.read().strip()}): wait for it, "
+                     f"or use another --out")
+        f.truncate(0)
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
+
+
+def keep_metrics_until(path, step):
+    """metrics.jsonl opened to append, without the rows past `step`: a run killed after its last
+    checkpoint logged steps that its resume redoes."""
+    rows = [line for line in open(path) if line.endswith("}\n") and json.loads(line)["step"] <= step] \
+        if os.path.exists(path) else []
+    write_atomically(path, lambda tmp: pathlib.Path(tmp).write_text("".join(rows)))
+    return open(path, "a")
+
+
 def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy, rank, world):
-    # every rank's sampler/strategy/RNG state is gathered so that a resume continues every rank exactly
-    per_rank = {"sampler": sampler.state_dict(), "strategy": move_to(strategy.state_dict(), "cpu"),
-                "rng": get_rng_state()}
+    # every rank's sampler and strategy state is gathered, so that a resume continues every rank exactly
+    gathered = [{"sampler": sampler.state_dict(), "strategy": strategy.state_dict()}] * world
     if world > 1:
-        import torch.distributed as dist
-        gathered = [None] * world
-        dist.all_gather_object(gathered, per_rank)
-    else:
-        gathered = [per_rank]
-    if rank != 0:
-        return
-    ckpt = {"model_config": asdict(lm.cfg), "model": lm.state_dict(), "optimizer": optimizer.state_dict(),
-            "train_config": vars(args), "step": step,
-            "sampler": [g["sampler"] for g in gathered], "strategy": [g["strategy"] for g in gathered],
-            "rng": [g["rng"] for g in gathered]}
-    tmp = path + ".tmp"
-    torch.save(ckpt, tmp)
-    os.replace(tmp, path)  # atomic: a kill leaves either the old or the new checkpoint, never half of one
+        torch.distributed.all_gather_object(gathered, gathered[0])
+    if rank == 0:
+        ckpt = {"model_config": asdict(lm.cfg), "model": lm.state_dict(), "optimizer": optimizer.state_dict(),
+                "train_config": vars(args), "step": step, "sampler": [g["sampler"] for g in gathered],
+                "strategy": [g["strategy"] for g in gathered]}
+        write_atomically(path, lambda tmp: torch.save(ckpt, tmp))
 
 
-def load_checkpoint(path, device):
-    if not os.path.exists(path):
-        raise SystemExit(f"error: --resume but {path} does not exist: start without --resume, or point --out at the run")
+def write_atomically(path, write):
+    """write(tmp), then rename: a kill leaves the old file or the new one, never half of one. The temporary
+    name is unique per process; a failed write (a full disk) removes it and is one line."""
+    tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise SystemExit(f"error: cannot read {path} (corrupt checkpoint?): {type(e).__name__}: {e}")
-    for key in ("model_config", "model", "optimizer", "step", "sampler", "strategy", "rng"):
-        if key not in ckpt:
-            raise SystemExit(f"error: {path} lacks {key!r}: not a resumable checkpoint of train.py")
+        write(tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
+        sys.exit(f"error: cannot write {path} ({str(e).splitlines()[0]}; disk full?): the previous one is intact")
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def load_checkpoint(path, world, device):
+    ckpt = model.read_checkpoint(path, device)
+    if not all(k in ckpt for k in ("model_config", "model", "optimizer", "step", "sampler", "strategy")):
+        raise ValueError(f"{path} is not a resumable checkpoint of train.py")
+    if len(ckpt["sampler"]) != world:
+        raise ValueError(f"{path} was saved by {len(ckpt['sampler'])} processes, this run has {world}: resume "
+                         f"with the same number (torchrun --nproc_per_node {len(ckpt['sampler'])})")
     return ckpt
-
-
-def get_rng_state():
-    # plain Python types and tensors only, so checkpoints load with torch.load(weights_only=True)
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "python": random.getstate(),
-            "numpy": (name, keys.tolist(), pos, has_gauss, gauss),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-
-def set_rng_state(s):
-    torch.set_rng_state(s["torch"])
-    random.setstate(s["python"])
-    name, keys, pos, has_gauss, gauss = s["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
-    if s["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
-
-
-def move_to(obj, device):
-    if torch.is_tensor(obj):
-        return obj if obj.dtype == torch.uint8 else obj.to(device)  # generator states stay on the CPU
-    if isinstance(obj, dict):
-        return {k: move_to(v, device) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(move_to(v, device) for v in obj)
-    return obj
 
 
 def pick_device(name, rank=0):
     if name == "auto":
         name = f"cuda:{rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(f"error: --device {name} but CUDA is not available: use --device cpu")
+        raise ValueError(f"--device {name} but CUDA is not available: use --device cpu")
     return torch.device(name)
 
 
-def make_bar(total, initial, disable):
-    from tqdm import tqdm
-    return tqdm(total=total, initial=initial, disable=disable, dynamic_ncols=True, file=sys.stdout)
-
-
 if __name__ == "__main__":
-    try:
-        main()
-    except (tasks.DataError, tasks.TokenizerUnavailableError, FileNotFoundError, RuntimeError) as e:
-        # bad input (missing data, unknown tokenizer, corrupt checkpoint...): one line, not a traceback
-        raise SystemExit(f"error: {e}")
+    main()

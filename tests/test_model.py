@@ -58,19 +58,6 @@ def test_step_equivalence(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_naive_and_chunked_scans_give_the_same_lm(arch):
-    lm = tiny_lm(arch, seed=2)
-    idx = torch.randint(0, 50, (1, 70))
-    with torch.no_grad():
-        a, sa = lm(idx, state=None)
-        model.set_scan_impl(lm, "naive")
-        b, sb = lm(idx)
-        model.set_scan_impl(lm, "chunked")
-    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
-    assert_states_close(sa, sb)
-
-
-@pytest.mark.parametrize("arch", ARCHS)
 def test_gradient_reaches_the_initial_state(arch):
     lm = tiny_lm(arch, seed=3)
     idx = torch.randint(0, 50, (2, 10))
@@ -84,38 +71,14 @@ def test_gradient_reaches_the_initial_state(arch):
         assert layer["h"].grad is not None and layer["h"].grad.abs().sum() > 0
 
 
-def test_zero_state_equals_none_and_detach():
+def test_zero_state_shape_and_bad_names():
     lm = tiny_lm("mamba2")
-    idx = torch.randint(0, 50, (3, 12))
-    with torch.no_grad():
-        a, _ = lm(idx)
-        b, _ = lm(idx, state=lm.zero_state(3))
-    torch.testing.assert_close(a, b)
-    _, s = lm(idx)
-    d = model.detach_state(s)
-    assert all(not v.requires_grad for layer in d for v in layer.values())
-    assert all(v.dtype == torch.float32 for layer in d for v in layer.values())
-    assert d[0]["h"].shape == (3, 8, 16, 16)  # [b, heads = 2*64/16, headdim, d_state]
-
-
-def test_bad_inputs():
-    lm = tiny_lm("mamba2")
-    with pytest.raises(ValueError, match="idx"):
-        lm(torch.zeros(5, dtype=torch.long))
-    with pytest.raises(ValueError, match="layers"):
-        lm(torch.zeros(1, 3, dtype=torch.long), state=[{}])
-    with pytest.raises(ValueError, match="unknown arch"):
-        model.make_config("lstm")
-    with pytest.raises(ValueError, match="unknown size"):
+    assert lm.zero_state(3)[0]["h"].shape == (3, 8, 16, 16)  # [b, heads = 2*64/16, headdim, d_state]
+    assert f"params={lm.num_params():,}" in repr(lm)
+    with pytest.raises(ValueError, match="unknown arch or size"):
         model.make_config("gla", "45m")
     with pytest.raises(ValueError, match="scan impl"):
         model.set_scan_impl(lm, "cuda")
-
-
-def test_repr_reports_parameter_count():
-    lm = tiny_lm("gla")
-    assert f"params={lm.num_params():,}" in repr(lm)
-    assert lm.num_params() == sum(p.numel() for p in lm.parameters())
 
 
 # --- official state-spaces/mamba checkpoints --------------------------------------------------------
@@ -161,10 +124,7 @@ def official_state_dict(layer_shapes, n_layer=2, vocab=56, d=64, seed=0):
     ("mamba1", OFFICIAL_MAMBA1_LAYER, {"d_state": 16}),
 ])
 def test_official_mamba_directory_loads_and_runs(tmp_path, arch, layer_shapes, ssm_cfg):
-    sd = official_state_dict(layer_shapes)
-    for k in sd:
-        sd[k] = sd[k].clone()
-    sd["backbone.layers.0.mixer.A_log"] = sd["backbone.layers.0.mixer.A_log"].abs().log()  # any value works
+    sd = {k: v.clone() for k, v in official_state_dict(layer_shapes).items()}
     torch.save(sd, tmp_path / "pytorch_model.bin")
     (tmp_path / "config.json").write_text(json.dumps(dict(
         d_model=64, n_layer=2, vocab_size=50, ssm_cfg=ssm_cfg, rms_norm=True, residual_in_fp32=True,
@@ -177,18 +137,7 @@ def test_official_mamba_directory_loads_and_runs(tmp_path, arch, layer_shapes, s
     assert logits.shape == (1, 9, 50) and torch.isfinite(logits).all()
 
 
-def test_official_directory_with_a_missing_or_unknown_key_is_an_error(tmp_path):
-    sd = official_state_dict(OFFICIAL_MAMBA2_LAYER)
-    del sd["backbone.layers.1.mixer.D"]
-    sd["backbone.layers.1.mixer.E"] = torch.zeros(3)
-    torch.save(sd, tmp_path / "pytorch_model.bin")
-    (tmp_path / "config.json").write_text(json.dumps(dict(
-        d_model=64, n_layer=2, vocab_size=50, ssm_cfg={"layer": "Mamba2", "d_state": 16, "headdim": 16})))
-    with pytest.raises(RuntimeError, match=r"missing \['backbone.layers.1.mixer.D'\], unknown \['backbone.layers.1.mixer.E'\]"):
-        model.from_pretrained(str(tmp_path))
-
-
-def test_our_checkpoint_round_trip_and_corrupt_file(tmp_path):
+def test_our_checkpoint_round_trip(tmp_path):
     from dataclasses import asdict
     lm = tiny_lm("rwkv6")
     torch.save({"model_config": asdict(lm.cfg), "model": lm.state_dict()}, tmp_path / "ckpt.pt")
@@ -196,11 +145,6 @@ def test_our_checkpoint_round_trip_and_corrupt_file(tmp_path):
     idx = torch.randint(0, 50, (1, 7))
     with torch.no_grad():
         torch.testing.assert_close(lm(idx)[0], lm2(idx)[0])
-    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(RuntimeError, match="corrupt"):
-        model.from_pretrained(str(tmp_path / "bad.pt"))
-    with pytest.raises(FileNotFoundError):
-        model.from_pretrained(str(tmp_path / "nope.pt"))
 
 
 @pytest.mark.parametrize("arch", ARCHS)

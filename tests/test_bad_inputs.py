@@ -1,0 +1,179 @@
+"""Bad input (issue 13): each row is a command or call, its exit code, a key word of its one-line message,
+and the check that no file the user had changed. Plus: a divergent run's checkpoint, a second writer."""
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import model
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE = ["--data", "markov:k=4,alpha=0.5,doc_len=200,docs=40", "--seq-len", "16", "--batch-size", "4", "--quiet",
+        "--eval-interval", "1000"]
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory):
+    """What a user has: a finished run, official-layout directories (good and damaged), a plain file."""
+    d = tmp_path_factory.mktemp("user")
+    train.main(BASE + ["--init-state", "zero", "--steps", "2", "--out", str(d / "run")])
+    lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=257))
+    config = dict(d_model=64, n_layer=2, vocab_size=257, ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2"), rms_norm=True)
+    head = lm.state_dict()["backbone.embedding.weight"] + 1
+    damaged = {"no-d-model": ({"d_model": None}, {}), "unknown-key": ({"n_head": 4}, {}),
+               "untied": ({"tie_embeddings": False}, {"lm_head.weight": head}), "head": ({}, {"lm_head.weight": head}),
+               "int-weights": ({}, {"backbone.norm_f.weight": torch.ones(64, dtype=torch.int64)}),
+               "nan-weights": ({}, {"backbone.norm_f.weight": torch.full((64,), float("nan"))}),
+               "missing-weight": ({}, {"backbone.layers.1.mixer.D": None}), "good": ({}, {})}
+    for name, (cfg_edit, sd_edit) in damaged.items():
+        (d / name).mkdir()
+        cfg = {k: v for k, v in {**config, **cfg_edit}.items() if v is not None}
+        (d / name / "config.json").write_text(json.dumps(cfg))
+        sd = {k: v for k, v in {**lm.state_dict(), **sd_edit}.items() if v is not None}
+        torch.save(sd, d / name / "pytorch_model.bin")
+    (d / "bad-json").mkdir()
+    (d / "bad-json" / "config.json").write_text("{d_model: 64,")
+    (d / "a-file").write_text("not a directory")
+    (d / "corrupt-run").mkdir()
+    for path in (d / "pickle.pt", d / "corrupt-run" / "ckpt.pt"):  # not plain data: weights_only refuses it
+        torch.save({"model_config": argparse.Namespace(), "train_config": argparse.Namespace()}, path)
+    return d
+
+
+def snapshot(d):
+    return {str(p): hashlib.sha1(p.read_bytes()).hexdigest() for p in pathlib.Path(d).rglob("*") if p.is_file()}
+
+
+def train_main(argv):
+    """train.main in-process -> (exit code, message)."""
+    try:
+        train.main(argv)
+    except SystemExit as e:
+        return (1, e.code) if isinstance(e.code, str) else (e.code, "")
+    return 0, ""
+
+
+U = "{user}"
+ROWS = [  # (flags of train.py, or a callable of the user dir; exit code; key word)
+    # 1. a run is never overwritten
+    (["--out", f"{U}/run"], 1, "--resume"),
+    (["--init-from", f"{U}/run", "--out", f"{U}/run"], 1, "same run"),
+    (["--resume", "--out", f"{U}/nothing"], 1, "does not exist"),
+    # 3. flags that would train backwards or not at all
+    (["--min-lr", "-1"], 1, "--min-lr"), (["--min-lr", "1"], 1, "--min-lr"), (["--grad-clip", "-1"], 1, "--grad-clip"),
+    (["--grad-clip", "0"], 1, "--grad-clip"), (["--weight-decay", "-5"], 1, "--weight-decay"),
+    (["--tokens", "0"], 1, "--tokens"), (["--tokens", "-5"], 1, "--tokens"), (["--tokens", "nan"], 1, "--tokens"),
+    (["--tokens", "inf"], 1, "--tokens"), (["--lr", "inf"], 1, "--lr"), (["--lr", "nan"], 1, "--lr"),
+    (["--lr", "0"], 1, "--lr"), (["--steps", "0"], 1, "--steps"), (["--grad-accum", "0"], 1, "--grad-accum"),
+    (["--warmup", "1.5"], 1, "--warmup"), (["--seed", "-1"], 1, "--seed"), (["--init-state", "warm"], 1, "invalid"),
+    (["--size", "huge"], 1, "--size"), (["--copy-len", "9,3"], 1, "--copy-len"),
+    (["--task", "babilong", "--babi-tasks", "qa1,qa99"], 1, "qa99"),
+    (["--task", "passkey", "--init-state", "tbtt"], 1, "independent"),
+    (["--task", "copy", "--streams"], 1, "independent"),
+    # 4. --resume takes the saved configuration; a contradicting flag is refused
+    (["--resume", "--out", f"{U}/run", "--arch", "gla"], 1, "differ"),
+    (["--resume", "--out", f"{U}/run", "--seq-len", "32", "--init-state", "sp"], 1, "--seq-len 16"),
+    (["--resume", "--out", f"{U}/run", "--data", "stdlib"], 1, "--data"),
+    (["--resume", "--out", f"{U}/run", "--grad-accum", "2", "--batch-size", "8"], 1, "--batch-size"),
+    # 5. tracebacks become one line
+    (["--p-reset", "2"], 1, "--p-reset"), (["--sigma", "-1"], 1, "--sigma"), (["--sigma", "0"], 1, "--sigma"),
+    (["--out", f"{U}/a-file"], 1, "file"),
+    (["--task", "passkey", "--seq-len", "64"], 1, "too short"),
+    (["--init-from", f"{U}/no-d-model"], 1, "d_model"),
+    (["--init-from", f"{U}/bad-json"], 1, "JSON"),
+    (["--init-from", f"{U}/nothing"], 1, "does not exist"),
+    (["--resume", "--out", f"{U}/corrupt-run"], 1, "cannot read"),
+    # 7. official checkpoints that cannot be loaded faithfully
+    (lambda u: model.from_pretrained(f"{u}/unknown-key"), 1, "n_head"),
+    (lambda u: model.from_pretrained(f"{u}/untied"), 1, "untied"),
+    (lambda u: model.from_pretrained(f"{u}/head"), 1, "lm_head"),
+    (lambda u: model.from_pretrained(f"{u}/int-weights"), 1, "floating point"),
+    (lambda u: model.from_pretrained(f"{u}/nan-weights"), 1, "NaN"),
+    (lambda u: model.from_pretrained(f"{u}/missing-weight"), 1, "missing"),
+    # 8. never torch's advice to load with weights_only=False
+    (lambda u: model.from_pretrained(f"{u}/pickle.pt"), 1, "cannot read"),
+    (lambda u: model.from_pretrained(f"{u}/good"), 0, ""),
+]
+
+
+@pytest.mark.parametrize("command,code,word", ROWS)
+def test_bad_input_is_one_line_and_changes_nothing(user, tmp_path, command, code, word):
+    before = snapshot(user)
+    if callable(command):
+        try:
+            command(user)
+            got, message = 0, ""
+        except (ValueError, OSError) as e:
+            got, message = 1, str(e)
+    else:
+        got, message = train_main(BASE + ["--steps", "1", "--out", str(tmp_path / "new")] +
+                                  [c.replace(U, str(user)) for c in command])
+    assert (got, word in message) == (code, True), message
+    assert "\n" not in message and "weights_only=False" not in message
+    assert snapshot(user) == before
+
+
+@pytest.mark.parametrize("flags,word", [(["--data", "/nonexistent/corpus.txt"], "corpus.txt"),
+                                        (["--init-from", "{user}/bad-json"], "JSON")])
+def test_command_line_errors_are_one_line_without_traceback(user, tmp_path, flags, word):
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), "--out", str(tmp_path / "o")]
+    r = subprocess.run(cmd + [f.replace(U, str(user)) for f in flags], capture_output=True, text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and word in lines[0], r.stderr
+
+
+def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_not(user, tmp_path):
+    out = tmp_path / "busy"
+    out.mkdir()
+    with open(out / "train.lock", "w") as held:  # another train.py holds the directory
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("12345\n")
+        held.flush()
+        code, message = train_main(BASE + ["--steps", "1", "--out", str(out)])
+        assert code == 1 and "12345" in message and not (out / "ckpt.pt").exists()
+    assert train_main(BASE + ["--steps", "1", "--out", str(out)]) == (0, "")  # released: the lock file is no bar
+
+
+@pytest.mark.parametrize("flags", [["--lr", "1e3", "--warmup", "0.9"], ["--lr", "30", "--grad-clip", "1e30"]])
+def test_a_divergent_run_stops_and_its_checkpoint_is_finite_and_resumable(tmp_path, flags):
+    out = str(tmp_path / "div")
+    code, message = train_main(BASE + ["--init-state", "zero", "--steps", "30", "--ckpt-interval", "1", "--out", out]
+                               + flags)
+    assert code == 1 and "diverged" in message and "ckpt.pt" in message
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    assert ckpt["step"] >= 1 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
+    assert train_main(["--out", out, "--resume", "--lr", "1e-4", "--steps", str(ckpt["step"] + 2)]) == (0, "")
+    assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
+
+
+def test_a_full_disk_is_one_line_and_leaves_the_previous_checkpoint(user, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    train.main(BASE + ["--init-state", "zero", "--steps", "1", "--out", str(run)])
+    before = snapshot(run)
+
+    def full_disk(obj, path):
+        pathlib.Path(path).write_bytes(b"partial")
+        raise RuntimeError("[enforce fail at inline_container.cc] . PytorchStreamWriter failed writing file")
+    monkeypatch.setattr(torch, "save", full_disk)
+    code, message = train_main(["--out", str(run), "--resume", "--steps", "2"])
+    assert code == 1 and "disk full" in message and "\n" not in message
+    assert not [f for f in os.listdir(run) if f.endswith(".tmp")]
+    assert snapshot(run)[str(run / "ckpt.pt")] == before[str(run / "ckpt.pt")]
+
+
+def test_a_different_world_size_is_refused(tmp_path):
+    run = str(tmp_path / "run")
+    train.main(BASE + ["--init-state", "sp", "--steps", "1", "--out", run])
+    ckpt = torch.load(os.path.join(run, "ckpt.pt"), weights_only=True)
+    ckpt["sampler"], ckpt["strategy"] = ckpt["sampler"] * 2, ckpt["strategy"] * 2  # as if saved by 2 ranks
+    torch.save(ckpt, os.path.join(run, "ckpt.pt"))
+    code, message = train_main(["--out", run, "--resume", "--steps", "2"])
+    assert code == 1 and "2 processes" in message
