@@ -1,20 +1,16 @@
 """
-Evaluate recurrent LMs far past their training length: the paper's measurements (Sec. 3) and its
-long-context tasks (Sec. 5).
+Evaluate recurrent LMs far past their training length: the paper's measurements and its tasks.
 
     python evaluate.py out/base out/sp --labels base sp
-    python evaluate.py PATH/mamba2-130m --data long.txt --tokenizer PATH/tokenizer.json --eval-len 16384 --t-train 2048
+    python evaluate.py PATH/mamba2-130m --data long.txt --tokenizer PATH/tokenizer.json --eval-len 16384
 
-Read top to bottom: 1. position-wise perplexity, 2. the Definition 3.2 verdict, 3. Effective
-Remembrance, 4. state statistics (each next to its naive reference), 5. task scores, 6. tables and
-plots, 7. main. Each metric streams the sequences through the model in chunks, carrying the state:
-for a recurrent model lm(x) == lm(x[:, a:], state=lm(x[:, :a])[1]), so memory depends on chunk_len,
-never on the sequence length. Everything works on any LM with model.LM's interface:
-
-    logits, final_state = lm(idx, state=None, last_only=False);  lm.zero_state(b, device);  lm.cfg.vocab_size
-
-Positions: entry i of a per-position curve is the prediction made after reading i + 1 tokens (its
-context length is i + 1); a model trained on windows of t_train tokens has seen the entries i < t_train.
+Sections: 1. position-wise perplexity, 2. Definition 3.2, 3. Effective Remembrance, 4. state statistics
+(each next to its naive reference), 5. task scores, 6. report and plots, 7. main. The metrics stream the
+sequences through the model in chunks carrying the state (for a recurrent model lm(x) == lm(x[:, a:],
+state=lm(x[:, :a])[1])), so memory depends on chunk_len, not on the length. Any LM with model.LM's
+interface works: logits, final_state = lm(idx, state=None, last_only=False); lm.zero_state(b, device).
+Entry i of a per-position curve is the prediction after reading i + 1 tokens (context length i + 1);
+a model trained on windows of t_train tokens has seen the entries i < t_train.
 """
 import argparse
 import functools
@@ -42,36 +38,29 @@ MIN_SEQS = 16  # below this many sequences the verdict's bootstrap means nothing
 # 1. Position-wise perplexity: PPL(t) = exp( E_x[ -log q(x_{t+1} | x_{0..t}) ] )
 # ================================================================================================
 
-
 def position_nll_naive(lm, tokens):
     """The definition, one full forward: NLL [n, T-1], entry (s, i) = -log q(x[s, i+1] | x[s, :i+1])."""
     with torch.inference_mode():
         logits, _ = lm(tokens)
     return F.cross_entropy(logits[:, :-1].float().transpose(1, 2), tokens[:, 1:], reduction="none")
 
-
 @torch.inference_mode()
 def sequence_nll(lm, tokens, chunk_len=512, batch_size=8, progress=False):
     """position_nll_naive streamed: the same [n, T-1] matrix, batch_size sequences and chunk_len tokens
     per call, the state carried between calls, so at most [batch_size, chunk_len, vocab] logits exist."""
     tokens = _check_tokens(tokens, min_len=2)
-    n, T = tokens.shape
-    out = torch.empty(n, T - 1)
-    for r in tqdm(range(0, n, batch_size), desc="ppl", disable=not progress):
+    out = torch.empty(tokens.shape[0], tokens.shape[1] - 1)
+    for r in tqdm(range(0, len(tokens), batch_size), desc="ppl", disable=not progress):
         x, state = tokens[r:r + batch_size].to(_device(lm)), None  # None: the zero initial state
-        for a in range(0, T - 1, chunk_len):
-            b = min(a + chunk_len, T - 1)
-            logits, state = lm(x[:, a:b], state)
-            nll = F.cross_entropy(logits.float().transpose(1, 2), x[:, a + 1:b + 1], reduction="none")
-            out[r:r + len(x), a:b] = nll.cpu()
+        for a in range(0, out.shape[1], chunk_len):
+            logits, state = lm(x[:, a:-1][:, :chunk_len], state)
+            nll = F.cross_entropy(logits.float().transpose(1, 2), x[:, a + 1:][:, :chunk_len], reduction="none")
+            out[r:r + len(x), a:a + chunk_len] = nll.cpu()
     return out
 
-
 def position_nll(lm, tokens, chunk_len=512, batch_size=8):
-    """Mean NLL per position [T-1] of tokens [n, T]: averaged over the sequences FIRST; then
-    PPL(t) = perplexity(...) = exp(this). mean(exp(nll)) would be another, larger number (Jensen)."""
+    """Mean NLL per position [T-1], averaged over sequences FIRST: PPL(t) = exp(this), not mean(exp(nll))."""
     return sequence_nll(lm, tokens, chunk_len, batch_size).double().mean(0)
-
 
 def log_edges(length, per_octave=2, include=()):
     """Bucket boundaries over entries 0..length-1, log-spaced (0, 1, 2, 3, 4, 6, 8, 11, 16, ... with
@@ -83,49 +72,41 @@ def log_edges(length, per_octave=2, include=()):
         k += 1
     return sorted(edges)
 
-
 def bucketize(nll, edges):
-    """Log-spaced buckets of a per-sequence NLL matrix nll [n, L]. Each sequence's NLL is averaged
-    over the bucket's positions first (per_seq [n, K]): positions of one sequence are correlated, so
-    the standard error is taken over sequences, not positions."""
+    """Buckets of a per-sequence NLL matrix nll [n, L]: each sequence's NLL averaged over a bucket first
+    (per_seq [n, K]), then means and standard errors over sequences (a sequence's positions correlate)."""
     nll = torch.as_tensor(nll, dtype=torch.float64)
     if nll.dim() != 2 or edges[0] != 0 or edges[-1] != nll.shape[1] or np.any(np.diff(edges) <= 0):
-        raise ValueError(f"bucketize: edges must rise from 0 to L = {nll.shape[-1]} for nll [n, L]: use log_edges(L)")
+        raise ValueError(f"bucket edges must rise from 0 to L = {nll.shape[-1]} for nll [n, L]: use log_edges(L)")
     per_seq = torch.stack([nll[:, lo:hi].mean(1) for lo, hi in zip(edges[:-1], edges[1:])], 1)
     return dict(lo=list(edges[:-1]), hi=list(edges[1:]), per_seq=per_seq, **_summary(per_seq))
-
 
 def _summary(per_seq):
     nll, sem = per_seq.mean(0), _sem(per_seq)
     return dict(nll=nll, nll_sem=sem, ppl=nll.exp(), ppl_sem=nll.exp() * sem)  # delta method
 
-
 def _sem(x):
-    return x.std(0) / math.sqrt(len(x)) if len(x) > 1 else torch.full_like(x[0], float("nan"))
+    return x.std(0) / math.sqrt(len(x)) if len(x) > 1 else x[0] * math.nan
 
 
 # ================================================================================================
 # 2. Length generalization (Definition 3.2)
 # ================================================================================================
 
-
 def length_generalization_naive(ppl, t_train):
     """Definition 3.2 read literally on a per-position curve ppl [L]: p* = min over t < t_train, at t*;
     the model generalizes to T if ppl(t) <= p* for all t in [t*, T). Returns that largest T. On a
-    measured curve this is mostly noise: p* is a minimum of noisy values (biased low), and one noisy
-    late position ends the run. length_generalization below is the same rule made robust."""
-    ppl = torch.as_tensor(ppl, dtype=torch.float64)
+    measured curve it mostly measures noise (p* is biased low; one noisy position ends the run)."""
+    ppl = torch.as_tensor(ppl)
     t_star = int(ppl[:t_train].argmin())
     above = (ppl[t_star:] > ppl[t_star]).nonzero()
     return t_star + int(above[0]) if len(above) else len(ppl)
 
-
 def length_generalization(per_seq, lo, hi, t_train, alpha=0.05, n_boot=2000, seed=0):
     """Definition 3.2 on bucketed per-sequence NLLs per_seq [n, K] (bucketize's), exactly as coded:
     1. p* is the PPL over the last half of the training window, the buckets inside [t_train / 2, t_train)
-       (t* = their first entry): where a curve falling with context has its minimum, measured on
-       t_train / 2 positions, so it is stable. (The literal minimum over single positions is biased low,
-       and choosing the lowest of several buckets biases every later comparison.)
+       (t* = their first entry): where a curve falling with context has its minimum, measured on t_train / 2
+       positions. (A minimum over single positions is biased low; so is the lowest of several buckets.)
     2. A bucket past t_train exceeds p* when the paired difference d_s = (its NLL - p*'s window NLL) of
        sequence s has a positive mean with confidence: the alpha / m quantile of that mean over n_boot
        bootstrap resamples of the sequences (seeded) is > 0, m = the number of buckets past t_train
@@ -175,7 +156,6 @@ DISTANCES = {
     "cos": lambda p, q: (0.5 * (F.normalize(p, dim=-1) - F.normalize(q, dim=-1)).pow(2).sum(-1)).clamp(0, 1),
 }
 
-
 @torch.inference_mode()
 def effective_remembrance_naive(lm, tokens, T, cuts, distance="tv"):
     """The definition, one forward per cut: mean over rows of d(q(.|x[0:T]), q(.|x[t:T])) for each t."""
@@ -184,16 +164,14 @@ def effective_remembrance_naive(lm, tokens, T, cuts, distance="tv"):
     p = _last_probs(lm(x)[0])
     return torch.stack([dist(p, _last_probs(lm(x[:, t:])[0])).mean() for t in cuts.tolist()]).cpu()
 
-
 @torch.inference_mode()
 def effective_remembrance(lm, tokens, T, cuts, distance="tv", batch_size=2, chunk_len=256, reduce=True,
                           progress=False):
-    """EffRem_T(t) for every cut t in one streaming pass: [len(cuts)] means over rows (reduce=False:
-    [n, len(cuts)]). Each suffix x[t:T] ends at T, and running on it is the full run with the state
-    set to zero at time t. So we walk through time once, split at the sorted cuts; at cut t, the rows
-    of that suffix join the batch with a zero state (every state key: "h", conv windows, shifts). The
-    work equals one forward per cut, in far fewer calls. The reference q(.|x[0:T]) is the t = 0 rows
-    themselves, so EffRem_T(0) = 0 exactly. A pass holds batch_size * (len(cuts) + 1) rows."""
+    """EffRem_T(t) for every cut, [len(cuts)] means over rows (reduce=False: [n, len(cuts)]), in one pass.
+    Running on x[t:T] is the full run with the state zeroed at t: we walk through time once and at each cut
+    the rows of that suffix join the batch with a zero state (every key: "h", conv windows, shifts). Same
+    work as one forward per cut, far fewer calls. The t = 0 rows are the reference, so EffRem_T(0) = 0
+    exactly. A pass holds batch_size * (len(cuts) + 1) rows."""
     tokens, cuts, dist = _check_effrem(tokens, T, cuts, distance)
     starts = sorted(set(cuts.tolist()) | {0})  # rows for t = 0 are the reference
     stops = sorted(set(starts[1:]) | set(range(0, T, chunk_len)) | {T})
@@ -204,14 +182,13 @@ def effective_remembrance(lm, tokens, T, cuts, distance="tv", batch_size=2, chun
         for a, b in zip(stops[:-1], stops[1:]):
             while active < len(starts) and starts[active] == a:  # a suffix starts here, from zero
                 zero = lm.zero_state(len(x), x.device)
-                state = zero if state is None else [{k: torch.cat([s[k], z[k]]) for k in s} for s, z in zip(state, zero)]
+                state = [{k: torch.cat([s[k], z[k]]) for k in s} for s, z in zip(state, zero)] if state else zero
                 active += 1
             logits, state = lm(x[:, a:b].repeat(active, 1), state, last_only=True)
         p = _last_probs(logits).view(len(starts), len(x), -1)
         for j, t in enumerate(cuts.tolist()):
             out[r:r + len(x), j] = dist(p[0], p[starts.index(t)]).cpu()
     return out.mean(0) if reduce else out
-
 
 def default_cuts(T, n_cuts=32):
     """0, then log-spaced from the start (a failing model jumps as soon as a tiny prefix is dropped)
@@ -226,36 +203,29 @@ def default_cuts(T, n_cuts=32):
 # 4. State statistics (Fig. 4): the spread of each head's state "h" as a function of position
 # ================================================================================================
 
-
 @torch.inference_mode()
 def state_statistics(lm, tokens, positions=None, chunk_len=512, batch_size=8, t_train=None, progress=False):
-    """Per layer, per head, at each time index in positions (default log-spaced): std and RMS of
-    h[:, head] over the batch and the non-head dims pooled (the pooling of Fitted Noise).
-    coverage (with t_train; not the paper's, ours): per head, mean std over the late positions
-    (context >= 4 t_train) / largest std within training (context <= t_train). ~1: late states stay
-    in the range training visited; >> 1: the state drifts where training never went (the
-    unexplored-states hypothesis). Returns dict(positions, std, rms [, coverage]), one entry per layer."""
+    """Per layer [P, heads] at each time index of positions (default log-spaced): std and RMS of h[:, head]
+    over the batch and the non-head dims pooled (as Fitted Noise). coverage (ours, with t_train): mean std
+    at context >= 4 t_train / largest std at context <= t_train, per head: ~1, late states stay where
+    training went; >> 1, they drift where it never went (the unexplored-states hypothesis)."""
     tokens = _check_tokens(tokens, min_len=1)
     T = tokens.shape[1]
     default = np.array(log_edges(T)[1:]) - 1  # log-spaced context lengths 1, 2, 3, 4, 6, ..., T
     positions = torch.as_tensor(default if positions is None else positions).long().flatten().unique()
-    if positions.min() < 0 or positions.max() >= T:
-        raise ValueError(f"state_statistics: positions must lie in [0, {T - 1}], got {positions.tolist()}")
+    assert 0 <= positions.min() and positions.max() < T, f"positions must lie in [0, {T - 1}]"
     ends = (positions + 1).tolist()
     stops = sorted(set(ends) | set(range(chunk_len, ends[-1], chunk_len)))
-    sums = None  # per layer [P, heads, 3]: count, sum, sum of squares
+    sums = None
     for r in tqdm(range(0, len(tokens), batch_size), desc="state", disable=not progress):
         x, state = tokens[r:r + batch_size].to(_device(lm)), None
         for a, b in zip([0] + stops[:-1], stops):
             _, state = lm(x[:, a:b], state, last_only=True)
             if b in ends:
-                hs = [s["h"].double().transpose(0, 1).flatten(1).cpu() for s in state if "h" in s]  # [heads, -1]
-                sums = sums or [torch.zeros(len(ends), len(h), 3, dtype=torch.float64) for h in hs]
-                for acc, h in zip(sums, hs):
-                    acc[ends.index(b)] += torch.stack([torch.full_like(h[:, 0], h.shape[1]), h.sum(1), h.pow(2).sum(1)], 1)
-    if not sums:
-        raise ValueError("state_statistics: the model's state has no 'h' entry in any layer")
-    cnt, s, sq = (torch.stack([acc[..., i] for acc in sums]) for i in range(3))  # [layers, P, heads]
+                h = torch.stack([s["h"] for s in state]).transpose(1, 2).flatten(2).double().cpu()
+                sums = torch.zeros(3, len(ends), *h.shape[:2], dtype=torch.float64) if sums is None else sums
+                sums[:, ends.index(b)] += torch.stack([h[..., 0] * 0 + h.shape[2], h.sum(2), h.pow(2).sum(2)])
+    cnt, s, sq = sums.transpose(1, 2)  # [layers, P, heads]: count, sum, sum of squares
     std = ((sq - s * s / cnt) / (cnt - 1).clamp_min(1)).clamp_min(0).sqrt()
     out = dict(positions=positions, std=list(std), rms=list((sq / cnt).sqrt()))
     if t_train is not None:
@@ -271,7 +241,6 @@ def state_statistics(lm, tokens, positions=None, chunk_len=512, batch_size=8, t_
 # The prompt is streamed in chunks carrying the state, then the answer is decoded one token at a time
 # from the carried state: exactly argmax decoding of the whole sequence, at constant cost per token.
 # Sample i of a cell is seeded by (seed, cell, i) only: every length and checkpoint gets the same questions.
-
 
 @torch.inference_mode()
 def greedy_answer(lm, prompt_tokens, max_new_tokens, stop_tokens=(), chunk_len=512):
@@ -293,7 +262,6 @@ def greedy_answer(lm, prompt_tokens, max_new_tokens, stop_tokens=(), chunk_len=5
     rows = torch.stack(new, 1).tolist()  # rows that stopped early were decoded on: cut them
     return [row[:next((i for i, t in enumerate(row) if is_stop[t]), len(row) - 1) + 1] for row in rows]
 
-
 @functools.lru_cache(maxsize=None)
 def answer_stop_tokens(tokenizer, texts=(".", "\n")):
     """Ids where an answer ends: any token whose text holds one of `texts`, and end-of-text."""
@@ -306,20 +274,16 @@ def answer_stop_tokens(tokenizer, texts=(".", "\n")):
             pass
     return frozenset(ids | {enc.eot_token})
 
-
 def passkey_samples(tokenizer, length, depths, n_per_cell, seed=0):
     return [[tasks.passkey_sample(tokenizer, length, depth=float(d), seed=[seed, j, i])
              for i in range(n_per_cell)] for j, d in enumerate(depths)]
 
-
 def copy_samples(tokenizer, length, n, seed=0):
     return [tasks.copy_sample(tokenizer, int(length), seed=[seed, int(length), i]) for i in range(n)]
-
 
 def babilong_samples(tokenizer, task, length, n, seed=0, filler=None):
     k = list(tasks.BABI_TASKS).index(task)
     return [tasks.babi_mixture(tokenizer, int(length), [seed, k, i], (task,), filler) for i in range(n)]
-
 
 def _answers(lm, samples, stop, batch_size=None, chunk_len=512, slack=2):
     """Greedy answers (token lists) of samples, slack tokens past the longest answer at most. Prompts of
@@ -337,12 +301,10 @@ def _answers(lm, samples, stop, batch_size=None, chunk_len=512, slack=2):
                 out[i] = pred
     return out
 
-
 def _exact(lm, tokenizer, samples, **kw):
     """Exact match of each sample's decoded answer (cut at its end) and the decoded texts."""
     texts = [tasks._encoding(tokenizer).decode(p) for p in _answers(lm, samples, answer_stop_tokens(tokenizer), **kw)]
     return [float(tasks.exact_match(tasks.cut_answer(p), s.meta["answer"])) for p, s in zip(texts, samples)], texts
-
 
 def passkey_grid(lm, tokenizer, lengths, depths=10, n_per_cell=4, seed=0, progress=False, **kw):
     """Passkey retrieval on total length x insertion depth (Fig. 7); depths: a count in [0, 1] or a list.
@@ -358,7 +320,6 @@ def passkey_grid(lm, tokenizer, lengths, depths=10, n_per_cell=4, seed=0, progre
         out.setdefault("digits", []).append(per_depth(digits))
         out.setdefault("actual_depth", []).append(per_depth([s.meta["actual_depth"] for s in flat]))
     return dict(out, exact_mean=[sum(r) / len(r) for r in out["exact"]])
-
 
 def copy_accuracy(lm, tokenizer, lengths, n=16, seed=0, progress=False, **kw):
     """Synthetic copying (Table 1): the model reads eot s SEP and writes s. Per string length: char
@@ -376,7 +337,6 @@ def copy_accuracy(lm, tokenizer, lengths, n=16, seed=0, progress=False, **kw):
             out[key].append(v)
     return out
 
-
 def babilong_accuracy(lm, tokenizer, babi_tasks, lengths, n=8, seed=0, filler=None, progress=False, **kw):
     """BABILong-style QA (Fig. 6): exact match per bAbI task and length, stories hidden in `filler`
     (a token stream, e.g. the corpus's validation split) or in tasks.py's sentences (None)."""
@@ -391,118 +351,111 @@ def babilong_accuracy(lm, tokenizer, babi_tasks, lengths, n=8, seed=0, filler=No
 
 
 # ================================================================================================
-# 6. Tables and plots
+# 6. Report and plots
 # ================================================================================================
 
-
 def print_report(report):
-    """One block per model in the terminal; eval.json and the PNGs hold everything."""
-    row = lambda name, vals, fmt="{:>8.3f}": print(f"  {name:<20}" + "".join(
-        f"{'n/a':>8}" if v is None else fmt.format(v) for v in vals))
+    """A few numbers per model in the terminal; eval.json and the PNGs hold everything."""
+    row = lambda name, values, fmt="8.3f": print(f"  {name:<20}" + "".join(_num(v, fmt) for v in values))
     for m in report["models"]:
         print(f"\n[{m['label']}] {m['arch']}, {m['params']:,} params, trained on {m['task']}, t_train {m['t_train']}")
         if "ppl" in m:
             bk, v = m["ppl"]["buckets"], m["verdict"]
             cols = [j for j, h in enumerate(bk["hi"]) if h & (h - 1) == 0 or j == len(bk["hi"]) - 1]
-            row("context length", [bk["hi"][j] for j in cols], "{:>8}")
+            row("context length", [bk["hi"][j] for j in cols], "8d")
             row("PPL", [bk["ppl"][j] for j in cols])
-            if "gap" in m:
+            if "gap" in m:  # a failure perplexity can hide: the Bayes predictor keeps learning from context
                 row("PPL (optimal)", [report["optimal"]["ppl"][j] for j in cols])
                 row("gap to Bayes (nats)", [m["gap"]["nll"][j] for j in cols])
-            more = "+" if v["censored"] else ""
-            print(f"  verdict (Def. 3.2): p* = {v['p_star']:.3f} at t* = {v['t_star']} -> generalizes to "
-                  f"T = {v['generalizes_to']}{more} ({v['ratio'] or math.nan:.1f}x t_train)")
+            print(f"  verdict (Def. 3.2): p* = {_num(v['p_star'], '.3f')} at t* = {v['t_star']}, generalizes to T = "
+                  f"{v['generalizes_to']}{'+' * bool(v['censored'])} ({_num(v['ratio'], '.1f')}x t_train)")
         if "effrem" in m:
-            e, step = m["effrem"], max(1, len(m["effrem"]["cuts"]) // 8)
-            row(f"EffRem_{e['T']} cut t", e["cuts"][::step], "{:>8}")
-            row(f"  {e['distance']}", e["mean"][::step])
+            e, k = m["effrem"], max(1, len(m["effrem"]["cuts"]) // 8)
+            row(f"EffRem_{e['T']} cut t", e["cuts"][::k], "8d")
+            row(f"  ({e['distance']})", e["mean"][::k])
         if "coverage" in m.get("state", {}):
             row("state coverage/layer", [max(c, key=lambda x: -1 if x is None else x) for c in m["state"]["coverage"]])
-        for key, title, y in [("passkey", "Passkey exact", "exact_mean"), ("copy", "Copying chars", "char_mean"),
-                              ("babilong", "BABILong", "mean")]:
+        for key, name, y in [("passkey", "Passkey", "exact_mean"), ("copy", "Copying", "char_mean"),
+                             ("babilong", "BABILong", "mean")]:
             if key in m:
-                row(f"{title} at length", m[key]["lengths"], "{:>8}")
-                row("", m[key][y])
+                row(f"{name} length", m[key]["lengths"], "8d")
+                row(f"  {y}", m[key][y])
     print("\nwrote " + ", ".join(report["files"]))
 
+def _num(v, fmt):
+    return format("n/a" if v is None else v, ">" + fmt[:-1].split(".")[0] if v is None else fmt)
 
 def plot_report(report, out):
-    """ppl.png (with a gap-to-Bayes panel on synthetic data), effrem.png, state.png, passkey.png,
-    copy.png, babilong.png: those the report has data for. Returns their paths."""
+    """One PNG per measurement the report holds; ppl.png gets a gap-to-Bayes panel on synthetic data."""
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     models = [(colors[i % len(colors)], m) for i, m in enumerate(report["models"])]
-    has = lambda key: [(c, m) for c, m in models if key in m]
     mid = lambda b: [math.sqrt((lo + 1) * hi) for lo, hi in zip(b["lo"], b["hi"])]  # geometric bucket middle
     ctx, files = "context length (dotted: T_train)", []
-    if has("ppl"):
-        panels = [("Position-wise perplexity (+-1 s.e.)", ctx, "perplexity", "log",
-                   [(mid(m["ppl"]["buckets"]), m["ppl"]["buckets"]["ppl"], m["ppl"]["buckets"]["ppl_sem"], c,
-                     f"{m['label']} (T={m['verdict']['generalizes_to']})", m["t_train"]) for c, m in has("ppl")])]
-        if "optimal" in report:
-            o = report["optimal"]
-            panels[0][4].append((mid(o), o["ppl"], None, "k", "Bayes-optimal", None))
-            panels.append(("Gap to the Bayes floor", ctx, "model NLL - Bayes NLL (nats/token)", "log",
-                           [(mid(m["ppl"]["buckets"]), m["gap"]["nll"], m["gap"]["nll_sem"], c, m["label"],
-                             m["t_train"]) for c, m in has("gap")]))
-        files.append(_figure(out, "ppl.png", panels))
-    if has("effrem"):
-        files.append(_figure(out, "effrem.png", [(
-            "Effective Remembrance", "t (first t tokens dropped; dotted: T - T_train)", "EffRem_T(t)", "linear",
-            [(m["effrem"]["cuts"], m["effrem"]["mean"], m["effrem"]["sem"], c, f"{m['label']} (T={m['effrem']['T']})",
-              m["effrem"]["T"] - m["t_train"]) for c, m in has("effrem")])]))
-    if has("state"):  # per layer, the head whose std drifts most (by coverage, else last / first std)
-        curves = []
-        for c, m in has("state"):
-            st, x = m["state"], [p + 1 for p in m["state"]["positions"]]
-            for l, std in enumerate(np.array(st["std"], dtype=float)):
-                score = np.array(st["coverage"][l], dtype=float) if "coverage" in st else std[-1] / std[0]
+    # each panel: title, x label, y label, log x?, key a model needs, model -> (x, y, s.e., label, line at)
+    panels = {
+        "ppl": ("Position-wise perplexity (+-1 s.e.)", ctx, "perplexity", True, "ppl", lambda m: (
+            mid(m["ppl"]["buckets"]), m["ppl"]["buckets"]["ppl"], m["ppl"]["buckets"]["ppl_sem"],
+            f"{m['label']} (T={m['verdict']['generalizes_to']})", m["t_train"])),
+        "gap": ("Gap to the Bayes floor", ctx, "model NLL - Bayes NLL (nats/token)", True, "gap", lambda m: (
+            mid(m["ppl"]["buckets"]), m["gap"]["nll"], m["gap"]["nll_sem"], m["label"], m["t_train"])),
+        "effrem": ("Effective Remembrance", "t, first tokens dropped (dotted: T - T_train)", "EffRem_T(t)", False,
+                   "effrem", lambda m: (m["effrem"]["cuts"], m["effrem"]["mean"], m["effrem"]["sem"],
+                                        f"{m['label']} (T={m['effrem']['T']})", m["effrem"]["T"] - m["t_train"])),
+        "copy": ("Synthetic copying", "string length", "char accuracy (+- s.e.)", False, "copy", lambda m: (
+            m["copy"]["lengths"], m["copy"]["char_mean"], m["copy"]["char_sem"], m["label"], None)),
+        "babilong": ("BABILong", "total length (tokens)", "accuracy (mean over tasks)", True, "babilong", lambda m: (
+            m["babilong"]["lengths"], m["babilong"]["mean"], None, m["label"], m["t_train"])),
+    }
+    for name, keys in [("ppl", ["ppl", "gap"]), ("effrem", ["effrem"]), ("copy", ["copy"]), ("babilong", ["babilong"])]:
+        keys = [k for k in keys if any(panels[k][4] in m for _, m in models)]
+        if keys:
+            fig, axes = plt.subplots(1, len(keys), figsize=(1 + 6 * len(keys), 4.5), squeeze=False)
+            for ax, key in zip(axes[0], keys):
+                title, xlabel, ylabel, logx, need, curve = panels[key]
+                ax.set(title=title, xlabel=xlabel, ylabel=ylabel, xscale="log" if logx else "linear")
+                for c, m in models:
+                    if need in m:
+                        _curve(ax, c, *curve(m))
+                if key == "ppl" and "optimal" in report:
+                    ax.plot(mid(report["optimal"]), report["optimal"]["ppl"], "k--", lw=1, label="Bayes-optimal")
+                ax.legend(fontsize=8)
+            files.append(_save(fig, out, f"{name}.png"))
+    if any("state" in m for _, m in models):  # per layer the head that drifts most (coverage, else last / first)
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for c, m in models:
+            st = m.get("state", {})
+            for layer, std in enumerate(np.array(st.get("std", []), dtype=float)):
+                score = np.array(st["coverage"][layer], dtype=float) if "coverage" in st else std[-1] / std[0]
                 h = int(np.nan_to_num(score, nan=-1).argmax())
-                curves.append((x, std[:, h], None, c, f"{m['label']} L{l} h{h}", m["t_train"] if l == 0 else None))
-        files.append(_figure(out, "state.png", [("State spread, most drifting head per layer", ctx, "std of state h",
-                                                 "log", curves)]))
-    if has("passkey"):
-        files.append(_figure(out, "passkey.png", [(f"{m['label']}: passkey exact match", "total length (tokens)",
-                                                   "insertion depth", "heat", m) for _, m in has("passkey")]))
-    if has("copy"):
-        files.append(_figure(out, "copy.png", [("Synthetic copying", "string length", "char accuracy (+- s.e.)",
-                                                "linear", [(m["copy"]["lengths"], m["copy"]["char_mean"],
-                                                            m["copy"]["char_sem"], c, m["label"], None)
-                                                           for c, m in has("copy")])]))
-    if has("babilong"):
-        files.append(_figure(out, "babilong.png", [("BABILong", "total length (tokens; dotted: T_train)",
-                                                    "accuracy (mean over tasks)", "log", [
-            (m["babilong"]["lengths"], m["babilong"]["mean"], None, c, m["label"], m["t_train"])
-            for c, m in has("babilong")])]))
+                _curve(ax, c, np.array(st["positions"]) + 1, std[:, h], None, f"{m['label']} L{layer} h{h}", m["t_train"])
+        ax.set(xscale="log", yscale="log", xlabel=ctx, ylabel="std of state h", title="Most drifting heads")
+        ax.legend(fontsize=8)
+        files.append(_save(fig, out, "state.png"))
+    pk = [m for _, m in models if "passkey" in m]
+    if pk:  # the paper's Fig. 7: total length x insertion depth, exact match as colour
+        fig, axes = plt.subplots(1, len(pk), figsize=(1 + 4.5 * len(pk), 4.2), squeeze=False)
+        for ax, m in zip(axes[0], pk):
+            p = m["passkey"]
+            ax.imshow(np.array(p["exact"]).T, aspect="auto", cmap="RdYlGn", vmin=0, vmax=1)
+            ax.set_xticks(range(len(p["lengths"])), p["lengths"], rotation=45)
+            ax.set_yticks(range(len(p["depths"])), [f"{d:.2f}" for d in p["depths"]])
+            ax.axvline(sum(L <= (m["t_train"] or 0) for L in p["lengths"]) - 0.5, color="k", ls=":")  # T_train
+            ax.set(title=f"{m['label']}: exact match", xlabel="total length (tokens)", ylabel="insertion depth")
+        files.append(_save(fig, out, "passkey.png"))
     return files
 
+def _curve(ax, color, x, y, sem, label, line_at):
+    y = np.array(y, dtype=float)  # None (NaN in the JSON) -> nan: a gap in the curve
+    if not np.isfinite(y).any():
+        return _warn(f"{label}: no finite value to plot (the model outputs NaN or inf)")
+    ax.plot(x, y, color=color, label=label)
+    if sem is not None:
+        sem = np.nan_to_num(np.array(sem, dtype=float))
+        ax.fill_between(x, y - sem, y + sem, color=color, alpha=0.25)
+    if line_at:
+        ax.axvline(line_at, color=color, ls=":", lw=1)
 
-def _figure(out, name, panels):
-    """One PNG of panels (title, xlabel, ylabel, scale, curves); a curve is (x, y, s.e. or None, colour,
-    label, T_train line or None); scale "heat" draws a passkey grid (the paper's Fig. 7) instead."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(1 + 6 * len(panels), 4.5), squeeze=False)
-    for ax, (title, xlabel, ylabel, scale, curves) in zip(axes[0], panels):
-        ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-        if scale == "heat":
-            pk, m = curves["passkey"], curves
-            ax.imshow(np.array(pk["exact"]).T, aspect="auto", cmap="RdYlGn", vmin=0, vmax=1)
-            ax.set_xticks(range(len(pk["lengths"])), pk["lengths"], rotation=45)
-            ax.set_yticks(range(len(pk["depths"])), [f"{d:.2f}" for d in pk["depths"]])
-            ax.axvline(sum(L <= (m["t_train"] or 0) for L in pk["lengths"]) - 0.5, color="k", ls=":")
-            continue
-        for x, y, e, c, label, t_line in curves:
-            y = np.array(y, dtype=float)  # None (a NaN in the JSON) -> nan: a gap in the curve
-            if not np.isfinite(y).any():
-                _warn(f"{name}: {label} has no finite value to plot (does the model output NaN?)")
-                continue
-            ax.plot(x, y, color=c, ls="--" if c == "k" else "-", label=label)
-            if e is not None:
-                e = np.nan_to_num(np.array(e, dtype=float))
-                ax.fill_between(x, y - e, y + e, color=c, alpha=0.25)
-            if t_line:
-                ax.axvline(t_line, color=c, ls=":", lw=1)
-        ax.set_xscale("log" if scale == "log" else "linear")
-        if any(np.isfinite(np.array(y, dtype=float)).any() for _, y, *_ in curves):
-            ax.legend(fontsize=8)
+def _save(fig, out, name):
     fig.tight_layout()
     fig.savefig(os.path.join(out, name), dpi=120)
     plt.close(fig)
@@ -514,7 +467,6 @@ def _figure(out, name, panels):
 # ================================================================================================
 LM_METRICS, TASK_METRICS = ("ppl", "effrem", "state"), ("passkey", "copy", "babilong")
 
-
 def main(argv=None):
     args = _parse_args(argv)
     try:
@@ -525,28 +477,25 @@ def main(argv=None):
     print_report(report)
     return 0
 
-
 def _parse_args(argv):
     ap = argparse.ArgumentParser(description="Position-wise perplexity, the Definition 3.2 verdict, Effective "
                                              "Remembrance, state statistics and task scores of recurrent LMs.")
-    ap.error = lambda message: ap.exit(2, f"error: {message}\n")  # one line, like every other bad input
+    ap.error = lambda message: ap.exit(2, f"error: {message}\n")  # one line, as every other bad input
     a = ap.add_argument
     a("ckpts", nargs="+", metavar="CKPT", help="train.py checkpoints (ckpt.pt or its dir) or official Mamba dirs")
-    a("--metrics", help=f"comma-separated subset of {','.join(LM_METRICS + TASK_METRICS)} (default: the task the "
-                        "checkpoints were fine-tuned on, else ppl,effrem,state)")
+    a("--metrics", help=f"subset of {','.join(LM_METRICS + TASK_METRICS)} (default: the task the checkpoints "
+                        "were fine-tuned on, else ppl,effrem,state)")
     a("--eval-len", type=int, help="tokens per evaluation window (default: 16 x the largest t_train)")
     a("--n-seqs", type=int, default=64, help=f"evaluation windows; the verdict needs >= {MIN_SEQS} (default: 64)")
-    a("--t-train", type=int, help="training length T_train (default: train_config seq_len of each checkpoint; "
-                                  "required for official dirs: the official Mamba-2 checkpoints were trained at 2048)")
+    a("--t-train", type=int, help="training length (default: train_config seq_len; official Mamba-2: 2048)")
     a("--data", help="text path, .bin, stdlib or markov:... for tasks.load_data (default: train_config data)")
-    a("--tokenizer", help="bytes, a tiktoken name, or a tokenizer.json path (official Mamba: GPT-NeoX's); "
-                          "default: train_config tokenizer, else bytes")
-    a("--effrem-len", type=int, help="T of EffRem_T (default: 4 x t_train as in the paper, at most eval-len)")
+    a("--tokenizer", help="bytes, a tiktoken name or a tokenizer.json path (default: train_config, else bytes)")
+    a("--effrem-len", type=int, help="T of EffRem_T (default: 4 x t_train as the paper, at most eval-len)")
     a("--effrem-cuts", type=int, default=32, help="number of cut points t of EffRem_T (default: 32)")
     a("--distance", default="tv", choices=sorted(DISTANCES), help="EffRem distance: tv (the paper's), js, cos")
     a("--chunk-len", type=int, help="tokens per model call while streaming: bounds memory, not results")
     a("--batch-size", type=int, help="sequences per model call (EffRem: each brings one row per cut)")
-    a("--seed", type=int, default=0, help="seed of the evaluation windows and the verdict's bootstrap (default: 0)")
+    a("--seed", type=int, default=0, help="seed of the evaluation windows and of the verdict's bootstrap")
     a("--out", default="out/eval", help="directory for eval.json and the PNGs (default: out/eval)")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda when available")
     a("--labels", nargs="+", help="one display name per checkpoint (default: the directory names)")
@@ -561,9 +510,8 @@ def _parse_args(argv):
       help="hide stories in the validation split of --data (as training) or in tasks.py's sentences")
     return ap.parse_args(argv)
 
-
 def run(args):
-    """The CLI's work, callable with an argparse namespace: evaluates, writes eval.json and the PNGs."""
+    """main's work for an argparse namespace: checks the flags, evaluates, writes eval.json and the PNGs."""
     for flag, low in [("n_seqs", 1), ("eval_len", 2), ("t_train", 1), ("effrem_len", 1), ("effrem_cuts", 2),
                       ("chunk_len", 1), ("batch_size", 1), ("task_samples", 1), ("passkey_depths", 1)]:
         if getattr(args, flag) is not None and getattr(args, flag) < low:
@@ -573,14 +521,13 @@ def run(args):
     for p in args.ckpts:
         if not os.path.exists(p):
             raise FileNotFoundError(f"checkpoint {p} does not exist: check the path (train.py writes <out>/ckpt.pt)")
-    cfgs = [model.train_config(p) for p in args.ckpts]  # first: a corrupt checkpoint is reported as such
-    if args.metrics is None:  # what the checkpoints were fine-tuned for, else the LM metrics
-        trained = {c.get("task", "lm") for c in cfgs}
-        args.metrics = trained.pop() if len(trained) == 1 and trained <= set(TASK_METRICS) else ",".join(LM_METRICS)
-    metrics = [m for m in args.metrics.split(",") if m]
-    if not metrics or set(metrics) - set(LM_METRICS + TASK_METRICS):
-        raise ValueError(f"unknown metric in --metrics {args.metrics}: use a subset of "
-                         + ",".join(LM_METRICS + TASK_METRICS))
+    cfgs = [model.train_config(p) for p in args.ckpts]  # first: a corrupt checkpoint is reported as corrupt
+    trained = {c.get("task", "lm") for c in cfgs}  # default metrics: what the checkpoints were trained for
+    args.metrics = args.metrics or (trained.pop() if trained <= set(TASK_METRICS) and len(trained) == 1
+                                    else ",".join(LM_METRICS))
+    metrics = args.metrics.split(",")
+    if set(metrics) - set(LM_METRICS + TASK_METRICS):
+        raise ValueError(f"unknown metric in --metrics {args.metrics}: use a subset of {','.join(LM_METRICS + TASK_METRICS)}")
     lm_metrics = [m for m in metrics if m in LM_METRICS]
     if args.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda but no CUDA device is available: use --device cpu")
@@ -591,7 +538,7 @@ def run(args):
         raise ValueError(f"{args.ckpts[t_trains.index(None)]}: no train_config seq_len (an official checkpoint?): "
                          "pass --t-train N (the official Mamba-2 checkpoints: 2048)")
     tokenizer = _agree(args, cfgs, "tokenizer", required=False) or "bytes"
-    data_seed = _agree(args, cfgs, "seed", required=False) or 0  # the split must be training's
+    data_seed = _agree(args, cfgs, "seed", required=False) or 0  # the train/val split must be training's
     os.makedirs(args.out, exist_ok=True)
     report, optimal = dict(args=vars(args), tokenizer=tokenizer, device=device, models=[], warnings=[]), None
     if lm_metrics:
@@ -601,7 +548,7 @@ def run(args):
                              f"try --eval-len {16 * max(t_trains)}")
         data = tasks.load_data(_agree(args, cfgs, "data"), tokenizer=tokenizer, seed=data_seed)
         windows, optimal = load_windows(data, args.n_seqs, eval_len + 1, args.seed)  # eval_len predictions
-        edges = log_edges(eval_len, include=[t // d for t in t_trains for d in (1, 2)])
+        edges = log_edges(eval_len, include=[t // d for t in t_trains for d in (1, 2)])  # p*'s windows
         report.update(data=data.name, eval_len=eval_len, n_seqs=len(windows))
         if optimal is not None:
             optimal = bucketize(optimal, edges)
@@ -609,7 +556,9 @@ def run(args):
     setup = _task_setup(args, metrics, cfgs, tokenizer, data_seed)
     report.update({k: v for k, v in setup.items() if k != "filler"})
     kw = {k: getattr(args, k) for k in ("chunk_len", "batch_size") if getattr(args, k)}
-    for path, label, t_train, cfg in zip(args.ckpts, args.labels or map(_label, args.ckpts), t_trains, cfgs):
+    labels = args.labels or [os.path.basename(os.path.dirname(p) if p.endswith(".pt") else p.rstrip("/"))
+                             for p in args.ckpts]
+    for path, label, t_train, cfg in zip(args.ckpts, labels, t_trains, cfgs):
         lm = model.from_pretrained(path, device=device)
         ids = max([int(windows.max()) + 1] * bool(lm_metrics) + [tasks._encoding(tokenizer).n_vocab] * bool(setup))
         if ids > lm.cfg.vocab_size:
@@ -617,7 +566,7 @@ def run(args):
                              f"{lm.cfg.vocab_size}: evaluate on the data and tokenizer it was trained with")
         res = dict(label=label, path=path, arch=lm.cfg.arch, params=sum(p.numel() for p in lm.parameters()),
                    t_train=t_train, task=cfg.get("task", "lm"))
-        print(f"[{label}] {res['arch']}, {res['params']:,} params: {','.join(metrics)}", file=sys.stderr)
+        print(f"[{label}] {res['arch']}, {res['params']:,} params: {args.metrics}", file=sys.stderr)
         t0 = time.time()
         if "ppl" in metrics:
             nll = sequence_nll(lm, windows, progress=True, **kw).double()
@@ -652,11 +601,9 @@ def run(args):
         json.dump(report, f, indent=1)
     return dict(report, files=[os.path.join(args.out, "eval.json")] + plot_report(report, args.out))
 
-
 def load_windows(data, n, length, seed):
-    """[n, length] windows of data's validation split and, for a process with an exact floor, its
-    Bayes-optimal NLL [n, length - 1] (else None). Text windows start anywhere, as in training;
-    windows with a floor start at a document start (an eot), which the floor needs."""
+    """[n, length] windows of data's validation split, and their exact Bayes-optimal NLL [n, length - 1]
+    where the process has one (else None). Those windows start at a document start, as the floor needs."""
     exact = data.optimal_nll is not None
     windows = torch.as_tensor(tasks.eval_windows(data.val, n, length, seed, data.eot_token if exact else None))
     try:
@@ -664,7 +611,6 @@ def load_windows(data, n, length, seed):
     except ValueError as e:
         raise ValueError(f"no exact loss floor for windows of {length} tokens of {data.name} ({e}): "
                          "use a shorter --eval-len") from None
-
 
 def _task_setup(args, metrics, cfgs, tokenizer, data_seed):
     """Lengths, tasks and filler of the task metrics: the flags, else the checkpoints' train_config."""
@@ -678,8 +624,8 @@ def _task_setup(args, metrics, cfgs, tokenizer, data_seed):
     if "babilong" in metrics:
         setup["babi_lengths"] = _ints(args.babi_lengths, "--babi-lengths")
         spec = _agree(args, cfgs, "babi_tasks", required=False) or ",".join(tasks.BABI_TASKS)
-        setup["babi_tasks"] = [t for t in spec.split(",") if t]
-        if not setup["babi_tasks"] or set(setup["babi_tasks"]) - set(tasks.BABI_TASKS):
+        setup["babi_tasks"] = spec.split(",")
+        if set(setup["babi_tasks"]) - set(tasks.BABI_TASKS):
             raise ValueError(f"unknown --babi-tasks {spec}: use a subset of {','.join(tasks.BABI_TASKS)}")
         setup["filler"], setup["babi_filler"] = None, "ours"
         if args.babi_filler == "corpus":  # the validation split: training hid its stories in the train split
@@ -690,9 +636,8 @@ def _task_setup(args, metrics, cfgs, tokenizer, data_seed):
             setup["filler"], setup["babi_filler"] = data.val, f"{data.name} (val split)"
     return setup
 
-
 def _agree(args, cfgs, key, required=True):
-    """The flag's value, else the one train_config value of all checkpoints (the same data for all)."""
+    """The flag's value, else the one train_config value of all checkpoints (they share the data)."""
     if getattr(args, key, None) is not None:
         return getattr(args, key)
     values = {c[key] for c in cfgs if c.get(key) is not None}
@@ -701,20 +646,16 @@ def _agree(args, cfgs, key, required=True):
                          f"{sorted(map(str, values))}: pass --{key.replace('_', '-')}")
     return values.pop() if values else None
 
-
 def _ints(spec, flag):
-    values = [int(v) for v in spec.split(",") if v.strip().isdigit()]
-    if not values or min(values) < 1 or len(values) != len(spec.split(",")):
+    if not all(v.isdigit() and int(v) > 0 for v in spec.split(",")):
         raise ValueError(f"{flag} must be a comma-separated list of positive integers, got {spec}")
-    return values
-
+    return [int(v) for v in spec.split(",")]
 
 def _check_tokens(tokens, min_len):
     tokens = torch.as_tensor(tokens)
     if tokens.dim() != 2 or tokens.shape[1] < min_len or tokens.dtype.is_floating_point:
         raise ValueError(f"tokens must be integer ids of shape [n, T >= {min_len}], got {list(tokens.shape)}")
     return tokens.long()
-
 
 def _check_effrem(tokens, T, cuts, distance):
     tokens, cuts = _check_tokens(tokens, 1), torch.as_tensor(cuts).long().flatten()
@@ -724,23 +665,15 @@ def _check_effrem(tokens, T, cuts, distance):
         raise ValueError(f"effective_remembrance: need T = {T} in [1, {tokens.shape[1]}] and cuts in [0, T-1]")
     return tokens, cuts, DISTANCES[distance]
 
-
 def _device(lm):
     return next(lm.parameters()).device
-
 
 def _last_probs(logits):
     return logits[:, -1].double().softmax(-1)
 
-
-def _label(path):
-    return os.path.basename(os.path.dirname(path) if path.endswith("ckpt.pt") else os.path.normpath(path))
-
-
 def _warn(message):
     print(f"warning: {message}", file=sys.stderr)
     return message
-
 
 def _jsonable(x):  # tensors -> lists, nan / inf -> null: strict JSON
     if isinstance(x, torch.Tensor):
