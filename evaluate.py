@@ -560,7 +560,7 @@ def run(args):
                              for p in args.ckpts]
     for path, label, t_train, cfg in zip(args.ckpts, labels, t_trains, cfgs):
         lm = model.from_pretrained(path, device=device)
-        ids = max([int(windows.max()) + 1] * bool(lm_metrics) + [tasks._encoding(tokenizer).n_vocab] * bool(setup))
+        ids = max([int(windows.max()) + 1 if lm_metrics else 0] + [tasks._encoding(tokenizer).n_vocab] * bool(setup))
         if ids > lm.cfg.vocab_size:
             raise ValueError(f"{path}: the data / tokenizer {tokenizer} has {ids} token ids, the model "
                              f"{lm.cfg.vocab_size}: evaluate on the data and tokenizer it was trained with")
@@ -666,7 +666,7 @@ def _check_effrem(tokens, T, cuts, distance):
     return tokens, cuts, DISTANCES[distance]
 
 def _device(lm):
-    return next(lm.parameters()).device
+    return next(lm.parameters(), torch.empty(0)).device  # a model without parameters: the CPU
 
 def _last_probs(logits):
     return logits[:, -1].double().softmax(-1)

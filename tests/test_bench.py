@@ -55,3 +55,11 @@ def test_bench_train_bad_preset_is_one_line(preset, message, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--what", "train", "--device", "cpu", "--presets", preset])
     assert str(e.value).startswith("error: ") and message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bench_eval_times_agreeing_forms(capsys):
+    args = argparse.Namespace(eval_lengths=[64, 32], effrem_len=24, repeats=1)
+    r = bench.bench_eval(args, torch.device("cpu"))
+    out = capsys.readouterr().out
+    assert r["max_abs_diff"] < 1e-6 and all(s > 0 for s in r["effrem_s"])
+    assert out.index("\n      32") < out.index("\n      64")  # shortest first
