@@ -236,7 +236,7 @@ def test_cli_end_to_end(tmp_path, capsys):
     rc, stdout, err = cli(capsys, *paths, "--n-seqs", "4", "--eval-len", "64", "--effrem-cuts", "8",
                           "--out", str(out), "--device", "cpu")
     assert rc == 0, err
-    assert "verdict" in stdout and "run0" in stdout and "gap to Bayes" in stdout
+    assert "verdict" in stdout and "run0" in stdout and "Gap to the Bayes floor" in stdout
     assert "only 4 sequences" in err                         # the verdict's warning, also in eval.json
     rep = json.load(open(out / "eval.json"))
     m = rep["models"][0]
