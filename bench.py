@@ -18,6 +18,7 @@ import types
 if "--triton-interpret" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (by ssm.py)
 import torch
+import torch.nn.functional as F
 
 import evaluate
 import gla
@@ -30,33 +31,22 @@ import train
 # The paper's from-scratch sizes (Fig. 2, Fig. 10) and the official Mamba-2 130M's dimensions.
 TRAIN_PRESETS = "mamba2:45m,mamba2:85m,mamba2:125m,gla:70m,rwkv6:70m,mamba2:130m"
 SCANS = {"ssd (mamba2)": (ssm.ssd_naive, ssm.ssd_chunked, ssm.ssd_triton),
-         "selective (mamba1)": (ssm.selective_scan_naive, ssm.selective_scan_chunked, ssm.selective_scan_triton),
+         "selective (mamba1)": (ssm.selective_scan_naive, ssm.selective_scan_chunked,
+                                ssm.selective_scan_triton),
          "gla": (gla.gla_naive, gla.gla_chunked, gla.gla_triton),
          "rwkv6": (rwkv.rwkv6_naive, rwkv.rwkv6_chunked, rwkv.rwkv6_triton)}
 
 
-scan_forms = lambda: SCANS  # noqa: E731
+def print_row(*cells):
+    """One table row: the first cell left-aligned, the others right-aligned; floats to 3-4 digits."""
+    text = [f"{c:.3g}" if isinstance(c, float) and abs(c) < 100 else f"{c:.0f}" if isinstance(c, float)
+            else "-" if c is None else str(c) for c in cells]
+    print(f"{text[0]:<20}" + "".join(f"{c:>12}" for c in text[1:]), flush=True)
 
-def scan_inputs(name, T, b=1, seed=0):
-    """Random inputs of realistic per-layer sizes for each scan, and a non-zero initial state."""
-    g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g)
-    if name == "ssd (mamba2)":
-        h, p, n = 4, 64, 64
-        dt = torch.nn.functional.softplus(r(b, T, h) - 2)
-        return (r(b, T, h, p), dt, -torch.rand(h, generator=g) - 0.5, r(b, T, 1, n), r(b, T, 1, n)), r(b, h, p, n)
-    if name == "selective (mamba1)":
-        d, n = 256, 16
-        dt = torch.nn.functional.softplus(r(b, T, d) - 2)
-        return (r(b, T, d), dt, -torch.rand(d, n, generator=g) - 0.5, r(b, T, n), r(b, T, n)), r(b, d, n)
-    h, dk, dv = 4, 64, 64
-    q, k, v, g_log = r(b, T, h, dk), r(b, T, h, dk) * dk ** -0.5, r(b, T, h, dv), r(b, T, h, dk) + 3
-    g_log = torch.nn.functional.logsigmoid(g_log)
-    return ((q, k, v, g_log) if name == "gla" else (q, k, v, g_log, r(h, dk) * 0.1)), r(b, h, dk, dv)
 
 def times(fn, repeats, device):
     """Seconds of `repeats` calls after a warm-up (allocation, compilation); CUDA synchronized around each."""
-    sync, out = torch.cuda.synchronize if device.type == "cuda" else lambda: None, []
+    sync, out = torch.cuda.synchronize if device.type == "cuda" else (lambda: None), []
     fn()
     for _ in range(repeats):
         sync()
@@ -66,20 +56,40 @@ def times(fn, repeats, device):
         out.append(time.perf_counter() - t)
     return out
 
+
+def scan_inputs(name, T, b=1, seed=0):
+    """Random inputs of realistic per-layer sizes for each scan, and a non-zero initial state."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    if name == "ssd (mamba2)":
+        h, p, n = 4, 64, 64
+        return (r(b, T, h, p), F.softplus(r(b, T, h) - 2), -torch.rand(h, generator=g) - 0.5, r(b, T, 1, n),
+                r(b, T, 1, n)), r(b, h, p, n)
+    if name == "selective (mamba1)":
+        d, n = 256, 16
+        return (r(b, T, d), F.softplus(r(b, T, d) - 2), -torch.rand(d, n, generator=g) - 0.5, r(b, T, n),
+                r(b, T, n)), r(b, d, n)
+    h, dk, dv = 4, 64, 64
+    q, k, v = r(b, T, h, dk), r(b, T, h, dk) * dk ** -0.5, r(b, T, h, dv)
+    g_log = F.logsigmoid(r(b, T, h, dk) + 3)  # per-channel log decay, mostly near 0
+    return ((q, k, v, g_log) if name == "gla" else (q, k, v, g_log, r(h, dk) * 0.1)), r(b, h, dk, dv)
+
+
 def bench_scans(args, device):
+    """Best-of-repeats forward time of each scan form with a non-zero initial state."""
     rows, with_triton = [], device.type == "cuda" or args.triton_interpret
-    print(f"{'scan':<20}{'T':>7}{'naive ms':>12}{'chunked ms':>12}{'speed-up':>10}{'triton ms':>12}")
+    print_row("scan", "T", "naive ms", "chunked ms", "speed-up", "triton ms")
     for name, forms in SCANS.items():
         for T in args.lengths:
             inputs, h0 = scan_inputs(name, T)
             inputs, h0 = tuple(x.to(device) for x in inputs), h0.to(device)
             with torch.no_grad():
-                ms = [1e3 * min(times(lambda: f(*inputs, initial_state=h0), args.repeats, device))
-                      if with_triton or i < 2 else None for i, f in enumerate(forms)]
-            rows.append(dict(scan=name, T=T, naive=ms[0] / 1e3, chunked=ms[1] / 1e3, triton=ms[2] and ms[2] / 1e3))
-            tri = f"{ms[2]:12.1f}" if ms[2] else f"{'-':>12}"
-            print(f"{name:<20}{T:>7}{ms[0]:12.1f}{ms[1]:12.1f}{ms[0] / ms[1]:9.0f}x{tri}", flush=True)
+                s = [min(times(lambda: f(*inputs, initial_state=h0), args.repeats, device))
+                     if with_triton or i < 2 else None for i, f in enumerate(forms)]
+            rows.append(dict(scan=name, T=T, naive=s[0], chunked=s[1], triton=s[2]))
+            print_row(name, T, 1e3 * s[0], 1e3 * s[1], f"{s[0] / s[1]:.0f}x", s[2] and 1e3 * s[2])
     return rows
+
 
 def bench_eval(args, device):
     """Streaming evaluation of an untrained tiny Mamba-2 (cost does not depend on the weights): time and
@@ -89,53 +99,51 @@ def bench_eval(args, device):
     torch.manual_seed(0)
     lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=257)).to(device)
     x = torch.randint(0, 257, (2, max(args.eval_lengths) + 1), device=device)
-    print(f"\nposition_nll, tiny mamba2, 2 sequences, chunk 1024:\n{'tokens':>8}{'peak MB':>10}{'seconds':>10}"
-          f"{'tokens/s':>10}")
+    print_row("position_nll tokens", "peak MB", "seconds", "tokens/s")
+    rows = []
     for L in sorted(args.eval_lengths):
         torch.cuda.reset_peak_memory_stats() if device.type == "cuda" else None
         s = min(times(lambda: evaluate.position_nll(lm, x[:, :L + 1], chunk_len=1024), args.repeats, device))
         peak = (torch.cuda.max_memory_allocated() / 2 ** 20 if device.type == "cuda" else
                 resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # Linux: kB
-        print(f"{L:>8}{peak:>10.1f}{s:>10.2f}{2 * L / s:>10.0f}")
+        rows.append(dict(tokens=L, peak_mb=peak, seconds=s))
+        print_row(L, peak, s, 2 * L / s)
     T, xe = args.effrem_len, x[:, :args.effrem_len].repeat(4, 1)  # 8 sequences
     cuts, out = evaluate.default_cuts(T, 32), []
-    forms = [lambda: out.append(evaluate.effective_remembrance(lm, xe, T, cuts)),
-             lambda: out.append(evaluate.effective_remembrance_naive(lm, xe, T, cuts).double()),
-             lambda: torch.inference_mode()(lambda: [lm(xe) for _ in cuts])()]
-    secs = [min(times(f, args.repeats, device)) for f in forms]
-    diff = float((out[0] - out[-1]).abs().max())
-    print(f"\neffective_remembrance, T={T}, 8 sequences, {len(cuts)} cuts: one pass {secs[0]:.2f} s; one forward "
-          f"per cut {secs[1]:.2f} s; {len(cuts)} full forwards {secs[2]:.2f} s; max |diff| {diff:.1e}")
-    return dict(effrem_s=secs, max_abs_diff=diff)
+    forms = {"one pass": lambda: out.append(evaluate.effective_remembrance(lm, xe, T, cuts)),
+             "one forward per cut": lambda: out.append(evaluate.effective_remembrance_naive(lm, xe, T, cuts)),
+             f"{len(cuts)} full forwards": lambda: torch.inference_mode()(lambda: [lm(xe) for _ in cuts])()}
+    print_row(f"EffRem_{T}, 8 seqs", "seconds")
+    secs = {name: min(times(f, args.repeats, device)) for name, f in forms.items()}
+    for name, s in secs.items():
+        print_row(name, s)
+    diff = float((out[0] - out[-1].double()).abs().max())
+    print(f"one pass vs one forward per cut: max |diff| {diff:.1e}")
+    return dict(ppl=rows, effrem_s=list(secs.values()), max_abs_diff=diff)
 
-def parse_presets(text):
-    """"mamba2:45m,gla:70m" -> [("mamba2", "45m"), ("gla", "70m")], all checked before any timing."""
-    out = []
-    for preset in text.split(","):
-        arch, sep, size = preset.strip().partition(":")
-        if not sep:
-            raise ValueError(f"preset {preset!r} is not arch:size (e.g. mamba2:45m)")
-        model.make_config(arch, size)  # raises ValueError naming the known archs or sizes
-        out.append((arch, size))
-    return out
 
 def bench_train(args, device):
     """Training steps of each preset on random tokens, through train.py's own step function (forward,
     loss, backward), then clipping and AdamW; bf16 autocast on CUDA as train.py. Zero initial state."""
-    rows, presets = [], parse_presets(args.presets)
-    print(f"\ntraining steps, T = {args.seq_len}, batch {args.batch_size}, vocab {args.vocab_size}, best of "
-          f"{args.steps} after 1 warm-up:\n{'preset':<14}{'params M':>10}{'best s':>9}{'median s':>10}"
-          f"{'tokens/s':>11}{f'h for {args.tokens:.3g}':>14}{'peak GB':>9}")
-    for arch, size in presets:
+    presets = [p.strip().partition(":") for p in args.presets.split(",")]
+    for arch, sep, size in presets:  # all checked before any timing
+        if not sep:
+            raise ValueError(f"preset {arch!r} is not arch:size (e.g. mamba2:45m)")
+        model.make_config(arch, size)  # raises ValueError naming the known archs or sizes
+    print(f"training steps, T = {args.seq_len}, batch {args.batch_size}, vocab {args.vocab_size}, "
+          f"best of {args.steps} after 1 warm-up")
+    print_row("preset", "params", "best s", "median s", "tokens/s", f"h for {args.tokens:.3g}", "peak GB")
+    rows, cuda = [], device.type == "cuda"
+    for arch, _, size in presets:
         torch.manual_seed(0)
-        torch.cuda.reset_peak_memory_stats() if device.type == "cuda" else None
+        torch.cuda.reset_peak_memory_stats() if cuda else None
         lm = model.LM(model.make_config(arch, size, vocab_size=args.vocab_size)).to(device)
-        optimizer = train.make_optimizer(lm, lr=1e-4, weight_decay=0.01, device=device)  # lr: no effect on cost
+        optimizer = train.make_optimizer(lm, lr=1e-4, weight_decay=0.01, device=device)  # lr: no cost
         idx = torch.randint(args.vocab_size, (args.batch_size, args.seq_len + 1), device=device)
         # the same batch every step: a step's cost does not depend on the tokens
         sampler = types.SimpleNamespace(next_batch=lambda: (idx[:, :-1], idx[:, 1:]))
         strategy = interventions.make_strategy("zero", lm, args.batch_size)
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
 
         def step():
             optimizer.zero_grad(set_to_none=True)
@@ -144,24 +152,25 @@ def bench_train(args, device):
             optimizer.step()
         secs = sorted(times(step, args.steps, device))
         tps = args.batch_size * args.seq_len / secs[0]
-        peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
         rows.append(dict(preset=f"{arch}:{size}", params=lm.num_params(), best_s=secs[0],
-                         median_s=statistics.median(secs), tokens_per_s=tps, budget_h=args.tokens / tps / 3600,
-                         peak_gb=peak))
-        print(f"{arch + ':' + size:<14}{lm.num_params() / 1e6:10.1f}{secs[0]:9.2f}{statistics.median(secs):10.2f}"
-              f"{tps:11.0f}{args.tokens / tps / 3600:14.1f}" + (f"{peak:9.1f}" if peak else f"{'-':>9}"), flush=True)
+                         median_s=statistics.median(secs), tokens_per_s=tps,
+                         budget_h=args.tokens / tps / 3600,
+                         peak_gb=torch.cuda.max_memory_allocated(device) / 1e9 if cuda else None))
+        print_row(*rows[-1].values())
     return rows
+
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
-    a("--what", default="scans", choices=["scans", "eval", "train", "all"], help="what to time (all: scans, eval)")
+    a("--what", default="scans", choices=["scans", "eval", "train", "all"],
+      help="what to time (all: scans and eval; train: the paper-size presets, a GPU's job)")
     a("--lengths", type=int, nargs="+", default=[1024, 4096, 16384], help="sequence lengths of the scans")
-    a("--repeats", type=int, default=3, help="timed repeats after one warm-up; the best is reported (default 3)")
-    a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: CUDA when present, else the CPU")
+    a("--repeats", type=int, default=3, help="timed repeats after one warm-up; the best is reported")
+    a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: CUDA when present")
     a("--triton-interpret", action="store_true", help="on the CPU, also time Triton's interpreter (slow)")
     g = p.add_argument_group("--what eval").add_argument
-    g("--eval-lengths", type=int, nargs="+", default=[8192, 131072], help="position_nll lengths (default 8k 131k)")
+    g("--eval-lengths", type=int, nargs="+", default=[8192, 131072], help="position_nll lengths")
     g("--effrem-len", type=int, default=1024, help="T of the Effective Remembrance timing (default 1024)")
     g = p.add_argument_group("--what train").add_argument
     g("--presets", default=TRAIN_PRESETS, help=f"comma-separated arch:size (default {TRAIN_PRESETS})")
@@ -169,23 +178,24 @@ def main(argv=None):
     g("--batch-size", type=int, default=1, help="sequences per step (default 1)")
     g("--vocab-size", type=int, default=50280, help="vocabulary (default 50280: GPT-NeoX, as Mamba's)")
     g("--steps", type=int, default=3, help="timed steps after one warm-up step (default 3)")
-    g("--tokens", type=float, default=2e9, help="token budget whose wall time is estimated (default 2e9)")
+    g("--tokens", type=float, default=2e9, help="token budget whose wall time is estimated")
     args = p.parse_args(argv)
-    numbers = [args.repeats, args.seq_len, args.batch_size, args.vocab_size, args.steps, args.effrem_len, args.tokens]
-    if not min(numbers + args.lengths + args.eval_lengths) > 0:
-        p.error("every number (--repeats, --lengths, --tokens, ...) must be positive")
+    numbers = [args.repeats, args.seq_len, args.batch_size, args.vocab_size, args.steps, args.effrem_len]
+    if not min(numbers + args.lengths + args.eval_lengths + [args.tokens]) > 0:
+        raise SystemExit("error: every number (--repeats, --lengths, --tokens, ...) must be positive")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda but no CUDA device is available: use --device cpu")
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
+                          args.device.replace("auto", "cpu"))
     print(f"device: {device}" + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads"))
-    if args.what in ("scans", "all"):
-        bench_scans(args, device)
-    if args.what in ("eval", "all"):
-        bench_eval(args, device)
-    if args.what == "train":
-        try:
-            bench_train(args, device)
-        except ValueError as e:  # an unknown preset: one line, not a traceback
-            raise SystemExit(f"error: {e}")
+    try:
+        for what, bench in [("scans", bench_scans), ("eval", bench_eval), ("train", bench_train)]:
+            if args.what == what or args.what == "all" and what != "train":
+                bench(args, device)
+                print()
+    except ValueError as e:  # an unknown preset: one line, not a traceback
+        raise SystemExit(f"error: {e}")
+
 
 if __name__ == "__main__":
     main()
