@@ -10,7 +10,7 @@ import model
 
 
 def test_bench_inputs_run_through_every_form_and_agree():
-    for name, (naive, chunked, triton_fn) in bench.scan_forms().items():
+    for name, (naive, chunked, triton_fn) in bench.SCANS.items():
         inputs, h0 = bench.scan_inputs(name, 37)
         y1, s1 = naive(*inputs, initial_state=h0)
         y2, s2 = chunked(*inputs, initial_state=h0)
@@ -21,7 +21,7 @@ def test_bench_inputs_run_through_every_form_and_agree():
 def test_bench_scans_table(capsys):
     args = argparse.Namespace(lengths=[16], repeats=1, triton_interpret=False)
     rows = bench.bench_scans(args, torch.device("cpu"))
-    assert [r["scan"] for r in rows] == list(bench.scan_forms())
+    assert [r["scan"] for r in rows] == list(bench.SCANS)
     assert all(r["naive"] > 0 and r["chunked"] > 0 and r["triton"] is None for r in rows)
     assert "speed-up" in capsys.readouterr().out
 
@@ -55,3 +55,11 @@ def test_bench_train_bad_preset_is_one_line(preset, message, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--what", "train", "--device", "cpu", "--presets", preset])
     assert str(e.value).startswith("error: ") and message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bench_eval_times_agreeing_forms(capsys):
+    args = argparse.Namespace(eval_lengths=[64, 32], effrem_len=24, repeats=1)
+    r = bench.bench_eval(args, torch.device("cpu"))
+    assert r["max_abs_diff"] < 1e-6 and all(s > 0 for s in r["effrem_s"])
+    assert [row["tokens"] for row in r["ppl"]] == [32, 64]  # shortest first: a flat peak means no growth
+    assert "one forward per cut" in capsys.readouterr().out
