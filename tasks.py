@@ -214,12 +214,14 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
     t0, tmp, val, n_train, docs_train, skipped = time.time(), f"{base}.{os.getpid()}.tmp", [], 0, 0, 0
     is_val, n_docs = np.zeros(len(files), dtype=bool), len(files)
     if n_docs >= 2 and val_fraction > 0:
-        is_val[np.random.default_rng(seed).permutation(n_docs)[:min(n_docs - 1, max(1, round(val_fraction * n_docs)))]] = True
+        n_val = min(n_docs - 1, max(1, round(val_fraction * n_docs)))
+        is_val[np.random.default_rng(seed).permutation(n_docs)[:n_val]] = True
     dtype = np.uint16 if enc.n_vocab <= 1 << 16 else np.uint32
     try:
         os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
         with open(tmp, "wb") as out:
-            for path, to_val in zip(tqdm(files, f"tokenizing {label}", unit="file", delay=1, leave=False), is_val):
+            progress = tqdm(files, f"tokenizing {label}", unit="file", delay=1, leave=False)
+            for path, to_val in zip(progress, is_val):
                 text = _read_text(path)
                 skipped += not text
                 # encode_ordinary: "<|endoftext|>" inside a file is plain text, not a fake document boundary
@@ -235,8 +237,9 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
             for ids in val:
                 out.write(ids.tobytes())
         n_val = sum(map(len, val)) or int(round(n_train * val_fraction))   # one document: split its tokens
-        meta = dict(source=label, tokenizer=enc.name, dtype=np.dtype(dtype).name, n_train=n_train - (0 if val else n_val),
-                    n_val=n_val, docs_train=docs_train, docs_val=len(val), skipped_files=skipped)
+        meta = dict(source=label, tokenizer=enc.name, dtype=np.dtype(dtype).name,
+                    n_train=n_train - (0 if val else n_val), n_val=n_val,
+                    docs_train=docs_train, docs_val=len(val), skipped_files=skipped)
         os.replace(tmp, base + ".bin")
         with open(tmp, "w") as f:
             json.dump(meta, f, indent=1)
@@ -288,7 +291,8 @@ def sample_markov(k, alpha, doc_len, docs, seed=0, split="train", shared=0.0):
     _check(_is_int(k, 2) and alpha > 0 and _is_int(doc_len) and _is_int(docs) and shared >= 0 and split in
            ("train", "val"), f"sample_markov: need k >= 2, alpha > 0, doc_len >= 1, docs >= 1, shared >= 0, "
                              f"split train or val; got {k}, {alpha}, {doc_len}, {docs}, {shared}, {split!r}")
-    prior, transitions, u = markov_prior(k, alpha, shared, seed), np.empty((docs, k, k)), np.empty((doc_len, docs))
+    prior = markov_prior(k, alpha, shared, seed)
+    transitions, u = np.empty((docs, k, k)), np.empty((doc_len, docs))   # u: uniforms [time, doc]
     for doc in range(docs):
         rng = np.random.default_rng([seed, int(split == "val"), doc])
         transitions[doc] = np.stack([rng.dirichlet(row) for row in prior])
@@ -362,6 +366,11 @@ def _windows(tokens, starts, length):
     return torch.from_numpy(np.stack([np.asarray(tokens[s:s + length]) for s in starts]).astype(np.int64))
 
 
+def _xy(tokens, starts, seq_len):   # -> x, y: int64 [len(starts), seq_len], y = x shifted left by one
+    w = _windows(tokens, starts, seq_len + 1)
+    return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+
 def _check_sampler(what, tokens, batch_size, seq_len):
     _check(_is_int(batch_size) and _is_int(seq_len), f"{what}: batch_size and seq_len must be integers >= 1, "
                                                      f"got {batch_size!r}, {seq_len!r}")
@@ -381,8 +390,7 @@ class RandomWindows:
         """-> x, y: int64 [batch_size, seq_len], y = x shifted left by one token."""
         rng = np.random.default_rng([self.seed, self.step])
         self.step += 1
-        w = _windows(self.tokens, rng.integers(0, len(self.tokens) - self.seq_len, self.batch_size), self.seq_len + 1)
-        return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+        return _xy(self.tokens, rng.integers(0, len(self.tokens) - self.seq_len, self.batch_size), self.seq_len)
 
     def state_dict(self):
         return {"seed": self.seed, "step": self.step}
@@ -407,22 +415,22 @@ class DocumentStreams:
         self.doc_start, self.doc_len = starts[lengths > seq_len], lengths[lengths > seq_len]
         _check(len(self.doc_start), f"DocumentStreams: no document has seq_len+1 = {seq_len + 1} tokens: "
                                     f"use a shorter seq_len or longer documents")
-        self.load_state_dict(dict(seed=seed, epoch=0, cursor=0, row_doc=[-1] * batch_size, row_pos=[0] * batch_size))
+        self.load_state_dict(dict(seed=seed, epoch=0, cursor=0, row_doc=[-1] * batch_size,   # -1: needs a doc
+                                  row_pos=[0] * batch_size))
 
     def next_batch(self):
         """-> x, y: int64 [batch_size, seq_len]; new_doc: bool [batch_size]."""
         new_doc, starts = torch.zeros(self.batch_size, dtype=torch.bool), []
-        for r in range(self.batch_size):   # row_doc -1: the row needs a document
+        for r in range(self.batch_size):
             if self.row_doc[r] < 0 or self.row_pos[r] + self.seq_len >= self.doc_len[self.row_doc[r]]:
                 if self.cursor == len(self._order):
                     self.epoch, self.cursor = self.epoch + 1, 0
-                    self._order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.doc_start))
+                    self._order = self._shuffled()
                 self.row_doc[r], self.row_pos[r], new_doc[r] = int(self._order[self.cursor]), 0, True
                 self.cursor += 1
             starts.append(self.doc_start[self.row_doc[r]] + self.row_pos[r])
             self.row_pos[r] += self.seq_len
-        w = _windows(self.tokens, starts, self.seq_len + 1)
-        return w[:, :-1].contiguous(), w[:, 1:].contiguous(), new_doc
+        return *_xy(self.tokens, starts, self.seq_len), new_doc
 
     def state_dict(self):
         return {"seed": self.seed, "epoch": self.epoch, "cursor": self.cursor, "row_doc": list(self.row_doc),
@@ -433,7 +441,10 @@ class DocumentStreams:
                f"{len(state['row_doc'])} rows, this sampler {self.batch_size}: resume with the same batch size")
         self.seed, self.epoch, self.cursor = int(state["seed"]), int(state["epoch"]), int(state["cursor"])
         self.row_doc, self.row_pos = [int(d) for d in state["row_doc"]], [int(p) for p in state["row_pos"]]
-        self._order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.doc_start))
+        self._order = self._shuffled()
+
+    def _shuffled(self):   # the order of the documents in pass `epoch`
+        return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.doc_start))
 
 
 def eval_windows(tokens, n, length, seed=0, eot_token=None):
@@ -712,16 +723,18 @@ def _babi_where_object(rng):          # qa2: two supporting facts
     events, w, _, _, objects = _simulate(rng, ["move", "move", "grab", "drop"], int(rng.integers(6, 11)), 3, 4, 3)
     place = {o: w["loc"][w["holder"][o]] if w["holder"][o] else w["lies_at"][o] for o in objects}
     o = _pick(rng, [o for o in objects if place[o]])
-    return o and (events, f"Where is the {o}?", place[o], dict(kind="where_object", obj=o))
+    if o is not None:
+        return events, f"Where is the {o}?", place[o], dict(kind="where_object", obj=o)
 
 
 def _babi_where_before(rng):          # qa3: three supporting facts
     events, w, _, _, objects = _simulate(rng, ["move", "move", "grab", "drop"], int(rng.integers(8, 15)), 2, 4, 2)
     h = w["history"]   # "before the X" is unambiguous only if the object was in X once, and not first
-    o, i = _pick(rng, [(o, i) for o in objects for i, x in enumerate(h[o]) if i > 0 and h[o].count(x) == 1]) \
-        or (None, 0)
-    return o and (events, f"Where was the {o} before the {h[o][i]}?", h[o][i - 1],
-                  dict(kind="where_before", obj=o, place=h[o][i]))
+    options = [(o, i) for o in objects for i, x in enumerate(h[o]) if i > 0 and h[o].count(x) == 1]
+    if options:
+        o, i = _pick(rng, options)
+        return events, f"Where was the {o} before the {h[o][i]}?", h[o][i - 1], \
+            dict(kind="where_before", obj=o, place=h[o][i])
 
 
 def _babi_relation(rng):              # qa4: two argument relations
@@ -754,10 +767,12 @@ def _babi_give(rng):                  # qa5: three argument relations; only ques
     events = _simulate(rng, ["move", "move", "grab", "grab", "give", "give", "drop"], int(rng.integers(8, 14)),
                        3, 3, 3)[0]
     gives = [e for e in events if e["kind"] == "give"]
-    form, g = _pick(rng, [(form, g) for g in gives for form, (keys, asked, _) in BABI_GIVE_FORMS.items()
-                          if len({e[asked] for e in gives if all(e[k] == g[k] for k in keys)}) == 1]) or (None, 0)
-    keys, asked, text = BABI_GIVE_FORMS.get(form, ((), "", ""))
-    return form and (events, text.format(**g), g[asked], dict(kind=form, **{k: g[k] for k in keys}))
+    options = [(form, g) for g in gives for form, (keys, asked, _) in BABI_GIVE_FORMS.items()
+               if len({e[asked] for e in gives if all(e[k] == g[k] for k in keys)}) == 1]
+    if options:
+        form, g = _pick(rng, options)
+        keys, asked, text = BABI_GIVE_FORMS[form]
+        return events, text.format(**g), g[asked], dict(kind=form, **{k: g[k] for k in keys})
 
 
 def _babi_yes_no(rng):                # qa6: yes/no questions
@@ -828,7 +843,8 @@ def babi_sample(task, tokenizer, length, seed=0, filler_tokens=None):
     facts = [_encode(enc, f" {e['text']}" if ours else f"{e['text']}\n") for e in events]
     question_tokens, answer_tokens = _encode(enc, f"\nQuestion: {question}\nAnswer:"), _encode(enc, f" {answer}.")
     budget = _budget(f"babi_sample {task}", length, question_tokens, answer_tokens, *facts)
-    filler, boundaries = _our_filler(enc, budget) if ours else _corpus_filler(enc, filler_tokens, budget, layout_rng)
+    filler, boundaries = _our_filler(enc, budget) if ours else \
+        _corpus_filler(enc, filler_tokens, budget, layout_rng)
     positions = np.sort(layout_rng.choice(boundaries, size=len(facts))).tolist()
     tokens, mask, starts = _assemble(enc, filler, list(zip(positions, facts)), question_tokens, answer_tokens)
     return Sample(tokens, mask, dict(task=task, answer=answer, question=question, asked=asked, events=events,
