@@ -18,12 +18,9 @@ import math
 import os
 import re
 import sysconfig
-import tempfile
 import time
 
 import numpy as np
-import tiktoken
-import tiktoken.load
 import torch
 from tqdm import tqdm
 
@@ -49,54 +46,33 @@ def _is_int(x, minimum=1):
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= minimum
 
 
-# ----------------------------------------------------------------------------------------------
-# 1. Tokenizers and corpora
-# ----------------------------------------------------------------------------------------------
+# --- 1. Tokenizers and corpora ---------------------------------------------------------------------
+# A tokenizer has name, n_vocab, eot_token, encode_ordinary(text) -> ids (a special token's text inside
+# a document stays plain text), decode(ids), decode_single_token_bytes(id), encode_single_token(bytes).
 
-def get_tokenizer(name="bytes"):
-    """-> an encoding with tiktoken's methods (an encoding passes through). "bytes": one token per byte
-    (id = byte value) plus <|endoftext|> = 256, built in code; a tokenizer.json path: JsonTokenizer; else
-    a tiktoken name (gpt2, ...) from tiktoken's cache. Runs never depend on the network."""
-    if not isinstance(name, str):
-        _check(hasattr(name, "encode_ordinary"), f"tokenizer must be a name or a tokenizer.json, got {name!r}")
-        return name
-    return _load_tokenizer(os.path.abspath(name) if name.endswith(".json") else name)
+class ByteTokenizer:
+    """One token per byte (id = byte value) plus <|endoftext|> = 256: built in, no file, no merges."""
+    name, n_vocab, eot_token = "bytes", 257, 256
+    _pieces = [bytes([i]) for i in range(256)] + [EOT.encode()]
 
+    def encode_ordinary(self, text):
+        return list(text.encode())
 
-_encoding = get_tokenizer   # evaluate.py's name for it
+    def decode(self, ids):   # a character cut in two reads U+FFFD
+        return b"".join(self._pieces[int(t)] for t in ids).decode(errors="replace")
 
+    def decode_single_token_bytes(self, token):
+        return self._pieces[token]
 
-@functools.lru_cache(maxsize=None)
-def _load_tokenizer(name):
-    if name == "bytes":   # no merges: the pattern only bounds the piece length, and must never match ""
-        return tiktoken.Encoding("bytes", pat_str=r"[\s\S]{1,256}", special_tokens={EOT: 256},
-                                 mergeable_ranks={bytes([i]): i for i in range(256)})
-    if name.endswith(".json"):
-        return JsonTokenizer(name)
-    known = tiktoken.list_encoding_names()
-    _check(name in known, f"unknown tokenizer {name!r}: use bytes, a tokenizer.json or one of {', '.join(known)}")
-    # tiktoken downloads a missing file through `requests`, which can hang for minutes behind a firewall:
-    # while loading, a file reader that refuses URLs makes a missing file fail at once.
-    read_file = tiktoken.load.read_file
-
-    def read_local_only(blobpath):
-        if "://" in blobpath:
-            cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.path.join(tempfile.gettempdir(), "data-gym-cache")
-            raise TokenizerUnavailableError(f"tokenizer {name!r} is not in the tiktoken cache {cache}: set "
-                                            f"TIKTOKEN_CACHE_DIR to the folder with its file, or --tokenizer bytes")
-        return read_file(blobpath)
-
-    tiktoken.load.read_file = read_local_only
-    try:
-        return tiktoken.get_encoding(name)
-    finally:
-        tiktoken.load.read_file = read_file
+    def encode_single_token(self, piece):
+        if len(piece) != 1 and piece != self._pieces[256]:
+            raise KeyError(piece)
+        return piece[0] if len(piece) == 1 else 256
 
 
 class JsonTokenizer:
-    """A Hugging Face tokenizer.json (GPT-NeoX's, for the official Mamba checkpoints) behind the tiktoken
-    methods used here. The `tokenizers` library encodes, so the ids are exactly the checkpoints'; as in
-    tiktoken's encode_ordinary, a special token's text inside a document stays plain text."""
+    """A Hugging Face tokenizer.json (GPT-NeoX's, as the paper's official Mamba checkpoints use). The
+    `tokenizers` library encodes, so the ids are exactly the checkpoints'."""
 
     def __init__(self, path):
         try:
@@ -112,7 +88,7 @@ class JsonTokenizer:
         except Exception as e:
             raise DataError(f"{path} is not a readable tokenizer.json ({str(e)[:60]!r}): pass the model's "
                             f"own") from None
-        self._tok.encode_special_tokens = True
+        self._tok.encode_special_tokens = True   # "<|endoftext|>" inside a document is plain text
         special = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
         _check(EOT in special, f"{path} has no {EOT} special token to mark documents: use GPT-NeoX's")
         self.name, self.eot_token = "json-" + hashlib.sha1(raw).hexdigest()[:12], special[EOT]
@@ -136,6 +112,23 @@ class JsonTokenizer:
         return ids[0]
 
 
+def get_tokenizer(name="bytes"):
+    """-> the tokenizer "bytes" (built in) or of a tokenizer.json path; a tokenizer object passes through."""
+    if hasattr(name, "encode_ordinary"):
+        return name
+    _check(name == "bytes" or isinstance(name, str) and name.endswith(".json"), f"unknown tokenizer {name!r}: "
+           f"use bytes or a path to a tokenizer.json (e.g. GPT-NeoX's, as the paper's models)")
+    return _load_tokenizer(name if name == "bytes" else os.path.abspath(name))
+
+
+_encoding = get_tokenizer   # evaluate.py's name for it
+
+
+@functools.lru_cache(maxsize=None)
+def _load_tokenizer(name):
+    return ByteTokenizer() if name == "bytes" else JsonTokenizer(name)
+
+
 @dataclasses.dataclass
 class Data:
     name: str
@@ -143,7 +136,7 @@ class Data:
     val: np.ndarray
     vocab_size: int
     eot_token: int
-    tokenizer: object         # the encoding; None for the synthetic process
+    tokenizer: object         # None for the synthetic process
     optimal_nll: object = None   # windows [n, T] -> the exact Bayes-optimal loss [n, T-1] (markov)
     info: dict = dataclasses.field(default_factory=dict)
 
@@ -205,30 +198,37 @@ def _load_documents(label, files, enc, seed, val_fraction, cache_dir):
                 info=info)
 
 
+def _read_text(path):   # "" for a binary, not UTF-8 or empty file: it is skipped
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return "" if b"\0" in raw else raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return ""
+
+
 def _build_cache(base, label, files, enc, seed, val_fraction):
     """Tokenize each file as eot + text into base.bin (train documents, then val) and base.json, both via
-    a temporary name: a crash or a full disk never leaves a half cache that looks complete."""
+    a temporary name: a crash or a full disk never leaves a half cache that looks complete. val: a seeded
+    random val_fraction of the documents (at least one, never all)."""
     t0, tmp, val, n_train, docs_train, skipped = time.time(), f"{base}.{os.getpid()}.tmp", [], 0, 0, 0
-    is_val = _document_split(len(files), val_fraction, seed)
+    is_val, n_docs = np.zeros(len(files), dtype=bool), len(files)
+    if n_docs >= 2 and val_fraction > 0:
+        n_val = min(n_docs - 1, max(1, round(val_fraction * n_docs)))
+        is_val[np.random.default_rng(seed).permutation(n_docs)[:n_val]] = True
     dtype = np.uint16 if enc.n_vocab <= 1 << 16 else np.uint32
     try:
         os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
         with open(tmp, "wb") as out:
-            for path, to_val in zip(tqdm(files, f"tokenizing {label}", unit="file", delay=1, leave=False), is_val):
-                with open(path, "rb") as f:
-                    raw = f.read()
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    text = ""
-                if not text or "\0" in text:   # binary, not UTF-8, or empty
-                    skipped += 1
-                    continue
+            progress = tqdm(files, f"tokenizing {label}", unit="file", delay=1, leave=False)
+            for path, to_val in zip(progress, is_val):
+                text = _read_text(path)
+                skipped += not text
                 # encode_ordinary: "<|endoftext|>" inside a file is plain text, not a fake document boundary
-                ids = np.array([enc.eot_token] + enc.encode_ordinary(text), dtype)
-                if to_val:   # val documents wait in memory, to go last
+                ids = np.array([enc.eot_token] + enc.encode_ordinary(text), dtype) if text else None
+                if text and to_val:   # val documents wait in memory, to go last
                     val.append(ids)
-                else:
+                elif text:
                     out.write(ids.tobytes())
                     n_train, docs_train = n_train + len(ids), docs_train + 1
             _check(n_train and (val or not is_val.any()), f"{label!r}: no UTF-8 text documents for the "
@@ -237,9 +237,9 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
             for ids in val:
                 out.write(ids.tobytes())
         n_val = sum(map(len, val)) or int(round(n_train * val_fraction))   # one document: split its tokens
-        meta = dict(source=label, tokenizer=enc.name, seed=seed, val_fraction=val_fraction, dtype=np.dtype(dtype).name,
-                    n_train=n_train - (0 if val else n_val), n_val=n_val, docs_train=docs_train, docs_val=len(val),
-                    skipped_files=skipped, files=len(files))
+        meta = dict(source=label, tokenizer=enc.name, dtype=np.dtype(dtype).name,
+                    n_train=n_train - (0 if val else n_val), n_val=n_val,
+                    docs_train=docs_train, docs_val=len(val), skipped_files=skipped)
         os.replace(tmp, base + ".bin")
         with open(tmp, "w") as f:
             json.dump(meta, f, indent=1)
@@ -247,23 +247,14 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
     except OSError as e:
         if e.errno != errno.ENOSPC:
             raise
-        raise DataError(f"no space left on the disk to cache {label} in {os.path.dirname(base)}: free "
-                        f"some") from None
+        raise DataError(f"no space left on the disk to cache {label} in {os.path.dirname(base)}: free some") \
+            from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
     note = f" ({skipped} files skipped: binary, not UTF-8 or empty)" if skipped else ""
     print(f"tasks: cached {label} with {enc.name}: {docs_train}+{len(val)} docs{note}, {meta['n_train']}+{n_val} "
           f"tokens, {os.path.getsize(base + '.bin') / 1e6:.1f} MB, {time.time() - t0:.1f}s -> {base}.bin")
-
-
-def _document_split(n_docs, val_fraction, seed):
-    """Which documents go to val: a seeded random val_fraction of them (at least one, never all)."""
-    is_val = np.zeros(n_docs, dtype=bool)
-    if n_docs >= 2 and val_fraction > 0:
-        n_val = min(n_docs - 1, max(1, round(val_fraction * n_docs)))
-        is_val[np.random.default_rng(seed).permutation(n_docs)[:n_val]] = True
-    return is_val
 
 
 def _load_bin(path, enc, val_fraction):   # nanoGPT's prepare.py output: memory-mapped as is, val is its tail
@@ -279,9 +270,7 @@ def _load_bin(path, enc, val_fraction):   # nanoGPT's prepare.py output: memory-
     return Data(path, tokens[:n_train], tokens[n_train:], enc.n_vocab, enc.eot_token, enc, info={"cache": path})
 
 
-# ----------------------------------------------------------------------------------------------
-# 2. The in-context Markov process and its exact Bayes floor
-# ----------------------------------------------------------------------------------------------
+# --- 2. The in-context Markov process and its exact Bayes floor -----------------------------------
 # Each document draws its OWN transition matrix P (K x K, rows ~ Dirichlet(alpha)), a uniform first
 # token, then doc_len tokens of the chain: the only way to predict well is to count bigrams in the
 # context, the in-context skill whose failure past T_train the paper studies. shared=C > 0 makes the
@@ -303,23 +292,18 @@ def sample_markov(k, alpha, doc_len, docs, seed=0, split="train", shared=0.0):
            ("train", "val"), f"sample_markov: need k >= 2, alpha > 0, doc_len >= 1, docs >= 1, shared >= 0, "
                              f"split train or val; got {k}, {alpha}, {doc_len}, {docs}, {shared}, {split!r}")
     prior = markov_prior(k, alpha, shared, seed)
-    tokens, transitions = np.empty((docs, doc_len), dtype=np.int64), np.empty((docs, k, k))
-    for lo in range(0, docs, 256):   # blocks of documents bound the memory of the uniforms u [time, doc]
-        hi = min(lo + 256, docs)
-        u = np.empty((doc_len, hi - lo))
-        for doc in range(lo, hi):
-            rng = np.random.default_rng([seed, int(split == "val"), doc])
-            transitions[doc] = np.stack([rng.dirichlet(row) for row in prior]) if shared else \
-                rng.dirichlet(np.full(k, alpha), size=k)
-            u[:, doc - lo] = rng.random(doc_len)
-        cdf = np.cumsum(transitions[lo:hi], axis=-1)   # inverse-CDF sampling of a block, a loop over time
-        cdf[..., -1] = 1.0                              # rounding must not leave u above the last bin
-        block = np.empty((doc_len, hi - lo), dtype=np.int64)
-        block[0] = np.minimum((u[0] * k).astype(np.int64), k - 1)   # first token: uniform
-        for t in range(1, doc_len):
-            block[t] = (cdf[np.arange(hi - lo), block[t - 1]] < u[t, :, None]).sum(-1)
-        tokens[lo:hi] = block.T
-    return tokens, transitions
+    transitions, u = np.empty((docs, k, k)), np.empty((doc_len, docs))   # u: uniforms [time, doc]
+    for doc in range(docs):
+        rng = np.random.default_rng([seed, int(split == "val"), doc])
+        transitions[doc] = np.stack([rng.dirichlet(row) for row in prior])
+        u[:, doc] = rng.random(doc_len)
+    cdf = np.cumsum(transitions, axis=-1)   # inverse-CDF sampling of all documents, a loop over time
+    cdf[..., -1] = 1.0                      # rounding must not leave u above the last bin
+    tokens = np.empty((doc_len, docs), dtype=np.int64)
+    tokens[0] = np.minimum((u[0] * k).astype(np.int64), k - 1)   # first token: uniform
+    for t in range(1, doc_len):
+        tokens[t] = (cdf[np.arange(docs), tokens[t - 1]] < u[t, :, None]).sum(-1)
+    return np.ascontiguousarray(tokens.T), transitions
 
 
 def markov_bayes_nll(tokens, k, alpha, prior=None):
@@ -328,8 +312,7 @@ def markov_bayes_nll(tokens, k, alpha, prior=None):
     With a Dirichlet prior on each row of P, after bigram counts c the posterior predictive is
         p(j | i, c) = (c_ij + alpha) / (sum_j' c_ij' + K alpha),
     and a document's first token (after the eot) has p = 1/K. prior: [k, k] pseudo-counts replacing alpha."""
-    is_tensor = torch.is_tensor(tokens)
-    x = torch.as_tensor(tokens if is_tensor else np.asarray(tokens)).long().cpu()
+    x = torch.as_tensor(np.asarray(tokens) if not torch.is_tensor(tokens) else tokens).long().cpu()
     _check(x.dim() == 2 and x.shape[1] >= 2, f"markov_bayes_nll: tokens must be [n, T >= 2], got {list(x.shape)}")
     _check(not ((x < 0) | (x > k)).any(), f"markov_bayes_nll: token ids must be in 0..{k} (k = {k} is eot)")
     _check(not (x[:, 1:] == k).any(), "markov_bayes_nll: a window crosses a document boundary (an eot after its "
@@ -347,7 +330,7 @@ def markov_bayes_nll(tokens, k, alpha, prior=None):
         nll[:, t] = torch.log(row.sum(-1)) - torch.log(row[rows, nxt])
         nll[at_start, t] = math.log(k)
         counts[rows, prev, nxt] += (~at_start).double()   # (eot, first token) is not a bigram of P
-    return nll if is_tensor else nll.numpy()
+    return nll if torch.is_tensor(tokens) else nll.numpy()
 
 
 def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): not cached on disk
@@ -361,7 +344,7 @@ def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): no
         except ValueError:
             raise DataError(f"markov: option {key} needs a {type(cfg[key]).__name__}, got {value!r}") from None
     k, alpha, shared = cfg["k"], cfg["alpha"], cfg["shared"]
-    _check(2 <= k < 65535 and alpha > 0 and cfg["doc_len"] >= 2 and cfg["docs"] >= 1 and cfg["val_docs"] >= 1
+    _check(2 <= k < 65535 and alpha > 0 and cfg["doc_len"] >= 2 and min(cfg["docs"], cfg["val_docs"]) >= 1
            and shared >= 0, f"markov: need 2 <= k < 65535, alpha > 0, doc_len >= 2, docs >= 1, val_docs >= 1, "
                             f"shared >= 0; got {spec!r}")
 
@@ -374,14 +357,18 @@ def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): no
     return Data(name, stream(cfg["docs"], "train"), stream(cfg["val_docs"], "val"), k + 1, k, None, floor, cfg)
 
 
-# ----------------------------------------------------------------------------------------------
-# 3. Samplers. A resumed run continues EXACTLY where it stopped: each sampler's randomness is a pure
-# function of (seed, counters), so its state is a few integers.
-# ----------------------------------------------------------------------------------------------
+# --- 3. Samplers --------------------------------------------------------------------------------------
+# A resumed run continues EXACTLY where it stopped: each sampler's randomness is a pure function of
+# (seed, counters), so its state is a few integers.
 
 def _windows(tokens, starts, length):
     """tokens[s : s+length] for each start -> int64 [len(starts), length]."""
     return torch.from_numpy(np.stack([np.asarray(tokens[s:s + length]) for s in starts]).astype(np.int64))
+
+
+def _xy(tokens, starts, seq_len):   # -> x, y: int64 [len(starts), seq_len], y = x shifted left by one
+    w = _windows(tokens, starts, seq_len + 1)
+    return w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
 
 def _check_sampler(what, tokens, batch_size, seq_len):
@@ -403,9 +390,7 @@ class RandomWindows:
         """-> x, y: int64 [batch_size, seq_len], y = x shifted left by one token."""
         rng = np.random.default_rng([self.seed, self.step])
         self.step += 1
-        starts = rng.integers(0, len(self.tokens) - self.seq_len, self.batch_size)
-        w = _windows(self.tokens, starts, self.seq_len + 1)
-        return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+        return _xy(self.tokens, rng.integers(0, len(self.tokens) - self.seq_len, self.batch_size), self.seq_len)
 
     def state_dict(self):
         return {"seed": self.seed, "step": self.step}
@@ -425,18 +410,13 @@ class DocumentStreams:
     def __init__(self, tokens, eot_token, batch_size, seq_len, seed=0):
         _check_sampler("DocumentStreams", tokens, batch_size, seq_len)
         self.tokens, self.batch_size, self.seq_len, self.seed = tokens, batch_size, seq_len, seed
-        starts = np.flatnonzero(np.asarray(tokens) == eot_token)
-        starts = starts if len(starts) and starts[0] == 0 else np.concatenate([[0], starts])
+        starts = np.union1d([0], np.flatnonzero(np.asarray(tokens) == eot_token))
         lengths = np.diff(np.append(starts, len(tokens)))
         self.doc_start, self.doc_len = starts[lengths > seq_len], lengths[lengths > seq_len]
         _check(len(self.doc_start), f"DocumentStreams: no document has seq_len+1 = {seq_len + 1} tokens: "
                                     f"use a shorter seq_len or longer documents")
-        self.epoch, self.cursor = 0, 0                # position in the shuffled order of documents
-        self.row_doc, self.row_pos = [-1] * batch_size, [0] * batch_size   # -1: the row needs a document
-        self._order = self._shuffled()
-
-    def _shuffled(self):
-        return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.doc_start))
+        self.load_state_dict(dict(seed=seed, epoch=0, cursor=0, row_doc=[-1] * batch_size,   # -1: needs a doc
+                                  row_pos=[0] * batch_size))
 
     def next_batch(self):
         """-> x, y: int64 [batch_size, seq_len]; new_doc: bool [batch_size]."""
@@ -450,8 +430,7 @@ class DocumentStreams:
                 self.cursor += 1
             starts.append(self.doc_start[self.row_doc[r]] + self.row_pos[r])
             self.row_pos[r] += self.seq_len
-        w = _windows(self.tokens, starts, self.seq_len + 1)
-        return w[:, :-1].contiguous(), w[:, 1:].contiguous(), new_doc
+        return *_xy(self.tokens, starts, self.seq_len), new_doc
 
     def state_dict(self):
         return {"seed": self.seed, "epoch": self.epoch, "cursor": self.cursor, "row_doc": list(self.row_doc),
@@ -463,6 +442,9 @@ class DocumentStreams:
         self.seed, self.epoch, self.cursor = int(state["seed"]), int(state["epoch"]), int(state["cursor"])
         self.row_doc, self.row_pos = [int(d) for d in state["row_doc"]], [int(p) for p in state["row_pos"]]
         self._order = self._shuffled()
+
+    def _shuffled(self):   # the order of the documents in pass `epoch`
+        return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.doc_start))
 
 
 def eval_windows(tokens, n, length, seed=0, eot_token=None):
@@ -481,9 +463,7 @@ def eval_windows(tokens, n, length, seed=0, eot_token=None):
     return _windows(tokens, rng.choice(candidates, size=n, replace=False), length)
 
 
-# ----------------------------------------------------------------------------------------------
-# 4. Long-context tasks (paper Sec. 5): passkey retrieval, synthetic copying, BABILong-style QA
-# ----------------------------------------------------------------------------------------------
+# --- 4. Long-context tasks (paper Sec. 5): passkey retrieval, synthetic copying, BABILong-style QA ----
 # A generator returns Sample(tokens, answer_mask, meta): the WHOLE example in the LM data's tokenizer,
 # starting with the eot like every document; the answer, always the last tokens, the only ones the loss
 # is computed on (the paper fine-tunes "with the loss only on the answer") and scoring checks; the ground
@@ -529,11 +509,7 @@ class TaskSampler:
             answer[row, T - len(s.tokens):] = torch.as_tensor(s.answer_mask)
         return tokens[:, :-1].contiguous(), tokens[:, 1:].masked_fill(~answer[:, 1:], -100)
 
-    def state_dict(self):
-        return {"seed": self.seed, "step": self.step}
-
-    def load_state_dict(self, state):
-        self.seed, self.step = int(state["seed"]), int(state["step"])
+    state_dict, load_state_dict = RandomWindows.state_dict, RandomWindows.load_state_dict
 
 
 def _encode(enc, text):
@@ -565,8 +541,8 @@ def _our_filler(enc, n_tokens):
 def _corpus_filler(enc, corpus, n_tokens, rng):
     """-> (tokens, boundaries = line starts and 0) of a random window of a token stream, whose eot tokens
     become newlines: the filler must read as one long text, not as several documents."""
-    _check(len(corpus) >= n_tokens, f"babi_sample: the filler stream has {len(corpus)} tokens, {n_tokens} needed: "
-                                    f"pass a longer filler_tokens or a shorter length")
+    _check(len(corpus) >= n_tokens, f"babi_sample: the filler stream has {len(corpus)} tokens, {n_tokens} "
+                                    f"needed: pass a longer filler_tokens or a shorter length")
     start = int(rng.integers(0, len(corpus) - n_tokens + 1))
     tokens = np.asarray(corpus[start:start + n_tokens]).astype(np.int64)
     top = int(tokens.max()) if n_tokens else -1
@@ -589,6 +565,14 @@ def _assemble(enc, filler, inserts, question, answer):
     return tokens, np.arange(len(tokens)) >= len(tokens) - len(answer), piece_starts
 
 
+def _budget(what, length, *pieces):   # the filler tokens left in `length` beside the eot and the pieces
+    _check(_is_int(length), f"{what}: length must be an integer >= 1, got {length!r}")
+    budget = length - 1 - sum(map(len, pieces))
+    _check(budget >= 0, f"{what}: length {length} is too short, its sentences and question alone take "
+                        f"{length - budget} tokens: use a longer length (--seq-len)")
+    return budget
+
+
 # --- Passkey retrieval (Fig. 7) ---------------------------------------------------------------
 PASSKEY_SENTENCE = " Listen well: the pass key is {key}. Keep {key} in mind, it is the pass key."
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
@@ -599,17 +583,13 @@ def passkey_sample(tokenizer, length, depth=None, seed=0):
     fraction of filler before the key sentence, snapped to a sentence boundary; None draws it uniformly.
     The answer " {key}." has the paper's period, so the model learns to stop. meta: answer, key, depth,
     actual_depth, key_start (token index of the key sentence)."""
-    enc = get_tokenizer(tokenizer)
-    _check(_is_int(length), f"passkey_sample: length must be an integer >= 1, got {length!r}")
-    content_rng, layout_rng = _rngs(seed, 2)
+    enc, (content_rng, layout_rng) = get_tokenizer(tokenizer), _rngs(seed, 2)
     key = str(int(content_rng.integers(10_000, 100_000)))
     depth = float(layout_rng.random()) if depth is None else depth
     _check(0 <= depth <= 1, f"passkey_sample: depth must be in [0, 1], got {depth}")
     needle, question, answer = (_encode(enc, s) for s in (PASSKEY_SENTENCE.format(key=key), PASSKEY_QUESTION,
                                                           f" {key}."))
-    budget = length - 1 - len(needle) - len(question) - len(answer)
-    _check(budget >= 0, f"passkey_sample: length {length} is too short, the key sentence and the question alone "
-                        f"take {length - budget} tokens: use a longer length (--seq-len)")
+    budget = _budget("passkey_sample", length, needle, question, answer)
     filler, boundaries = _our_filler(enc, budget)
     pos = int(boundaries[np.argmin(np.abs(boundaries - depth * budget))])
     tokens, answer_mask, (key_start,) = _assemble(enc, filler, [(pos, needle)], question, answer)
@@ -635,8 +615,7 @@ def copy_sample(tokenizer, length, seed=0, alphabet=COPY_ALPHABET):
     """A random string of `length` symbols of `alphabet` (each one token), or of a length drawn from the
     inclusive range (lo, hi), to be copied after the separator; 2 * length + 3 tokens.
     meta: answer (the string), target (its token ids), length."""
-    enc = get_tokenizer(tokenizer)
-    rng, = _rngs(seed, 1)
+    enc, (rng,) = get_tokenizer(tokenizer), _rngs(seed, 1)
     if isinstance(length, (tuple, list)):
         _check(len(length) == 2 and _is_int(length[0]) and _is_int(length[1], length[0]),
                f"copy_sample: a length range must be (lo, hi) with 1 <= lo <= hi, got {length!r}")
@@ -744,20 +723,18 @@ def _babi_where_object(rng):          # qa2: two supporting facts
     events, w, _, _, objects = _simulate(rng, ["move", "move", "grab", "drop"], int(rng.integers(6, 11)), 3, 4, 3)
     place = {o: w["loc"][w["holder"][o]] if w["holder"][o] else w["lies_at"][o] for o in objects}
     o = _pick(rng, [o for o in objects if place[o]])
-    if o is None:
-        return None
-    return events, f"Where is the {o}?", place[o], dict(kind="where_object", obj=o)
+    if o is not None:
+        return events, f"Where is the {o}?", place[o], dict(kind="where_object", obj=o)
 
 
 def _babi_where_before(rng):          # qa3: three supporting facts
     events, w, _, _, objects = _simulate(rng, ["move", "move", "grab", "drop"], int(rng.integers(8, 15)), 2, 4, 2)
     h = w["history"]   # "before the X" is unambiguous only if the object was in X once, and not first
     options = [(o, i) for o in objects for i, x in enumerate(h[o]) if i > 0 and h[o].count(x) == 1]
-    if not options:
-        return None
-    o, i = _pick(rng, options)
-    return (events, f"Where was the {o} before the {h[o][i]}?", h[o][i - 1],
-            dict(kind="where_before", obj=o, place=h[o][i]))
+    if options:
+        o, i = _pick(rng, options)
+        return events, f"Where was the {o} before the {h[o][i]}?", h[o][i - 1], \
+            dict(kind="where_before", obj=o, place=h[o][i])
 
 
 def _babi_relation(rng):              # qa4: two argument relations
@@ -792,11 +769,10 @@ def _babi_give(rng):                  # qa5: three argument relations; only ques
     gives = [e for e in events if e["kind"] == "give"]
     options = [(form, g) for g in gives for form, (keys, asked, _) in BABI_GIVE_FORMS.items()
                if len({e[asked] for e in gives if all(e[k] == g[k] for k in keys)}) == 1]
-    if not options:
-        return None
-    form, g = _pick(rng, options)
-    keys, asked, text = BABI_GIVE_FORMS[form]
-    return events, text.format(**g), g[asked], dict(kind=form, **{k: g[k] for k in keys})
+    if options:
+        form, g = _pick(rng, options)
+        keys, asked, text = BABI_GIVE_FORMS[form]
+        return events, text.format(**g), g[asked], dict(kind=form, **{k: g[k] for k in keys})
 
 
 def _babi_yes_no(rng):                # qa6: yes/no questions
@@ -808,23 +784,16 @@ def _babi_yes_no(rng):                # qa6: yes/no questions
         dict(kind="is_in", person=p, place=place)
 
 
-def _carrying_story(rng):             # qa7, qa8: who carries what
+def _babi_carrying(rng, count):       # qa7 (count): counting; qa8: lists/sets, sorted by name
     events, w, people, _, objects = _simulate(rng, ["move", "move", "grab", "grab", "drop", "give"],
                                               int(rng.integers(6, 12)), 3, 3, 4)
     known = [p for p in people if w["loc"][p]]
     carrying = [p for p in known if p in w["holder"].values()]
     p = _pick(rng, carrying if carrying and rng.random() < 0.5 else known)   # fewer "none" answers
-    return events, p, sorted(o for o in objects if w["holder"][o] == p)
-
-
-def _babi_counting(rng):              # qa7: counting
-    events, p, held = _carrying_story(rng)
-    question = f"How many objects is {p} carrying?"
-    return events, question, BABI_NUMBERS[len(held)], dict(kind="count_carried", person=p)
-
-
-def _babi_lists(rng):                 # qa8: lists/sets, sorted by name
-    events, p, held = _carrying_story(rng)
+    held = sorted(o for o in objects if w["holder"][o] == p)
+    if count:
+        return events, f"How many objects is {p} carrying?", BABI_NUMBERS[len(held)], \
+            dict(kind="count_carried", person=p)
     return events, f"What is {p} carrying?", ",".join(held) or "nothing", dict(kind="list_carried", person=p)
 
 
@@ -845,7 +814,8 @@ def _babi_is_in(rng, fact):           # qa9 (fact "not_in"), qa10 ("either"): "I
 
 BABI_TASKS = {
     "qa1": _babi_where_person, "qa2": _babi_where_object, "qa3": _babi_where_before, "qa4": _babi_relation,
-    "qa5": _babi_give, "qa6": _babi_yes_no, "qa7": _babi_counting, "qa8": _babi_lists,
+    "qa5": _babi_give, "qa6": _babi_yes_no, "qa7": functools.partial(_babi_carrying, count=True),
+    "qa8": functools.partial(_babi_carrying, count=False),
     "qa9": functools.partial(_babi_is_in, fact="not_in"), "qa10": functools.partial(_babi_is_in, fact="either"),
 }
 
@@ -853,8 +823,7 @@ BABI_TASKS = {
 def babi_story(task, seed=0):
     """-> (events, question, answer, asked) of a bAbI task ("qa1".."qa10"), from the seed."""
     _check(task in BABI_TASKS, f"unknown bAbI task {task!r}: use one of {', '.join(BABI_TASKS)}")
-    rng = np.random.default_rng(seed)
-    story = None
+    rng, story = np.random.default_rng(seed), None
     while not story:   # a story without a good question: draw another from the same rng
         story = BABI_TASKS[task](rng)
     return story
@@ -866,18 +835,14 @@ def babi_sample(task, tokenizer, length, seed=0, filler_tokens=None):
     boundary: between our filler's sentences, or at line starts of a random window of filler_tokens (a
     stream of the same tokenizer, e.g. load_data("stdlib").val). meta: task, answer, question, asked,
     events, fact_starts. With bytes a story takes up to ~470 tokens: train at length >= 512."""
-    enc = get_tokenizer(tokenizer)
-    _check(_is_int(length), f"babi_sample: length must be an integer >= 1, got {length!r}")
+    enc, (task_rng, story_rng, layout_rng) = get_tokenizer(tokenizer), _rngs(seed, 3)
     _check(task in BABI_TASKS or task is None, f"unknown bAbI task {task!r}: use one of {', '.join(BABI_TASKS)}")
-    task_rng, story_rng, layout_rng = _rngs(seed, 3)
     task = task or list(BABI_TASKS)[task_rng.integers(len(BABI_TASKS))]
     events, question, answer, asked = babi_story(task, int(story_rng.integers(2**63)))
     ours = filler_tokens is None
     facts = [_encode(enc, f" {e['text']}" if ours else f"{e['text']}\n") for e in events]
     question_tokens, answer_tokens = _encode(enc, f"\nQuestion: {question}\nAnswer:"), _encode(enc, f" {answer}.")
-    budget = length - 1 - sum(map(len, facts)) - len(question_tokens) - len(answer_tokens)
-    _check(budget >= 0, f"babi_sample: length {length} is too short for this {task} story, its sentences and "
-                        f"question alone take {length - budget} tokens: use a longer length")
+    budget = _budget(f"babi_sample {task}", length, question_tokens, answer_tokens, *facts)
     filler, boundaries = _our_filler(enc, budget) if ours else \
         _corpus_filler(enc, filler_tokens, budget, layout_rng)
     positions = np.sort(layout_rng.choice(boundaries, size=len(facts))).tolist()

@@ -1,15 +1,13 @@
-"""tasks.py: tokenizers (incl. a Hugging Face tokenizer.json), corpora and their cache, the Markov process's
-exact Bayes floor, the samplers, and the Sec. 5 task generators."""
+"""tasks.py: the two tokenizers (built-in bytes, a Hugging Face tokenizer.json), corpora and their cache, the
+Markov process's exact Bayes floor, the samplers, and the Sec. 5 task generators."""
 import errno
+import io
 import json
 import os
 import sys
-import time
 
 import numpy as np
 import pytest
-import tiktoken
-import tiktoken.load
 import torch
 import torch.nn.functional as F
 
@@ -18,6 +16,7 @@ from tasks import BABI_TASKS, DataError, DocumentStreams, RandomWindows, TaskSam
 
 EOT = 256   # the bytes tokenizer's end-of-text id
 ENC = tasks.get_tokenizer("bytes")
+CORPUS_TEXT = "".join(f"def f{i}(x):\n    return x + {i}  # the river runs down to the sea\n\n" for i in range(60))
 
 
 def error(exc_type, fn, *words):
@@ -42,24 +41,9 @@ def write_docs(folder, n=20, ext=".txt"):
     return texts
 
 
-# ---------------------------------------------------------------------------------- tokenizers
-
-def test_bytes_tokenizer_and_offline_tiktoken(tmp_path, monkeypatch):
-    raw = bytes(np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8))
-    assert ENC.n_vocab == 257 and ENC.eot_token == EOT and ENC.decode_bytes(list(raw)) == raw
-    text = "ascii, ünïcödé, 中文, 🐍𝄞, tabs\t\nNUL\x00 <|endoftext|> " * 20
-    assert ENC.encode_ordinary(text) == list(text.encode()) and ENC.decode(ENC.encode_ordinary(text)) == text
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))   # an empty cache: nothing to load, no download
-    original, t0 = tiktoken.load.read_file, time.time()
-    error(TokenizerUnavailableError, lambda: tasks.get_tokenizer("cl100k_base"), "TIKTOKEN_CACHE_DIR", "bytes")
-    assert time.time() - t0 < 2.0 and tiktoken.load.read_file is original
-    error(DataError, lambda: tasks.get_tokenizer("nonsense"), "unknown tokenizer", "bytes")
-    error(DataError, lambda: tasks.get_tokenizer(3), "tokenizer")
-
-
 @pytest.fixture(scope="module")
 def tok_json(tmp_path_factory):
-    """A small byte-level BPE tokenizer.json with a special end-of-text token, trained here (offline)."""
+    """A small byte-level BPE tokenizer.json WITH merges and an end-of-text token, trained here (offline)."""
     tokenizers = pytest.importorskip("tokenizers")
     tok = tokenizers.Tokenizer(tokenizers.models.BPE())
     tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -72,26 +56,39 @@ def tok_json(tmp_path_factory):
     return path
 
 
-CORPUS_TEXT = "".join(f"def f{i}(x):\n    return x + {i}  # the river runs down to the sea\n\n" for i in range(60))
+@pytest.fixture(params=["bytes", "bpe"])
+def enc(request, tok_json):   # the generators must not rely on one token per byte
+    return ENC if request.param == "bytes" else tasks.get_tokenizer(tok_json)
+
+
+# ---------------------------------------------------------------------------------- tokenizers
+
+def test_bytes_tokenizer():
+    raw = bytes(np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8))
+    assert ENC.n_vocab == 257 and ENC.eot_token == EOT and ENC.encode_ordinary("héllo\n") == [104, 195, 169, 108,
+                                                                                               108, 111, 10]
+    assert b"".join(ENC.decode_single_token_bytes(t) for t in raw) == raw
+    text = "ascii, ünïcödé, 中文, 🐍𝄞, tabs\t\nNUL\x00 <|endoftext|> " * 20
+    assert ENC.encode_ordinary(text) == list(text.encode()) and ENC.decode(ENC.encode_ordinary(text)) == text
+    assert ENC.decode([EOT, 65]) == "<|endoftext|>A" and ENC.encode_single_token(b"<|endoftext|>") == EOT
+    for name in ["gpt2", "nonsense", 3, None]:
+        error(DataError, lambda: tasks.get_tokenizer(name), "unknown tokenizer", "bytes", "tokenizer.json")
 
 
 def test_tokenizer_json_encodes_exactly_as_the_tokenizers_library(tok_json, tmp_path):
     import tokenizers
     enc, ref = tasks.get_tokenizer(tok_json), tokenizers.Tokenizer.from_file(tok_json)
     assert enc.eot_token == ref.token_to_id("<|endoftext|>") == 1 and enc.n_vocab == ref.get_vocab_size() == 300
-    texts = ["plain words", "  two  spaces\t\ttabs \n\n\nnewlines   \n", "ünïcödé 中文 🐍 𝄞 é", "", " ",
-             CORPUS_TEXT[:500], "x<|endoftext|>y <|pad|>"]
-    for text in texts:
+    for text in ["plain words", "  two  spaces\t\ttabs \n\n\nnewlines   \n", "ünïcödé 中文 🐍 𝄞 é", "", " ",
+                 CORPUS_TEXT[:500], "x<|endoftext|>y <|pad|>"]:
         ids = enc.encode_ordinary(text)
-        if "<|" not in text:   # no special token in the text: exactly tokenizers' default encoding
-            assert ids == ref.encode(text).ids
+        assert "<|" in text or ids == ref.encode(text).ids   # no special token: tokenizers' default encoding
         ref.encode_special_tokens = True   # a special token's text inside a document is plain text
         assert ids == ref.encode(text).ids and enc.decode(ids) == text
         ref.encode_special_tokens = False
     assert ref.encode("a<|endoftext|>b").ids[1] == enc.eot_token   # the file's special token is our eot
     assert enc.encode_single_token(tasks.COPY_SEP) != enc.encode_single_token(tasks.COPY_EOS)
-    # text tokenized with it is cached (uint16: the vocabulary fits); a .bin plus the tokenizer.json works
-    (tmp_path / "c.txt").write_text(CORPUS_TEXT)
+    (tmp_path / "c.txt").write_text(CORPUS_TEXT)   # cached as uint16 (the vocabulary fits); its .bin loads
     d = tasks.load_data(str(tmp_path / "c.txt"), tokenizer=tok_json, cache_dir=str(tmp_path / "cache"))
     whole = np.concatenate([d.train, d.val])
     assert d.train.dtype == np.uint16 and whole.tolist() == [1] + ref.encode(CORPUS_TEXT).ids
@@ -110,7 +107,7 @@ def test_tokenizer_json_errors(tok_json, tmp_path, monkeypatch):
     error(DataError, lambda: tasks.get_tokenizer(str(tmp_path / "no_eot.json")), "<|endoftext|>")
     monkeypatch.setitem(sys.modules, "tokenizers", None)   # the library is not installed
     (tmp_path / "other.json").write_text(open(tok_json).read())
-    error(TokenizerUnavailableError, lambda: tasks.get_tokenizer(str(tmp_path / "other.json")), "pip install tokenizers")
+    error(TokenizerUnavailableError, lambda: tasks.get_tokenizer(str(tmp_path / "other.json")), "pip install")
 
 
 def test_official_checkpoint_trains_and_evaluates_with_a_tokenizer_json(tok_json, tmp_path, monkeypatch):
@@ -239,20 +236,12 @@ def test_bad_data_inputs(tmp_path):
 # ---------------------------------------------------------------------------------- samplers
 
 def resumes_exactly(make, sampler, n=3):
-    state = torch.load(_saved(sampler.state_dict()), weights_only=True)
-    expected = [sampler.next_batch() for _ in range(n)]
-    resumed = make(seed=999)
-    resumed.load_state_dict(state)
-    return all(all(torch.equal(a, b) for a, b in zip(e, r)) for e, r in zip(expected, [resumed.next_batch()
-                                                                                        for _ in range(n)]))
-
-
-def _saved(state):
-    import io
-    buf = io.BytesIO()
-    torch.save(state, buf)
+    buf = io.BytesIO()   # the state goes through torch.save, as in a checkpoint
+    torch.save(sampler.state_dict(), buf)
     buf.seek(0)
-    return buf
+    expected, resumed = [sampler.next_batch() for _ in range(n)], make(seed=999)
+    resumed.load_state_dict(torch.load(buf, weights_only=True))
+    return all(all(map(torch.equal, e, resumed.next_batch())) for e in expected)
 
 
 def make_stream(lengths, eot=EOT, seed=0):   # [eot d1 eot d2 ...], documents of the given lengths
@@ -366,16 +355,9 @@ def test_markov_floor_learns_in_context_and_shared_documents():
     np.testing.assert_allclose(d.optimal_nll(w), tasks.markov_bayes_nll(w, 4, 0.5, tasks.markov_prior(4, 0.5, 3.0)))
 
 
+
+
 # ---------------------------------------------------------------------------------- Sec. 5 tasks
-
-def toy_bpe():   # a tiktoken BPE WITH merges, so the generators do not rely on one token per byte
-    ranks = {bytes([i]): i for i in range(256)}
-    for piece in [b"th", b"the", b" the", b"he", b"in", b"er", b" p", b"ss", b"ass", b" pass", b"ke", b" ke",
-                  b" key", b"12", b"45", b"\n\n", b"is", b" is", b"  "]:
-        ranks[piece] = len(ranks)
-    return tiktoken.Encoding("toy_bpe", pat_str=r"""'s| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
-                             mergeable_ranks=ranks, special_tokens={"<|endoftext|>": len(ranks)})
-
 
 def check_sample(s, length, answer_text, enc):
     tokens, mask, meta = s
@@ -386,19 +368,18 @@ def check_sample(s, length, answer_text, enc):
     return enc.decode(tokens.tolist())
 
 
-@pytest.mark.parametrize("enc", [ENC, toy_bpe()], ids=["bytes", "toy_bpe"])
 def test_passkey_and_copy_structure(enc):
-    for length, depth in [(200, 0.0), (1000, 0.25), (1000, 0.9), (4097, 0.5), (4097, 1.0)]:
+    n = lambda text: len(enc.encode_ordinary(text))   # noqa: E731
+    for length, depth in [(200, 0.0), (1000, 0.25), (4097, 0.5), (4097, 1.0)]:
         s = tasks.passkey_sample(enc, length, depth, seed=length)
-        key, k = s.meta["key"], s.meta["key_start"]
+        key, k, sentence = s.meta["key"], s.meta["key_start"], tasks.PASSKEY_SENTENCE.format(key=s.meta["key"])
         text = check_sample(s, length, f" {key}.", enc)
-        assert len(key) == 5 and text.endswith(f"{tasks.PASSKEY_QUESTION} {key}.")
-        needle = enc.encode_ordinary(tasks.PASSKEY_SENTENCE.format(key=key))
-        assert text.count(tasks.PASSKEY_SENTENCE.format(key=key)) == 1 and s.tokens[k:k + len(needle)].tolist() == needle
-        budget = length - 1 - len(needle) - sum(len(enc.encode_ordinary(x)) for x in (tasks.PASSKEY_QUESTION, f" {key}."))
-        assert abs((k - 1) - depth * budget) <= max(len(enc.encode_ordinary(x)) for x in tasks.FILLER_SENTENCES)
-        after = enc.decode(s.tokens[k + len(needle):].tolist())   # the key sits between whole sentences
-        assert any(after.startswith(x) for x in tasks.FILLER_SENTENCES + (tasks.PASSKEY_QUESTION,))
+        assert len(key) == 5 and text.endswith(f"{tasks.PASSKEY_QUESTION} {key}.") and text.count(sentence) == 1
+        assert s.tokens[k:k + n(sentence)].tolist() == enc.encode_ordinary(sentence)
+        budget = length - 1 - n(sentence) - n(tasks.PASSKEY_QUESTION) - n(f" {key}.")
+        assert abs((k - 1) - depth * budget) <= max(map(n, tasks.FILLER_SENTENCES))
+        after = enc.decode(s.tokens[k + n(sentence):].tolist())   # the key sits between whole sentences
+        assert after.startswith(tasks.FILLER_SENTENCES + (tasks.PASSKEY_QUESTION,))
     sep, eos = enc.encode_single_token(tasks.COPY_SEP), enc.encode_single_token(tasks.COPY_EOS)
     for L in [1, 50, 300]:
         s = tasks.copy_sample(enc, L, seed=L)
@@ -528,7 +509,6 @@ def corpus_stream(enc):
     return np.array([t for d in text for t in [enc.eot_token] + enc.encode_ordinary(d)], dtype=np.uint16)
 
 
-@pytest.mark.parametrize("enc", [ENC, toy_bpe()], ids=["bytes", "toy_bpe"])
 def test_babi_sample_structure(enc):
     corpus = corpus_stream(enc)
     for i, task in enumerate(BABI_TASKS):
