@@ -45,8 +45,8 @@ def test_bench_train_row(capsys):
     assert "tokens/s" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("preset, message", [("mamba2:9b", "unknown size '9b' for mamba2"),
-                                             ("lstm:45m", "unknown arch 'lstm'"),
+@pytest.mark.parametrize("preset, message", [("mamba2:9b", "unknown arch or size mamba2:9b"),
+                                             ("lstm:45m", "unknown arch or size lstm:45m"),
                                              ("mamba2", "not arch:size")])
 def test_bench_train_bad_preset_is_one_line(preset, message, capsys):
     with pytest.raises(ValueError, match=message):

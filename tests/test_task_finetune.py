@@ -159,7 +159,7 @@ def test_a_model_that_is_always_right_scores_one_and_a_wrong_one_zero():
     samples = oracle_samples()
     pk, cp, bb = score_all(OracleLM(samples), batch_size=2)
     assert np.all(np.array(pk["exact"]) == 1) and np.all(np.array(pk["digits"]) == 1)
-    assert cp["char_mean"] == [1.0, 1.0] and cp["whole_mean"] == [1.0, 1.0] and cp["char_std"] == [0.0, 0.0]
+    assert cp["char_mean"] == [1.0, 1.0] and cp["whole_mean"] == [1.0, 1.0]
     assert bb["acc"] == {"qa1": [1.0], "qa8": [1.0]} and bb["mean"] == [1.0]
     pk, cp, bb = score_all(OracleLM(samples, wrong=True))
     assert np.all(np.array(pk["exact"]) == 0) and np.all(np.array(pk["digits"]) == 0)
@@ -181,11 +181,10 @@ def test_cli_writes_the_json_and_plots(tmp_path, capsys):
     stdout = capsys.readouterr().out
     assert rc == 0 and "Passkey" in stdout and "Copying" in stdout and "BABILong" in stdout
     rep = json.load(open(out / "eval.json"))
-    assert rep["copy_lengths"] == [3, 5] and rep["babi_tasks"] == ["qa1"] and "val split" in rep["babi_filler"]
+    assert rep["babi_tasks"] == ["qa1"] and "val split" in rep["babi_filler"]
     for m in rep["models"]:
         assert np.array(m["passkey"]["exact"]).shape == (2, 2) and m["t_train"] == 160
         assert m["copy"]["lengths"] == [3, 5] and m["babilong"]["lengths"] == [512]
-        assert m["copy"]["trained_on"] is None  # a passkey checkpoint: no copy lengths were trained
     for f in ("passkey.png", "copy.png", "babilong.png"):
         assert (out / f).stat().st_size > 1000
     # with no --metrics, a task checkpoint is scored on its task
@@ -199,10 +198,8 @@ def test_cli_task_defaults_come_from_the_checkpoints():
     args = ev._parse_args(["ckpt"])
     copy_cfg = dict(task="copy", copy_len="50,100", babi_tasks="qa2,qa3", data="stdlib")
     setup = ev._task_setup(args, ["copy", "babilong"], [copy_cfg], "bytes", 0)
-    assert setup["copy_lengths"] == [50, 100, 300]             # the training range and 300
     assert setup["babi_tasks"] == ["qa2", "qa3"] and len(setup["filler"]) > 100_000
     with pytest.raises(ValueError, match="--babi-filler ours"):  # a synthetic process is no filler text
         ev._task_setup(ev._parse_args(["ckpt"]), ["babilong"], [dict(copy_cfg, data="markov:k=4")], "bytes", 0)
     args = ev._parse_args(["ckpt", "--babi-filler", "ours"])
     assert ev._task_setup(args, ["babilong"], [copy_cfg], "bytes", 0)["filler"] is None
-    assert ev._task_setup(ev._parse_args(["ckpt"]), ["copy"], [{}], "bytes", 0)["copy_lengths"] == [50, 100, 300]
