@@ -2,21 +2,19 @@
 State space mixers of the paper: Mamba-2 (SSD) and Mamba-1 (selective scan), each as three scan
 forms (a naive loop, a chunked PyTorch form, a Triton kernel) and the layer around them.
 
-The paper's recurrence (PAPER.md) is h_t = A_t h_{t-1} + B_t x_t, y_t = C_t^T h_t with h_{-1} the
-initial state. Both Mamba layers discretise it with an input-dependent step size dt_t:
-A_t = exp(dt_t A) and the input term is dt_t B_t x_t. Every scan takes `initial_state` and returns
-`(y, final_state)`: training from a non-zero state (State Passing, TBTT, noise) and evaluating far
-past the training length by carrying the state forward both need exactly that.
+The paper's recurrence (PAPER.md) is h_t = A_t h_{t-1} + B_t x_t, y_t = C_t^T h_t, h_{-1} the initial
+state; both Mamba layers take A_t = exp(dt_t A) and the input term dt_t B_t x_t, with an input-dependent
+step size dt_t. Every scan takes `initial_state` and returns `(y, final_state)`: training from a
+non-zero state (State Passing, TBTT, noise) and evaluating past the training length need just that.
 
 Glossary (code name: paper symbol, shape; Mamba-2 | Mamba-1)
   x | u            x_t, the scan's input                    [b, t, h, p] | [b, t, d]
   dt | delta       dt_t > 0, the step size (after softplus)  [b, t, h]    | [b, t, d]
   A                A < 0; the paper's A_t is exp(dt_t * A)   [h]          | [d, n]
   B, C             B_t, C_t, input and output projections    [b, t, g, n] | [b, t, n]
-  initial_state    h_{-1}                                    [b, h, p, n] | [b, d, n]
-  final_state      h_{T-1}                                   same as initial_state
-  b batch, t time, h heads (nheads), p headdim, g groups (ngroups), n d_state, d d_inner,
-  L = chunk_size. A layer's state is the dict {"h": scan state, "conv": causal-conv window}.
+  initial_state    h_{-1}, and final_state h_{T-1}           [b, h, p, n] | [b, d, n]
+  b batch, t time, h heads, p headdim, g groups, n d_state, d d_inner, L chunk_size.
+A layer's state is the dict {"h": scan state, "conv": causal-conv window}.
 """
 import math
 import os
@@ -37,9 +35,9 @@ except ImportError:  # no Triton wheel (e.g. macOS): the naive and chunked forms
 
 
 def compute_dtype(*tensors):
-    """Every scan computes in float32 (float64 when an input is float64, as in the tests): a long
-    product of decays loses too much in bf16."""
-    return torch.float64 if any(v is not None and v.dtype == torch.float64 for v in tensors) else torch.float32
+    """Every scan computes in float32 (float64 when an input is, in tests): a long product of decays
+    loses too much in bf16. It returns y in its input's dtype and the final state in this one."""
+    return torch.float64 if torch.float64 in [v.dtype for v in tensors if v is not None] else torch.float32
 
 
 def pick_form(forms, impl, x):
@@ -51,13 +49,12 @@ def pick_form(forms, impl, x):
 
 def check_triton(name, x):
     if not HAS_TRITON:
-        raise RuntimeError(f"{name} needs Triton, which is not installed (Linux: pip install triton); "
-                           "use the chunked form")
+        raise RuntimeError(f"{name} needs Triton (on Linux: pip install triton); use the chunked form")
     if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         raise RuntimeError(f"{name} needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is imported")
 
 
-class _TritonForward(torch.autograd.Function):
+class _TritonForward(torch.autograd.Function):  # see triton_scan
     @staticmethod
     def forward(ctx, kernel_forward, chunked, *inputs):
         ctx.chunked = chunked
@@ -78,53 +75,41 @@ class _TritonForward(torch.autograd.Function):
 
 def triton_scan(kernel_forward, chunked, *inputs):
     """(y, final_state) = kernel_forward(*inputs), a Triton kernel; backward by recomputing the chunked
-    PyTorch form, chunked(*inputs), under autograd: the same function, so the same gradients, without
-    a backward kernel to keep in sync. Non-tensor arguments (scale, chunk size) go in with functools.partial."""
+    PyTorch form chunked(*inputs) under autograd: the same function, so the same gradients, with no
+    backward kernel to keep in sync. Non-tensor arguments (scale, chunk size): functools.partial."""
     return _TritonForward.apply(kernel_forward, chunked, *inputs)
 
 
 def causal_conv1d(x, weight, bias, conv_state):
-    """Depthwise causal convolution over time, carrying its window as state (both Mamba layers).
-
-    x [b, t, c]; weight [c, 1, k] and bias [c] in nn.Conv1d's layout, as in mamba_ssm; conv_state
-    [b, k-1, c], the k-1 inputs before x (zeros at a sequence start). Returns y [b, t, c] (a transposed
-    view: time stride 1) and the new conv_state, so conv(x[:, :a]) then conv(x[:, a:]) equals conv(x).
-    """
-    k = weight.shape[-1]
+    """Depthwise causal convolution over time carrying its window as state, for both Mamba layers.
+    x [b, t, c]; weight [c, 1, k], bias [c] (nn.Conv1d's layout, as mamba_ssm); conv_state [b, k-1, c],
+    the k-1 inputs before x (zeros at a sequence start). Returns y [b, t, c] (a transposed view, time
+    stride 1) and the new conv_state, so conv(x[:, :a]) then conv(x[:, a:]) equals conv(x)."""
     xx = torch.cat([conv_state.to(x.dtype), x], dim=1)  # [b, k-1+t, c]
     bias = None if bias is None else bias.to(x.dtype)
     y = F.conv1d(xx.transpose(1, 2), weight.to(x.dtype), bias, groups=x.shape[-1])
-    return y.transpose(1, 2), xx[:, xx.shape[1] - (k - 1):].float()
+    return y.transpose(1, 2), xx[:, x.shape[1]:].float()
 
 
 def inverse_softplus_dt(size, dt_min, dt_max, dt_init_floor):
-    """Both Mamba layers' dt bias init, as mamba_ssm: softplus(bias) is a step size drawn log-uniformly
-    in [dt_min, dt_max], so heads/channels start with a spread of memory lengths."""
-    dt = torch.exp(torch.rand(size) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
-    dt = dt.clamp(min=dt_init_floor)
+    """dt bias init of both layers (as mamba_ssm): softplus(bias) is log-uniform in [dt_min, dt_max]."""
+    log_dt = torch.rand(size) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)
+    dt = torch.exp(log_dt).clamp(min=dt_init_floor)
     return dt + torch.log(-torch.expm1(-dt))  # softplus^-1(dt), stable for small dt
 
 
-# ==================================================================================================
-# Mamba-2 (SSD): Dao & Gu 2024, "Transformers are SSMs", Sec. 6 (the SSD algorithm); the official
-# code is mamba_ssm (github.com/state-spaces/mamba: modules/mamba2.py, ops/triton/ssd_*.py).
-# A scalar decay per head; B, C shared by the h // g heads of a group (head i reads group i // (h // g)):
-#
-#   h_t = exp(dt_t A) h_{t-1} + (dt_t x_t) B_t^T      h_t: [p, n] per head
-#   y_t = h_t C_t                                      y_t: [p]
-#
-# All three forms compute in compute_dtype, return y in x's dtype and the final state in compute_dtype.
-# ==================================================================================================
-
+# --- Mamba-2 (SSD): Dao & Gu 2024, "Transformers are SSMs", Sec. 6; official code: mamba_ssm
+# (github.com/state-spaces/mamba, modules/mamba2.py). A scalar decay per head; head i reads the B, C
+# of group i // (h // g):
+#     h_t = exp(dt_t A) h_{t-1} + (dt_t x_t) B_t^T        h_t: [p, n] per head
+#     y_t = h_t C_t                                        y_t: [p]
 def ssd_naive(x, dt, A, B, C, initial_state=None):
     """The SSD recurrence, one step at a time: the definition the other two forms are tested against."""
     b, t, h, p = x.shape
-    n = B.shape[-1]
     out_dtype, dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
-    state = x.new_zeros(b, h, p, n, dtype=dtype) if initial_state is None else initial_state.to(dtype)
     x, dt, A = x.to(dtype), dt.to(dtype), A.to(dtype)
-    B = B.to(dtype).repeat_interleave(h // B.shape[2], dim=2)  # [b, t, h, n]: each head's group
-    C = C.to(dtype).repeat_interleave(h // C.shape[2], dim=2)
+    state = x.new_zeros(b, h, p, B.shape[-1]) if initial_state is None else initial_state.to(dtype)
+    B, C = (v.to(dtype).repeat_interleave(h // v.shape[2], dim=2) for v in (B, C))  # [b, t, h, n]
     ys = []
     for i in range(t):
         decay = torch.exp(dt[:, i] * A)[:, :, None, None]  # [b, h, 1, 1]
@@ -134,16 +119,11 @@ def ssd_naive(x, dt, A, B, C, initial_state=None):
 
 
 def ssd_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
-    """The same recurrence chunk by chunk, as the SSD block decomposition (Mamba-2 paper, Sec. 6).
-
-    With log decays a = dt * A <= 0 summed within a chunk, cs_i = a_0 + ... + a_i, the step-j input
-    reaches step i >= j scaled by exp(cs_i - cs_j): inside a chunk y_i = sum_{j<=i} (C_i . B_j)
-    exp(cs_i - cs_j) dt_j x_j, a masked "attention"; one state per chunk boundary links the chunks,
-    a chain that starts from initial_state. Every exponent is a sum of non-positive log decays (the
-    causal mask goes in before exp), so nothing overflows however strong the decay.
-    """
-    b, t, h, p = x.shape
-    g, n = B.shape[2], B.shape[3]
+    """The same recurrence chunk by chunk: the SSD block decomposition (Mamba-2 paper, Sec. 6).
+    With log decays a = dt * A <= 0 summed within a chunk, cs_i = a_0 + ... + a_i, step j's input
+    reaches step i >= j scaled by exp(cs_i - cs_j). Every exponent is a sum of non-positive log decays
+    (the causal mask goes in before exp), so nothing overflows however strong the decay."""
+    (b, t, h, p), (g, n) = x.shape, B.shape[2:]
     out_dtype, dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
     state = x.new_zeros(b, h, p, n, dtype=dtype) if initial_state is None else initial_state.to(dtype)
     x, dt, A, B, C = (v.to(dtype) for v in (x, dt, A, B, C))
@@ -153,27 +133,23 @@ def ssd_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
         x, B, C = (F.pad(v, (0, 0, 0, 0, 0, pad)) for v in (x, B, C))
         dt = F.pad(dt, (0, 0, 0, pad))
     nc, r = (t + pad) // L, h // g
-    # Layout [b, chunk c, group g, head-in-group r, position l, ...]: heads split into (group, head
-    # within group) so that each group's B, C broadcast over its heads.
+    # Layout [b, chunk c, group g, head in group r, position l, ...]: a group's B, C broadcast over its heads
     x = x.reshape(b, nc, L, g, r, p).permute(0, 1, 3, 4, 2, 5)  # [b, c, g, r, L, p]
     dt = dt.reshape(b, nc, L, g, r).permute(0, 1, 3, 4, 2)  # [b, c, g, r, L]
     B = B.reshape(b, nc, L, g, n).transpose(2, 3)[:, :, :, None]  # [b, c, g, 1, L, n]
     C = C.reshape(b, nc, L, g, n).transpose(2, 3)[:, :, :, None]
     cs = torch.cumsum(dt * A.reshape(g, r, 1), dim=-1)  # running log decay within the chunk
     xdt = x * dt[..., None]  # what each step writes, dt_j x_j
-
-    # 1. Diagonal blocks: each chunk's output from a zero state. The -inf above the diagonal goes in
-    # before exp, so exp only sees non-positive numbers and masked entries get zero gradient.
+    # 1. Diagonal blocks: each chunk from a zero state, a masked "attention"
+    # y_i = sum_{j<=i} (C_i . B_j) exp(cs_i - cs_j) dt_j x_j; masked entries get zero gradient too.
     causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
     segsum = (cs[..., :, None] - cs[..., None, :]).masked_fill(~causal, float("-inf"))  # cs_i - cs_j
     y = ((C @ B.transpose(-1, -2)) * segsum.exp()) @ xdt  # scores [b, c, g, r, L, L]
-
     # 2. The state each chunk leaves at its end when started from zero.
     decay_to_end = torch.exp(cs[..., -1:] - cs)  # [b, c, g, r, L]
     chunk_states = (xdt * decay_to_end[..., None]).transpose(-1, -2) @ B  # [b, c, g, r, p, n]
-
-    # 3. Pass the state across chunk boundaries, starting from initial_state: t / L small steps in a
-    # plain loop, which keeps memory linear in t for long evaluations.
+    # 3. Pass the state across chunk boundaries from initial_state: a loop of t / L small steps keeps
+    # memory linear in t for long evaluations.
     decay_from_start = torch.exp(cs)  # [b, c, g, r, L]
     chunk_decay = decay_from_start[..., -1, None, None]  # whole-chunk decay [b, c, g, r, 1, 1]
     state = state.reshape(b, g, r, p, n)
@@ -182,7 +158,6 @@ def ssd_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
         states_in.append(state)
         state = chunk_decay[:, c] * state + chunk_states[:, c]
     states_in = torch.stack(states_in, dim=1)  # the state entering each chunk [b, c, g, r, p, n]
-
     # 4. Off-diagonal blocks: what the incoming state adds to every step of its chunk.
     y = y + (C @ states_in.transpose(-1, -2)) * decay_from_start[..., None]
     y = y.permute(0, 1, 4, 2, 3, 5).reshape(b, nc * L, h, p)[:, :t]
@@ -194,7 +169,6 @@ def _ssd_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, H,
                 BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
     # One program owns rows [BLOCK_P] of one (batch, head) state and walks through time with its
     # [BLOCK_P, n] state tile in registers: each input is read once, the state never hits memory.
-    # Inputs are contiguous [b, t, ...], so each step's loads of x, B, C are contiguous runs.
     bh = tl.program_id(0).to(tl.int64)  # 64-bit: b * t * h * p overflows int32 on long inputs
     bi, hi = bh // H, bh % H
     gi = hi // (H // G)
@@ -205,7 +179,7 @@ def _ssd_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, H,
     s_mask = mask_p[:, None] & mask_n[None, :]
     A = tl.load(A_ptr + hi)
     state = tl.load(h0_ptr + s_offs, mask=s_mask, other=0.0)
-    # offsets (64-bit) of step 0 in x and y, dt, and B and C; each step moves them one time row on
+    # offsets of step 0 in x and y, dt, B and C (contiguous [b, t, ...]), moved one time row on per step
     x_offs = (bi * T * H + hi) * P + offs_p
     dt_off = bi * T * H + hi
     bc_offs = (bi * T * G + gi) * N + offs_n
@@ -222,74 +196,61 @@ def _ssd_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, H,
     tl.store(hT_ptr + s_offs, state, mask=s_mask)
 
 
-def _ssd_kernel_forward(x, dt, A, B, C, initial_state):
-    b, t, h, p = x.shape
-    g, n = B.shape[2], B.shape[3]
+def _ssd_launch(x, dt, A, B, C, initial_state):
+    (b, t, h, p), (g, n) = x.shape, B.shape[2:]
     state_dtype = compute_dtype(x, dt, A, B, C, initial_state)
     # The Mamba2 layer's x, B, C are views of the transposed conv output (channel stride t): one
     # copy to contiguous [b, t, ...] makes every per-step load a contiguous (coalesced) run.
-    x, dt, B, C = (v.contiguous() for v in (x, dt, B, C))
-    A = A.float().contiguous()
-    h0 = x.new_zeros(b, h, p, n, dtype=torch.float32) if initial_state is None else initial_state.float().contiguous()
-    y = torch.empty(b, t, h, p, device=x.device, dtype=torch.float32)
-    final_state = torch.empty_like(h0)
+    x, dt, A, B, C = (v.contiguous() for v in (x, dt, A.float(), B, C))
+    h0 = (x.new_zeros(b, h, p, n) if initial_state is None else initial_state).float().contiguous()
+    y, final_state = x.new_empty(b, t, h, p, dtype=torch.float32), torch.empty_like(h0)
     BLOCK_P = min(32, triton.next_power_of_2(p))
-    grid = (b * h, triton.cdiv(p, BLOCK_P))
-    _ssd_kernel[grid](x, dt, A, B, C, h0, y, final_state, t, h, p, g, n,
-                      BLOCK_P=BLOCK_P, BLOCK_N=triton.next_power_of_2(n))
+    _ssd_kernel[(b * h, triton.cdiv(p, BLOCK_P))](x, dt, A, B, C, h0, y, final_state, t, h, p, g, n,
+                                                  BLOCK_P=BLOCK_P, BLOCK_N=triton.next_power_of_2(n))
     return y.to(x.dtype), final_state.to(state_dtype)
 
 
 def ssd_triton(x, dt, A, B, C, initial_state=None):
-    """The recurrence as one fused Triton kernel (forward); backward recomputes through ssd_chunked.
-    Runs on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1 (how the tests run it)."""
+    """One fused Triton kernel (forward), backward through ssd_chunked; CUDA or TRITON_INTERPRET=1."""
     check_triton("ssd_triton", x)
-    return triton_scan(_ssd_kernel_forward, ssd_chunked, x, dt, A, B, C, initial_state)
+    return triton_scan(_ssd_launch, ssd_chunked, x, dt, A, B, C, initial_state)
 
 
 SSD_SCANS = {"naive": ssd_naive, "chunked": ssd_chunked, "triton": ssd_triton}
 
 
 class Mamba2(nn.Module):
-    """Mamba-2 mixer with mamba_ssm's parameter names, shapes and initialisation (official
-    checkpoints load as they are). The block's norm and residual are model.py's.
-
-    in_proj -> [z, xBC, dt]; causal depthwise conv + SiLU over xBC -> [x, B, C]; SSD scan with
+    """Mamba-2 mixer with mamba_ssm's parameter names, shapes and initialisation (official checkpoints
+    load as they are). in_proj -> [z, xBC, dt]; causal conv + SiLU over xBC -> [x, B, C]; SSD scan with
     dt = softplus(dt + dt_bias), A = -exp(A_log); y + D x; gated RMSNorm(y * silu(z)); out_proj.
-    state = {"h": [b, nheads, headdim, d_state], "conv": [b, d_conv - 1, conv_dim]}.
-    """
+    state = {"h": [b, nheads, headdim, d_state], "conv": [b, d_conv - 1, conv_dim]}."""
 
     def __init__(self, d_model, d_state=128, d_conv=4, expand=2, headdim=64, ngroups=1, A_init_range=(1, 16),
-                 dt_min=0.001, dt_max=0.1, dt_init_floor=1e-4, chunk_size=64, layer_idx=None, scan_impl="auto"):
+                 dt_min=0.001, dt_max=0.1, dt_init_floor=1e-4, chunk_size=64, layer_idx=None,
+                 scan_impl="auto"):
         super().__init__()
-        self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
-        self.d_inner = expand * d_model
-        self.headdim, self.ngroups = headdim, ngroups
-        self.nheads = self.d_inner // headdim
-        if self.d_inner % headdim or self.nheads % ngroups:
-            raise ValueError(f"Mamba2: d_inner = expand * d_model = {self.d_inner} must be a multiple of "
-                             f"headdim = {headdim}, and the head count of ngroups = {ngroups}")
+        self.d_inner, self.nheads = expand * d_model, expand * d_model // headdim
+        assert self.d_inner % headdim == 0 and self.nheads % ngroups == 0, \
+            "Mamba2: headdim must divide expand * d_model, and ngroups the number of heads"
+        self.d_state, self.d_conv, self.headdim, self.ngroups = d_state, d_conv, headdim, ngroups
         self.chunk_size, self.layer_idx, self.scan_impl = chunk_size, layer_idx, scan_impl
         self.conv_dim = self.d_inner + 2 * ngroups * d_state
-
-        # One projection for everything, in the official order [z, x, B, C, dt].
-        self.in_proj = nn.Linear(d_model, 2 * self.d_inner + 2 * ngroups * d_state + self.nheads, bias=False)
-        # nn.Conv1d only as the official container of weight [conv_dim, 1, d_conv] and bias; it is
-        # applied through causal_conv1d so its window can be carried as state.
-        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim, bias=True,
-                                padding=d_conv - 1)
+        # One projection for everything, in the official order [z, x, B, C, dt]. nn.Conv1d is only the
+        # official container of weight and bias: causal_conv1d applies it, carrying its window as state.
+        self.in_proj = nn.Linear(d_model, self.d_inner + self.conv_dim + self.nheads, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, padding=d_conv - 1,
+                                groups=self.conv_dim)
         self.dt_bias = nn.Parameter(inverse_softplus_dt(self.nheads, dt_min, dt_max, dt_init_floor))
         self.A_log = nn.Parameter(torch.log(torch.empty(self.nheads).uniform_(*A_init_range)))
         self.D = nn.Parameter(torch.ones(self.nheads))
-        for param in (self.dt_bias, self.A_log, self.D):
-            param._no_weight_decay = True  # as in mamba_ssm; train.py leaves these out of weight decay
+        # as in mamba_ssm, train.py leaves these out of weight decay
+        self.dt_bias._no_weight_decay = self.A_log._no_weight_decay = self.D._no_weight_decay = True
         self.norm = RMSNormGated(self.d_inner, group_size=self.d_inner // ngroups, eps=1e-5)
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
 
     def forward(self, x, state=None):
         b, t, _ = x.shape
-        if state is None:
-            state = self.zero_state(b, x.device)
+        state = self.zero_state(b, x.device) if state is None else state
         z, xBC, dt = torch.split(self.in_proj(x), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
         xBC, conv_state = causal_conv1d(xBC, self.conv1d.weight, self.conv1d.bias, state["conv"])
         gn = self.ngroups * self.d_state
@@ -302,7 +263,7 @@ class Mamba2(nn.Module):
         y, h = scan(xs, dt, A, B.reshape(b, t, self.ngroups, self.d_state),
                     C.reshape(b, t, self.ngroups, self.d_state), initial_state=state["h"], **kwargs)
         y = y.float() + self.D.float()[:, None] * xs.float()  # skip connection, outside the scan
-        y = self.norm(y.reshape(b, t, self.d_inner), z)  # float32 in, float32 out
+        y = self.norm(y.reshape(b, t, self.d_inner), z)
         return self.out_proj(y.to(x.dtype)), {"h": h, "conv": conv_state}
 
     def zero_state(self, batch_size, device):
@@ -311,35 +272,26 @@ class Mamba2(nn.Module):
 
 
 class RMSNormGated(nn.Module):
-    """RMSNorm of y * silu(z) over groups of `group_size` channels (mamba_ssm's norm_before_gate=False).
-    Normalising per group keeps the groups (which have separate B, C) independent, as in mamba_ssm."""
+    """RMSNorm of y * silu(z) per group of channels, as mamba_ssm (norm_before_gate=False)."""
 
-    def __init__(self, d, group_size=None, eps=1e-5):
+    def __init__(self, d, group_size, eps=1e-5):
         super().__init__()
-        self.group_size, self.eps = group_size or d, eps
+        self.group_size, self.eps = group_size, eps
         self.weight = nn.Parameter(torch.ones(d))
 
-    def forward(self, y, z):
-        dtype = y.dtype
-        y = y.float() * F.silu(z.float())
-        yg = y.unflatten(-1, (-1, self.group_size))
-        y = (yg * torch.rsqrt(yg.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
-        return (y * self.weight.float()).to(dtype)
+    def forward(self, y, z):  # float32 out
+        y = (y.float() * F.silu(z.float())).unflatten(-1, (-1, self.group_size))
+        y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
+        return y * self.weight.float()
 
 
-# ==================================================================================================
-# Mamba-1 (selective scan): Gu & Dao 2023, "Mamba", Sec. 3.2 and Algorithm 2; the official code is
-# mamba_ssm (modules/mamba_simple.py, ops/selective_scan_interface.py). Every channel d has its own
-# diagonal state of size n and its own step size; B_t, C_t are shared by all channels:
-#
-#   h_t = exp(delta_t A) * h_{t-1} + (delta_t u_t) B_t      h_t: [d, n], elementwise decay
-#   y_t = h_t C_t                                           y_t: [d]
-#
-# All three forms compute in compute_dtype, return y in u's dtype and the final state in compute_dtype.
-# ==================================================================================================
-
+# --- Mamba-1 (selective scan): Gu & Dao 2023, "Mamba", Sec. 3.2 and Algorithm 2; official code: mamba_ssm
+# (modules/mamba_simple.py). Each channel d has its own step size and a diagonal state of size n;
+# B_t, C_t are shared by all channels:
+#     h_t = exp(delta_t A) * h_{t-1} + (delta_t u_t) B_t        h_t: [d, n], elementwise decay
+#     y_t = h_t C_t                                              y_t: [d]
 def selective_scan_naive(u, delta, A, B, C, initial_state=None):
-    """The recurrence, one time step at a time: the reference the other two forms must match."""
+    """The recurrence, one step at a time: the definition the other two forms are tested against."""
     b, t, d = u.shape
     out_dtype, dtype = u.dtype, compute_dtype(u, delta, A, B, C, initial_state)
     u, delta, A, B, C = (v.to(dtype) for v in (u, delta, A, B, C))
@@ -352,51 +304,41 @@ def selective_scan_naive(u, delta, A, B, C, initial_state=None):
 
 
 def selective_scan_chunked(u, delta, A, B, C, initial_state=None, chunk_size=64):
-    """Two-level scan in plain PyTorch: autograd-trainable, about 2 L + t / L sequential steps.
-
-    The decay exp(delta_t A[d, n]) differs per channel AND per state index, so SSD's matmul form
-    would need a [L, L, d, n] tensor of decays. Instead time is cut into chunks of L steps and the
-    recurrence runs over all chunks side by side (padded steps have delta = 0: decay 1, no input):
-      1. every chunk runs its L steps from a zero state, keeping its end state;
-      2. the state walks along the chunk boundaries: into chunk c+1 = (decay over chunk c) * (into c)
-         + (chunk c's end state from step 1), starting from initial_state;
-      3. every chunk reruns its steps from its true incoming state and reads out y.
-    Only exp of non-positive numbers (delta * A <= 0) is taken, so any decay strength is stable.
-    """
-    b, t, d = u.shape
-    n = A.shape[1]
+    """A two-level scan, 2 L + t / L sequential steps. The decay differs per channel AND state index,
+    so SSD's matmul form would need [L, L, d, n] decays; instead the chunks of L steps run side by
+    side. Only exp of non-positive numbers (delta * A <= 0) is taken: any decay strength is stable."""
+    (b, t, d), n = u.shape, A.shape[1]
     out_dtype, dtype = u.dtype, compute_dtype(u, delta, A, B, C, initial_state)
     u, delta, A, B, C = (v.to(dtype) for v in (u, delta, A, B, C))
     L = max(1, min(chunk_size, t))
-    nc = math.ceil(t / L)
-    du = delta * u
+    nc, du = math.ceil(t / L), delta * u
     pad = nc * L - t
-    if pad:
+    if pad:  # padded steps have delta = 0: decay 1 and no input
         delta, du, B, C = (F.pad(v, (0, 0, 0, pad)) for v in (delta, du, B, C))
     # [b, nc, L, ...] split into L per-position tensors once: indexing inside the loops would make
     # autograd scatter each step's gradient into a full-size zero tensor
     delta_j, du_j = delta.view(b, nc, L, d).unbind(2), du.view(b, nc, L, d).unbind(2)
     B_j, C_j = B.view(b, nc, L, n).unbind(2), C.view(b, nc, L, n).unbind(2)
-    # Under autograd every decay exp(delta * A) is saved anyway, so step 3 reuses step 1's; without
-    # autograd step 3 recomputes them, so memory stays at a few [b, nc, d, n] tensors.
+    # Under autograd step 1's decays are saved anyway, so step 3 reuses them; else it recomputes them
     keep_decays = torch.is_grad_enabled() and any(
         v is not None and v.requires_grad for v in (u, delta, A, B, C, initial_state))
-
-    # 1. (torch.addcmul(x, a, b) = x + a * b in one pass: the passes over [b, nc, d, n] are the cost)
+    # 1. Every chunk runs its L steps from a zero state, keeping its end state. (torch.addcmul(x, a, b)
+    # = x + a * b in one pass: the passes over [b, nc, d, n] are the cost.)
     decays = []
     h = u.new_zeros(b, nc, d, n)
     for j in range(L):
         decay = torch.exp(delta_j[j][..., None] * A)
         decays.append(decay if keep_decays else None)
         h = torch.addcmul(du_j[j][..., None] * B_j[j][:, :, None, :], decay, h)
-    # 2. a chunk's total decay is exp(A * the sum of its deltas)
+    # 2. The state walks along the chunk boundaries from initial_state: into chunk c + 1 = (chunk c's
+    # total decay, exp(A * the sum of its deltas)) * (into chunk c) + (chunk c's end state from step 1).
     chunk_decay = torch.exp(delta.view(b, nc, L, d).sum(2)[..., None] * A).unbind(1)  # [b, d, n] each
     carry = u.new_zeros(b, d, n) if initial_state is None else initial_state.to(dtype)
     carried_in = []
     for c, end_state in enumerate(h.unbind(1)):
         carried_in.append(carry)
         carry = torch.addcmul(end_state, chunk_decay[c], carry)
-    # 3.
+    # 3. Every chunk reruns its steps from its true incoming state and reads out y.
     h = torch.stack(carried_in, dim=1)
     ys = []
     for j in range(L):
@@ -410,20 +352,17 @@ def selective_scan_chunked(u, delta, A, B, C, initial_state=None, chunk_size=64)
 @triton.jit
 def _selective_scan_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, D, N,
                            BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    # One program owns batch element pid_b and BLOCK_D channels, keeps their [BLOCK_D, BLOCK_N] state
-    # tile in registers and walks through time (contiguous float32 inputs): the states never touch
-    # memory, the reason mamba_ssm has a fused kernel at all.
+    # As _ssd_kernel: one program owns batch element pid_b and BLOCK_D channels (contiguous float32 inputs)
     pid_b = tl.program_id(0).to(tl.int64)  # 64-bit: pid_b * T * D overflows int32 on long inputs
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
-    mask_d = offs_d < D
-    mask_n = offs_n < N
+    mask_d, mask_n = offs_d < D, offs_n < N
     mask_dn = mask_d[:, None] & mask_n[None, :]
     # padded lanes: A = 0 gives decay 1, and h0 = B = 0 keeps them at 0
     A = tl.load(A_ptr + offs_d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0)
     state_offs = pid_b * D * N + offs_d[:, None] * N + offs_n[None, :]
     h = tl.load(h0_ptr + state_offs, mask=mask_dn, other=0.0)
-    # offsets (64-bit) of step 0 in u, delta and y, and in B and C; each step moves them one row on
+    # offsets of step 0 in u, delta and y, and in B and C, moved one time row on per step
     d_offs = pid_b * T * D + offs_d
     n_offs = pid_b * T * N + offs_n
     for _ in range(T):
@@ -438,15 +377,12 @@ def _selective_scan_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr,
     tl.store(hT_ptr + state_offs, h, mask=mask_dn)
 
 
-def _selective_scan_kernel_forward(u, delta, A, B, C, initial_state):
-    b, t, d = u.shape
-    n = A.shape[1]
-    state_dtype = compute_dtype(u, delta, A, B, C, initial_state)
-    out_dtype = u.dtype
+def _selective_scan_launch(u, delta, A, B, C, initial_state):
+    (b, t, d), n = u.shape, A.shape[1]
+    out_dtype, state_dtype = u.dtype, compute_dtype(u, delta, A, B, C, initial_state)
     u, delta, A, B, C = (v.float().contiguous() for v in (u, delta, A, B, C))
     h0 = u.new_zeros(b, d, n) if initial_state is None else initial_state.float().contiguous()
-    y = torch.empty_like(u)
-    final_state = torch.empty_like(h0)
+    y, final_state = torch.empty_like(u), torch.empty_like(h0)
     BLOCK_D = 32  # fixed: the interpreter has no autotune
     _selective_scan_kernel[(b, triton.cdiv(d, BLOCK_D))](u, delta, A, B, C, h0, y, final_state, t, d, n,
                                                          BLOCK_D=BLOCK_D, BLOCK_N=triton.next_power_of_2(n))
@@ -456,39 +392,31 @@ def _selective_scan_kernel_forward(u, delta, A, B, C, initial_state):
 def selective_scan_triton(u, delta, A, B, C, initial_state=None):
     """Fused recurrent Triton kernel (forward); backward recomputes through selective_scan_chunked."""
     check_triton("selective_scan_triton", u)
-    return triton_scan(_selective_scan_kernel_forward, selective_scan_chunked, u, delta, A, B, C, initial_state)
+    return triton_scan(_selective_scan_launch, selective_scan_chunked, u, delta, A, B, C, initial_state)
 
 
-SELECTIVE_SCANS = {"naive": selective_scan_naive, "chunked": selective_scan_chunked, "triton": selective_scan_triton}
+SELECTIVE_SCANS = {"naive": selective_scan_naive, "chunked": selective_scan_chunked,
+                   "triton": selective_scan_triton}
 
 
 class Mamba(nn.Module):
-    """Mamba-1 mixer with the parameter names, layouts and initialisation of mamba_ssm's `Mamba`
-    (so its checkpoints load with load_state_dict). The block's norm and residual are model.py's.
-
-    x -> in_proj -> (x, z); x -> causal depthwise conv -> SiLU -> x_proj -> (dt, B, C);
-    delta = softplus(dt_proj(dt)); y = selective_scan(x, delta, A, B, C) + D * x;
-    out = out_proj(y * SiLU(z)).
-    state = {"h": [b, d_inner, d_state], "conv": [b, d_conv - 1, d_inner]}.
-    """
+    """Mamba-1 mixer with mamba_ssm's parameter names, shapes and initialisation (official checkpoints
+    load as they are). in_proj -> (x, z); causal conv + SiLU over x; x_proj(x) -> (dt, B, C); selective
+    scan with delta = softplus(dt_proj(dt)), A = -exp(A_log); y + D x; out_proj(y * silu(z)).
+    state = {"h": [b, d_inner, d_state], "conv": [b, d_conv - 1, d_inner]}."""
 
     def __init__(self, d_model, d_state=16, d_conv=4, expand=2, dt_rank="auto", dt_min=0.001,
                  dt_max=0.1, dt_init="random", dt_scale=1.0, dt_init_floor=1e-4, conv_bias=True,
                  bias=False, layer_idx=None, scan_impl="auto"):
         super().__init__()
-        self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
-        self.d_inner = int(expand * d_model)
+        self.d_state, self.d_conv, self.d_inner = d_state, d_conv, int(expand * d_model)
         self.dt_rank = math.ceil(d_model / 16) if dt_rank == "auto" else dt_rank
         self.layer_idx, self.scan_impl = layer_idx, scan_impl
-
         self.in_proj = nn.Linear(d_model, 2 * self.d_inner, bias=bias)
-        # nn.Conv1d only as the parameter container (layout [d_inner, 1, d_conv], like mamba_ssm);
-        # forward applies it with causal_conv1d so the window can be carried as state.
         self.conv1d = nn.Conv1d(self.d_inner, self.d_inner, d_conv, groups=self.d_inner,
                                 padding=d_conv - 1, bias=conv_bias)
         self.x_proj = nn.Linear(self.d_inner, self.dt_rank + 2 * d_state, bias=False)
         self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True)
-
         # dt_proj weight: keeps the variance of dt_proj(dt) independent of dt_rank at init
         std = self.dt_rank ** -0.5 * dt_scale
         assert dt_init in ("random", "constant"), dt_init
@@ -498,17 +426,14 @@ class Mamba(nn.Module):
             else:
                 self.dt_proj.weight.fill_(std)
             self.dt_proj.bias.copy_(inverse_softplus_dt(self.d_inner, dt_min, dt_max, dt_init_floor))
-
         # S4D-real init: A[d, k] = -(k + 1), stored as its log so that A = -exp(A_log) stays negative
-        A = torch.arange(1, d_state + 1, dtype=torch.float32).repeat(self.d_inner, 1)
-        self.A_log = nn.Parameter(torch.log(A))
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1.0).repeat(self.d_inner, 1)))
         self.D = nn.Parameter(torch.ones(self.d_inner))  # skip connection u -> y
         self.A_log._no_weight_decay = self.D._no_weight_decay = True
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
 
     def forward(self, x, state=None):
-        if state is None:
-            state = self.zero_state(x.shape[0], x.device)
+        state = self.zero_state(x.shape[0], x.device) if state is None else state
         xs, z = self.in_proj(x).chunk(2, dim=-1)  # [b, t, d_inner] each
         xs, conv_state = causal_conv1d(xs, self.conv1d.weight, self.conv1d.bias, state["conv"])
         xs = F.silu(xs)
