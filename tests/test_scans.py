@@ -168,18 +168,18 @@ def test_bf16_inputs_compute_in_float32(form):
 
 @pytest.mark.parametrize("form", ["naive", "chunked", "triton"])
 def test_known_values_by_hand(form):
-    # SSD, h = p = n = 1, two steps: h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t, y_t = C_t h_t
-    x, dt, A = torch.tensor([1.0, 2.0]).view(1, 2, 1, 1), torch.tensor([0.5, 1.0]).view(1, 2, 1), torch.tensor([-1.0])
-    B, C = torch.tensor([1.0, 3.0]).view(1, 2, 1, 1), torch.tensor([2.0, 0.5]).view(1, 2, 1, 1)
+    # SSD, h = p = n = 1, two steps from h = 4: h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t, y_t = C_t h_t
+    x, dt, B, C = (torch.tensor(v).view(1, 2, 1, 1) for v in ([1.0, 2.0], [0.5, 1.0], [1.0, 3.0], [2.0, 0.5]))
     h1 = math.exp(-0.5) * 4.0 + 0.5 * 1.0 * 1.0
     h2 = math.exp(-1.0) * h1 + 1.0 * 2.0 * 3.0
-    y, s = forms("ssd")[form](x, dt, A, B, C, initial_state=torch.tensor([4.0]).view(1, 1, 1, 1))
+    y, s = forms("ssd")[form](x, dt[..., 0], torch.tensor([-1.0]), B, C,
+                              initial_state=torch.full((1, 1, 1, 1), 4.0))
     close(y.flatten(), torch.tensor([2.0 * h1, 0.5 * h2]), 1e-6)
     close(s.flatten(), torch.tensor([h2]), 1e-6)
-    # selective scan: delta = 1 and A = [-ln 2, -ln 4], so the two state entries halve and quarter each step
-    u, delta, A = torch.tensor([[[2.0], [4.0]]]), torch.ones(1, 2, 1), torch.tensor([[-math.log(2.0), -math.log(4.0)]])
+    # selective scan, delta = 1 and A = [-ln 2, -ln 4]: the two state entries halve and quarter each step.
+    # h1 = [4/2 + 2*1, 8/4 + 2*2] = [4, 6], y1 = 4*3 + 6*1 = 18; h2 = [4/2 + 4, 6/4 + 0] = [6, 1.5], y2 = 9
+    u, delta, A = torch.tensor([[[2.0], [4.0]]]), torch.ones(1, 2, 1), -torch.tensor([[2.0, 4.0]]).log()
     B, C = torch.tensor([[[1.0, 2.0], [1.0, 0.0]]]), torch.tensor([[[3.0, 1.0], [1.0, 2.0]]])
-    # h1 = [4/2 + 2*1, 8/4 + 2*2] = [4, 6], y1 = 4*3 + 6*1 = 18; h2 = [4/2 + 4, 6/4 + 0] = [6, 1.5], y2 = 6 + 3 = 9
     y, s = forms("selective_scan")[form](u, delta, A, B, C, initial_state=torch.tensor([[[4.0, 8.0]]]))
     close(y.flatten(), torch.tensor([18.0, 9.0]), 1e-6)
     close(s.flatten(), torch.tensor([6.0, 1.5]), 1e-6)
@@ -188,10 +188,8 @@ def test_known_values_by_hand(form):
 def test_ssd_is_a_selective_scan_with_shared_head_parameters():
     # Two independent implementations: SSD with one group equals the selective scan over d = h * p
     # channels whose step size and decay are their head's.
-    inputs, _ = ssd_inputs(torch.Generator().manual_seed(4), t=19)
-    x, dt, A, B, C, s0 = inputs
-    b, t, h, p = x.shape
-    B, C = B[:, :, :1], C[:, :, :1]
+    (x, dt, A, B, C, s0), _ = ssd_inputs(torch.Generator().manual_seed(4), t=19)
+    (b, t, h, p), B, C = x.shape, B[:, :, :1], C[:, :, :1]
     y, s = ssm.ssd_chunked(x, dt, A, B, C, initial_state=s0)
     A_sel = A.repeat_interleave(p)[:, None].expand(h * p, B.shape[-1])
     y_sel, s_sel = ssm.selective_scan_chunked(x.reshape(b, t, h * p), dt.repeat_interleave(p, -1), A_sel,
@@ -270,5 +268,5 @@ def test_without_triton_the_other_forms_work_and_triton_forms_say_why():
     r = subprocess.run([sys.executable, "-c", NO_TRITON], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    for name in SCANS:
-        assert f"{name} raised:" in r.stdout and "needs Triton" in r.stdout.split(f"{name} raised:")[1].split("\n")[0]
+    raised = dict(line.split(" raised: ", 1) for line in r.stdout.splitlines() if " raised: " in line)
+    assert all("needs Triton" in raised.get(name, "") for name in SCANS), r.stdout
