@@ -1,5 +1,6 @@
-# Triton kernels run through Triton's interpreter when there is no GPU (how CI runs them).
-# The variable must be set before triton is first imported, hence here.
+# Triton kernels run through Triton's interpreter when there is no GPU (how CI runs them). The variable
+# must be set before triton is first imported, hence here. (test_triton_compile.py compiles them for
+# real in a subprocess that runs without it.)
 import os
 import sys
 
