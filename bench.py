@@ -57,37 +57,46 @@ def times(fn, repeats, device):
     return out
 
 
-def scan_inputs(name, T, b=1, seed=0):
-    """Random inputs of realistic per-layer sizes for each scan, and a non-zero initial state."""
+def scan_inputs(name, T, b=1, seed=0, paper=False):
+    """Random inputs for each scan, and a non-zero initial state. paper=True: one layer's shapes in the
+    paper's models (Mamba-2 and Mamba-1 130m, GLA and RWKV-6 70m); else smaller ones that a CPU times."""
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     if name == "ssd (mamba2)":
-        h, p, n = 4, 64, 64
+        h, p, n = (24, 64, 128) if paper else (4, 64, 64)
         return (r(b, T, h, p), F.softplus(r(b, T, h) - 2), -torch.rand(h, generator=g) - 0.5, r(b, T, 1, n),
                 r(b, T, 1, n)), r(b, h, p, n)
     if name == "selective (mamba1)":
-        d, n = 256, 16
+        d, n = (1536, 16) if paper else (256, 16)
         return (r(b, T, d), F.softplus(r(b, T, d) - 2), -torch.rand(d, n, generator=g) - 0.5, r(b, T, n),
                 r(b, T, n)), r(b, d, n)
-    h, dk, dv = 4, 64, 64
+    h, dk, dv = ((4, 64, 128) if name == "gla" else (8, 32, 64)) if paper else (4, 64, 64)
     q, k, v = r(b, T, h, dk), r(b, T, h, dk) * dk ** -0.5, r(b, T, h, dv)
     g_log = F.logsigmoid(r(b, T, h, dk) + 3)  # per-channel log decay, mostly near 0
     return ((q, k, v, g_log) if name == "gla" else (q, k, v, g_log, r(h, dk) * 0.1)), r(b, h, dk, dv)
 
 
 def bench_scans(args, device):
-    """Best-of-repeats forward time of each scan form with a non-zero initial state."""
+    """Best-of-repeats forward time of each scan form with a non-zero initial state, and how far each
+    form is from the naive loop (max |difference| / max |naive output|). --bf16: inputs in bfloat16."""
     rows, with_triton = [], device.type == "cuda" or args.triton_interpret
-    print_row("scan", "T", "naive ms", "chunked ms", "speed-up", "triton ms")
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    print_row("scan", "T", "naive ms", "chunked ms", "speed-up", "triton ms", "rel diff")
     for name, forms in SCANS.items():
         for T in args.lengths:
-            inputs, h0 = scan_inputs(name, T)
-            inputs, h0 = tuple(x.to(device) for x in inputs), h0.to(device)
+            inputs, h0 = scan_inputs(name, T, args.scan_batch, paper=args.paper_shapes)
+            inputs, h0 = tuple(x.to(device, dtype) for x in inputs), h0.to(device)
+            s, ys = [], []
             with torch.no_grad():
-                s = [min(times(lambda: f(*inputs, initial_state=h0), args.repeats, device))
-                     if with_triton or i < 2 else None for i, f in enumerate(forms)]
-            rows.append(dict(scan=name, T=T, naive=s[0], chunked=s[1], triton=s[2]))
-            print_row(name, T, 1e3 * s[0], 1e3 * s[1], f"{s[0] / s[1]:.0f}x", s[2] and 1e3 * s[2])
+                for i, f in enumerate(forms):
+                    if i == 2 and not with_triton:
+                        s.append(None)
+                        continue
+                    s.append(min(times(lambda: ys.append(f(*inputs, initial_state=h0)[0].float()), args.repeats,
+                                       device)))
+            diff = max(float((y - ys[0]).abs().max() / ys[0].abs().max()) for y in ys[1:])
+            rows.append(dict(scan=name, T=T, naive=s[0], chunked=s[1], triton=s[2], max_rel_diff=diff))
+            print_row(name, T, 1e3 * s[0], 1e3 * s[1], f"{s[0] / s[1]:.0f}x", s[2] and 1e3 * s[2], f"{diff:.1e}")
     return rows
 
 
@@ -132,12 +141,13 @@ def bench_train(args, device):
         model.make_config(arch, size)  # raises ValueError naming the known archs or sizes
     print(f"training steps, T = {args.seq_len}, batch {args.batch_size}, vocab {args.vocab_size}, "
           f"best of {args.steps} after 1 warm-up")
-    print_row("preset", "params", "best s", "median s", "tokens/s", f"h for {args.tokens:.3g}", "peak GB")
+    print_row("preset", "form", "params", "best s", "median s", "tokens/s", f"h for {args.tokens:.3g}", "peak GB")
     rows, cuda = [], device.type == "cuda"
-    for arch, _, size in presets:
+    for (arch, _, size), form in [(p, f) for p in presets for f in args.forms.split(",")]:
         torch.manual_seed(0)
         torch.cuda.reset_peak_memory_stats() if cuda else None
         lm = model.LM(model.make_config(arch, size, vocab_size=args.vocab_size)).to(device)
+        model.set_scan_impl(lm, form)
         optimizer = train.make_optimizer(lm, lr=1e-4, weight_decay=0.01, device=device)  # lr: no cost
         idx = torch.randint(args.vocab_size, (args.batch_size, args.seq_len + 1), device=device)
         # the same batch every step: a step's cost does not depend on the tokens
@@ -152,7 +162,7 @@ def bench_train(args, device):
             optimizer.step()
         secs = sorted(times(step, args.steps, device))
         tps = args.batch_size * args.seq_len / secs[0]
-        rows.append(dict(preset=f"{arch}:{size}", params=lm.num_params(), best_s=secs[0],
+        rows.append(dict(preset=f"{arch}:{size}", form=form, params=lm.num_params(), best_s=secs[0],
                          median_s=statistics.median(secs), tokens_per_s=tps,
                          budget_h=args.tokens / tps / 3600,
                          peak_gb=torch.cuda.max_memory_allocated(device) / 1e9 if cuda else None))
@@ -169,6 +179,9 @@ def main(argv=None):
     a("--repeats", type=int, default=3, help="timed repeats after one warm-up; the best is reported")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: CUDA when present")
     a("--triton-interpret", action="store_true", help="on the CPU, also time Triton's interpreter (slow)")
+    a("--bf16", action="store_true", help="scans: inputs in bfloat16 (the forms still compute in float32)")
+    a("--scan-batch", type=int, default=1, help="scans: sequences per call (default 1)")
+    a("--paper-shapes", action="store_true", help="scans: one layer of the paper's 130m/70m models (GPU sizes)")
     g = p.add_argument_group("--what eval").add_argument
     g("--eval-lengths", type=int, nargs="+", default=[8192, 131072], help="position_nll lengths")
     g("--effrem-len", type=int, default=1024, help="T of the Effective Remembrance timing (default 1024)")
@@ -177,10 +190,11 @@ def main(argv=None):
     g("--seq-len", type=int, default=1024, help="tokens per sequence (default 1024)")
     g("--batch-size", type=int, default=1, help="sequences per step (default 1)")
     g("--vocab-size", type=int, default=50280, help="vocabulary (default 50280: GPT-NeoX, as Mamba's)")
+    g("--forms", default="auto", help="comma-separated scan forms to time: auto, naive, chunked, triton")
     g("--steps", type=int, default=3, help="timed steps after one warm-up step (default 3)")
     g("--tokens", type=float, default=2e9, help="token budget whose wall time is estimated")
     args = p.parse_args(argv)
-    numbers = [args.repeats, args.seq_len, args.batch_size, args.vocab_size, args.steps, args.effrem_len]
+    numbers = [args.repeats, args.scan_batch, args.seq_len, args.batch_size, args.vocab_size, args.steps, args.effrem_len]
     if not min(numbers + args.lengths + args.eval_lengths + [args.tokens]) > 0:
         raise SystemExit("error: every number (--repeats, --lengths, --tokens, ...) must be positive")
     if args.device == "cuda" and not torch.cuda.is_available():
