@@ -371,6 +371,7 @@ CTX = "context length (dotted: T_train)"
 PANELS = {
     "ppl": ("ppl.png", "Position-wise perplexity (+-1 s.e.)", CTX, "perplexity", "log"),
     "gap": ("ppl.png", "Gap to the Bayes floor", CTX, "model NLL - Bayes NLL (nats)", "log"),
+    "diff": ("ppl.png", "Paired difference to the reference run", CTX, "NLL - reference NLL (nats)", "log"),
     "effrem": ("effrem.png", "Effective Remembrance", "t, first tokens dropped (dotted: T - T_train)",
                "EffRem_T(t)", None),
     "state": ("state.png", "State spread, most drifting head per layer", CTX, "std of state h", "loglog"),
@@ -387,8 +388,9 @@ def _curves(m):
         b = m["ppl"]["buckets"]
         x = [math.sqrt((lo + 1) * hi) for lo, hi in zip(b["lo"], b["hi"])]  # a bucket's geometric middle
         out["ppl"] = [(x, b["ppl"], b["ppl_sem"], f"{label} (T={m['verdict']['generalizes_to']})", t)]
-        if "gap" in m:  # a failure perplexity can hide: the Bayes predictor keeps learning from context
-            out["gap"] = [(x, m["gap"]["nll"], m["gap"]["nll_sem"], label, t)]
+        for key in ("gap", "diff"):  # gap: a failure perplexity can hide (the Bayes predictor keeps learning)
+            if key in m:
+                out[key] = [(x, m[key]["nll"], m[key]["nll_sem"], label, t)]
     if "effrem" in m:
         e = m["effrem"]
         out["effrem"] = [(e["cuts"], e["mean"], e["sem"], f"{label} (T={e['T']})", t and e["T"] - t)]
@@ -427,9 +429,9 @@ def print_report(report):
         for i, (x, y, _, legend, _) in enumerate(rows):
             cols = sorted({round(k * (len(x) - 1) / 7) for k in range(8)})  # log-spaced where x is
             if i == 0 or list(x) != list(rows[i - 1][0]):
-                print(f"\n  {xlabel.split(' (')[0]:<26}" + "".join(f"{round(x[j]):>10}" for j in cols))
+                print(f"\n  {xlabel.split(' (')[0]:<26}" + "".join(f"{round(x[j]):>11}" for j in cols))
             cells = ["n/a" if y[j] is None else f"{y[j]:.4g}" for j in cols]
-            print(f"  {legend:<26}" + "".join(f"{v:>10}" for v in cells))
+            print(f"  {legend:<26}" + "".join(f"{v:>11}" for v in cells))
     print("\nwrote " + ", ".join(report["files"]))
 
 
@@ -522,6 +524,8 @@ def _parse_args(argv):
     a("--out", default="out/eval", help="directory for eval.json and the PNGs (default: out/eval)")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda when available")
     a("--labels", nargs="+", help="one display name per checkpoint (default: the directory names)")
+    a("--reference", metavar="LABEL", help="with ppl: each other run's NLL minus this run's, paired per "
+                                           "sequence (e.g. the matched control of a post-training)")
     g = ap.add_argument_group("tasks (--metrics passkey,copy,babilong): greedy answers from the zero state")
     g = g.add_argument
     g("--task-samples", type=int, default=8, help="examples per passkey cell, copy length, bAbI cell")
@@ -585,6 +589,9 @@ def _check_args(args):
     args.data_seed = seeds.pop() if seeds else 0
     args.labels = args.labels or [os.path.basename(os.path.dirname(p) if p.endswith(".pt") else p.rstrip("/"))
                                   for p in args.ckpts]
+    if args.reference and (args.reference not in args.labels or "ppl" not in args.metrics):
+        raise ValueError(f"--reference {args.reference} must be one of the labels {args.labels} "
+                         "and needs --metrics ppl")
     return cfgs, t_trains
 
 
@@ -629,6 +636,7 @@ def run(args):
             report["optimal"] = {k: v for k, v in c.optimal.items() if k != "per_seq"}
     vocab = max([int(c.windows.max()) + 1 if hasattr(c, "windows") else 0]
                 + [tasks.get_tokenizer(args.tokenizer).n_vocab] * bool(set(args.metrics) & set(TASK_METRICS)))
+    per_seq = {}  # label -> bucketed NLL per sequence [n, K], for the paired difference to --reference
     for path, label, t_train, cfg in zip(args.ckpts, args.labels, t_trains, cfgs):
         lm = model.from_pretrained(path, device=args.device)
         if vocab > lm.cfg.vocab_size:
@@ -639,9 +647,14 @@ def run(args):
         print(f"[{label}] {res['arch']}, {res['params']:,} params: {','.join(args.metrics)}", file=sys.stderr)
         t0 = time.time()
         res.update(measure(lm, t_train, c))
+        per_seq[label] = res.pop("per_seq", None)
         if "warning" in res.get("verdict", {}):
             report["warnings"].append(_warn(f"{label}: {res['verdict']['warning']}"))
         report["models"].append(dict(res, seconds=round(time.time() - t0, 2)))
+    if args.reference:  # the same windows for every run: a paired difference per sequence and bucket
+        for m in report["models"]:
+            if m["label"] != args.reference and per_seq[m["label"]] is not None:
+                m["diff"] = _summary(per_seq[m["label"]] - per_seq[args.reference])
     os.makedirs(args.out, exist_ok=True)
     report = _jsonable(report)
     with open(os.path.join(args.out, "eval.json"), "w") as f:
@@ -656,7 +669,7 @@ def measure(lm, t_train, c):
     if "ppl" in c.metrics:
         nll = sequence_nll(lm, c.windows, **kw).double()
         buckets = bucketize(nll, c.edges)
-        per_seq = buckets.pop("per_seq")
+        out["per_seq"] = per_seq = buckets.pop("per_seq")
         out["ppl"] = dict(nll=nll.mean(0), nll_sem=_sem(nll), buckets=buckets)
         out["verdict"] = length_generalization(per_seq, buckets["lo"], buckets["hi"], t_train, seed=c.seed)
         if hasattr(c, "optimal"):  # the same windows: a paired difference per sequence

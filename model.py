@@ -56,7 +56,10 @@ PRESETS = {
                "125m": dict(d_model=768, n_layer=24, mixer=_M2), "130m": dict(d_model=768, n_layer=24, mixer=_M2),
                "370m": dict(d_model=1024, n_layer=48, mixer=_M2), "780m": dict(d_model=1536, n_layer=48, mixer=_M2),
                "1.3b": dict(d_model=2048, n_layer=48, mixer=_M2)},
+    # tiny-slow: state channels that barely decay within a short T_train (dt log-uniform in [1e-5, 1e-3],
+    # floored at 1e-4, instead of [1e-3, 1e-1]), so the state keeps growing past T_train: the demo's breakdown
     "mamba1": {"tiny": dict(d_model=64, n_layer=2, mixer=dict(d_state=16)),
+               "tiny-slow": dict(d_model=64, n_layer=2, mixer=dict(d_state=16, dt_min=1e-5, dt_max=1e-3)),
                "130m": dict(d_model=768, n_layer=24, mixer=dict(d_state=16)),
                "370m": dict(d_model=1024, n_layer=48, mixer=dict(d_state=16))},
     "gla": {"tiny": dict(d_model=64, n_layer=2, mixer=dict(num_heads=2)),

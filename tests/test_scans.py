@@ -69,10 +69,23 @@ SCANS = {  # name: (naive, chunked, triton, make_inputs)
 }
 
 
+GPU = torch.cuda.is_available()  # then the Triton form runs compiled on the GPU (else interpreted: conftest.py)
+
+
+def on_gpu(scan):
+    """scan on CUDA copies of the inputs, its results back on the CPU (gradients flow through .to)."""
+    def run(*inputs, initial_state=None, **kw):
+        y, s = scan(*(v.cuda() for v in inputs), initial_state=initial_state if initial_state is None
+                    else initial_state.cuda(), **kw)
+        return y.cpu(), s.cpu()
+    return run
+
+
 def forms(name):
     """The three forms; chunks of 4, so that t = 13 ends in a partial chunk."""
     naive, chunked, triton_form, _ = SCANS[name]
-    return {"naive": naive, "chunked": functools.partial(chunked, chunk_size=4), "triton": triton_form}
+    return {"naive": naive, "chunked": functools.partial(chunked, chunk_size=4),
+            "triton": on_gpu(triton_form) if GPU else triton_form}
 
 
 def call(scan, inputs, kw, with_state=True):
@@ -229,12 +242,14 @@ def test_mixer_scan_forms_agree_with_gradients(arch):
     start = {k: torch.randn_like(v) for k, v in mixer(arch).zero_state(2, "cpu").items()}
     outs = {}
     for impl in ("naive", "chunked", "triton"):
-        m = mixer(arch)
+        dev = "cuda" if impl == "triton" and GPU else "cpu"
+        m = mixer(arch).to(dev)
         m.scan_impl = impl
-        h0 = start["h"].clone().requires_grad_()
-        y, state = m(x, {"h": h0, "conv": start["conv"]})
+        h0 = start["h"].clone().to(dev).requires_grad_()
+        y, state = m(x.to(dev), {"h": h0, "conv": start["conv"].to(dev)})
         (y.square().sum() + state["h"].sum()).backward()
-        outs[impl] = [y, state["h"], state["conv"], h0.grad, m.A_log.grad, m.D.grad, m.in_proj.weight.grad]
+        outs[impl] = [v.cpu() for v in (y, state["h"], state["conv"], h0.grad, m.A_log.grad, m.D.grad,
+                                        m.in_proj.weight.grad)]
     for impl in ("chunked", "triton"):
         for got, ref in zip(outs[impl], outs["naive"]):
             close(got, ref, 1e-4)
