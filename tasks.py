@@ -583,10 +583,10 @@ BABI_GIVE_ASKS = {"who_gave": (("obj", "other"), "person"), "what_given": (("per
 BABI_TASKS = {   # task -> world: event kinds (repeats weight them), events in [lo, hi), people, places, objects
     "qa1": ("move", (4, 9), 3, 5, 0), "qa2": ("move move grab drop", (6, 11), 3, 4, 3),
     "qa3": ("move move grab drop", (8, 15), 2, 4, 2), "qa4": ("relation", (2, 4), 0, 0, 0),
-    "qa5": ("move move grab grab give give drop", (8, 14), 3, 3, 3), "qa6": ("move move move grab drop", (4, 9),
-                                                                         3, 4, 2),
-    "qa7": ("move move grab grab drop give", (6, 12), 3, 3, 4), "qa8": ("move move grab grab drop give", (6, 12),
-                                                                     3, 3, 4),
+    "qa5": ("move move grab grab give give drop", (8, 14), 3, 3, 3),
+    "qa6": ("move move move grab drop", (4, 9), 3, 4, 2),
+    "qa7": ("move move grab grab drop give", (6, 12), 3, 3, 4),
+    "qa8": ("move move grab grab drop give", (6, 12), 3, 3, 4),
     "qa9": ("move move not_in", (4, 9), 3, 4, 0), "qa10": ("move move either", (4, 9), 3, 4, 0)}
 MAX_CARRIED = 3
 

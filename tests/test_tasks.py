@@ -322,15 +322,13 @@ def test_passkey_and_copy_structure(enc):
 
 
 def test_generators_are_pure_functions_of_their_seed():
-    a, b = tasks.passkey_sample("bytes", 500, None, seed=7), tasks.passkey_sample("bytes", 500, None, seed=7)
-    assert np.array_equal(a.tokens, b.tokens) and a.meta == b.meta
+    # (equal seeds give equal samples: the TaskSampler test below, for all three generators)
     assert len({tasks.passkey_sample("bytes", 300, 0.5, seed=s).meta["key"] for s in range(50)}) > 45
     depths = [tasks.passkey_sample("bytes", 300, None, seed=s).meta["depth"] for s in range(200)]
     assert min(depths) < 0.1 and max(depths) > 0.9
     assert len({tasks.passkey_sample("bytes", n, d, seed=3).meta["key"] for n in [200, 2000] for d in [0, 1]}) == 1
     lengths = {tasks.copy_sample("bytes", (50, 100), seed=s).meta["length"] for s in range(300)}
     assert min(lengths) == 50 and max(lengths) == 100
-    assert np.array_equal(tasks.copy_sample("bytes", 60, seed=5).tokens, tasks.copy_sample("bytes", 60, seed=5).tokens)
     corpus = corpus_stream(BYTES)
     a = tasks.babi_sample("qa2", "bytes", 800, seed=11, filler_tokens=corpus)
     assert np.array_equal(a.tokens, tasks.babi_sample("qa2", "bytes", 800, seed=11, filler_tokens=corpus).tokens)
