@@ -8,10 +8,7 @@ A stream holds every document PRECEDED by the end-of-text token, [eot d1 eot d2 
 starts at an eot starts a document (nanoGPT .bin files put it after each document; samplers take both).
 """
 import collections
-import dataclasses
-import errno
 import functools
-import glob
 import hashlib
 import json
 import math
@@ -65,14 +62,12 @@ class ByteTokenizer:
         return self._pieces[token]
 
     def encode_single_token(self, piece):
-        if len(piece) != 1 and piece != self._pieces[256]:
-            raise KeyError(piece)
-        return piece[0] if len(piece) == 1 else 256
+        return self._pieces.index(piece)
 
 
 class JsonTokenizer:
-    """A Hugging Face tokenizer.json (GPT-NeoX's, as the paper's official Mamba checkpoints use). The
-    `tokenizers` library encodes, so the ids are exactly the checkpoints'."""
+    """A Hugging Face tokenizer.json (GPT-NeoX's, as the paper's official Mamba checkpoints use), encoded
+    by the `tokenizers` library so the ids are exactly the checkpoints'."""
 
     def __init__(self, path):
         try:
@@ -100,15 +95,13 @@ class JsonTokenizer:
     def decode(self, ids):
         return self._tok.decode([int(t) for t in ids], skip_special_tokens=False)
 
-    def decode_single_token_bytes(self, token):   # part of a character reads U+FFFD: enough to find "\n", "."
-        if self._tok.id_to_token(int(token)) is None:
-            raise KeyError(token)
+    def decode_single_token_bytes(self, token):   # part of a character reads U+FFFD: enough to find "\n"
         return self.decode([token]).encode()
 
     def encode_single_token(self, piece):
         ids = self.encode_ordinary(piece.decode())
         if len(ids) != 1:
-            raise KeyError(piece)
+            raise KeyError(f"{piece!r} is not one token of this tokenizer")
         return ids[0]
 
 
@@ -121,160 +114,124 @@ def get_tokenizer(name="bytes"):
     return _load_tokenizer(name if name == "bytes" else os.path.abspath(name))
 
 
-_encoding = get_tokenizer   # evaluate.py's name for it
-
-
 @functools.lru_cache(maxsize=None)
 def _load_tokenizer(name):
     return ByteTokenizer() if name == "bytes" else JsonTokenizer(name)
 
 
-@dataclasses.dataclass
-class Data:
-    name: str
-    train: np.ndarray         # 1-D token ids (often a read-only np.memmap)
-    val: np.ndarray
-    vocab_size: int
-    eot_token: int
-    tokenizer: object         # None for the synthetic process
-    optimal_nll: object = None   # windows [n, T] -> the exact Bayes-optimal loss [n, T-1] (markov)
-    info: dict = dataclasses.field(default_factory=dict)
+# train, val: 1-D token ids (often np.memmaps); markov: tokenizer None, optimal_nll(windows) its exact floor.
+Data = collections.namedtuple("Data", "name train val vocab_size eot_token tokenizer optimal_nll info",
+                              defaults=(None, {}))
 
 
 def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache_dir=None):
-    """data: "stdlib" (the Python standard library's .py files: real text, no download), "markov:k=8,..."
-    (MARKOV_DEFAULTS), or a path: a text file, a directory of them, a glob (quote it), or a nanoGPT .bin
-    (flat uint16 ids; name uint32 files *.u32.bin). Text is split train/val BY DOCUMENT (a file) with
-    `seed`; one document or a .bin by tokens (val = the tail). Text is tokenized once into cache_dir
-    (default data_cache/), uint16 ids while the vocabulary fits, and memory-mapped."""
-    _check(isinstance(data, str) and data, f"data must be a name or a path, got {data!r}")
-    _check(_is_int(seed, 0), f"seed must be an integer >= 0, got {seed!r}")
-    _check(isinstance(val_fraction, (int, float)) and 0 <= val_fraction < 1,
-           f"val_fraction must be in [0, 1), got {val_fraction!r}")
-    if data.startswith("markov:") or data == "markov":
+    """data: "stdlib" (the standard library's .py files: offline text), "markov:k=8,..." (MARKOV_DEFAULTS),
+    a text file or a directory of them (split train/val by document with `seed`), or a nanoGPT uint16 .bin."""
+    _check(isinstance(data, str) and data and _is_int(seed, 0) and isinstance(val_fraction, (int, float)) and
+           0 <= val_fraction < 1, f"load_data: need data a name or path, seed an integer >= 0 and val_fraction "
+                                  f"in [0, 1), got {data!r}, {seed!r}, {val_fraction!r}")
+    if data == "markov" or data.startswith("markov:"):
         return _load_markov(data[7:], int(seed))
     enc = get_tokenizer(tokenizer)
     if data.endswith(".bin"):
         return _load_bin(data, enc, val_fraction)
     if data == "stdlib":   # not site-packages (per machine) nor test folders (some distributions strip them)
         skip = {"site-packages", "dist-packages", "test", "tests", "idle_test"}
-        files = _walk(sysconfig.get_paths()["stdlib"], skip, lambda f: f.endswith(".py"))
-    elif any(c in data for c in "*?["):
-        files = sorted(f for f in glob.glob(data, recursive=True) if os.path.isfile(f))
-        _check(files, f"no files match {data!r}: check the pattern (quote it so the shell does not expand it)")
+        files = _walk(sysconfig.get_paths()["stdlib"], skip, ".py")
     elif os.path.isdir(data):
-        files = _walk(data, (), lambda f: not f.startswith("."))
+        files = _walk(data)
     else:
-        _check(os.path.isfile(data) or ":" in data or not (os.sep in data or "." in data),
-               f"no such file or directory {data!r}: pass an existing text file, directory, glob or .bin file")
-        _check(os.path.isfile(data), f"unknown data {data!r}: use stdlib, markov:k=8,... or a path")
+        _check(os.path.isfile(data), f"no such file or directory {data!r}: pass a directory or a text file "
+                                     f"(patterns are not expanded), a .bin, stdlib or markov:k=8,...")
         files = [data]
-    return _load_documents(data, files, enc, int(seed), val_fraction, cache_dir)
+    return _load_text(data, files, enc, int(seed), val_fraction, cache_dir or DEFAULT_CACHE_DIR)
 
 
-def _walk(root, skip_dirs, keep):   # every kept file under root, hidden folders skipped
+def _walk(root, skip_dirs=frozenset(), suffix=""):   # every file under root, hidden ones skipped
     files = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in skip_dirs and d != "__pycache__" and not d.startswith(".")]
-        files += [os.path.join(dirpath, f) for f in filenames if keep(f)]
+        dirnames[:] = [d for d in dirnames if d not in skip_dirs | {"__pycache__"} and not d.startswith(".")]
+        files += [os.path.join(dirpath, f) for f in filenames if f.endswith(suffix) and not f.startswith(".")]
     _check(files, f"{root!r} holds no files: point --data at a folder of text files")
     return sorted(files)
 
 
-def _load_documents(label, files, enc, seed, val_fraction, cache_dir):
-    """Text files (one document each) -> the token stream, cached under a key of all it depends on: the
-    files (size and mtime stand for their versions), the tokenizer and the split."""
+def _load_text(label, files, enc, seed, val_fraction, cache_dir):
+    """Text files (one document each) -> the token stream, memory-mapped from a cache keyed by all it depends
+    on: the files (size and mtime stand for their versions), the tokenizer and the split."""
     stats = [(os.path.abspath(f), st.st_size, st.st_mtime_ns) for f in files for st in [os.stat(f)]]
     key = hashlib.sha1(json.dumps([CACHE_VERSION, enc.name, seed, val_fraction, stats]).encode()).hexdigest()
-    stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.path.basename(label.rstrip("/*")))
-    base = os.path.join(cache_dir or DEFAULT_CACHE_DIR, f"{stem or 'data'}-{enc.name}-{key[:16]}")
+    stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.path.basename(label.rstrip("/")))
+    base = os.path.join(cache_dir, f"{stem or 'data'}-{enc.name}-{key[:16]}")
     if not os.path.exists(base + ".json"):   # written last: it marks a complete cache
         _build_cache(base, label, files, enc, seed, val_fraction)
     with open(base + ".json") as f:
         meta = json.load(f)
     tokens = np.memmap(base + ".bin", dtype=meta["dtype"], mode="r")
-    info = {k: meta[k] for k in ("docs_train", "docs_val", "skipped_files")} | {"cache": base + ".bin"}
     return Data(label, tokens[:meta["n_train"]], tokens[meta["n_train"]:], enc.n_vocab, enc.eot_token, enc,
-                info=info)
-
-
-def _read_text(path):   # "" for a binary, not UTF-8 or empty file: it is skipped
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        return "" if b"\0" in raw else raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return ""
+                info=meta)
 
 
 def _build_cache(base, label, files, enc, seed, val_fraction):
-    """Tokenize each file as eot + text into base.bin (train documents, then val) and base.json, both via
-    a temporary name: a crash or a full disk never leaves a half cache that looks complete. val: a seeded
-    random val_fraction of the documents (at least one, never all)."""
-    t0, tmp, val, n_train, docs_train, skipped = time.time(), f"{base}.{os.getpid()}.tmp", [], 0, 0, 0
-    is_val, n_docs = np.zeros(len(files), dtype=bool), len(files)
-    if n_docs >= 2 and val_fraction > 0:
-        n_val = min(n_docs - 1, max(1, round(val_fraction * n_docs)))
-        is_val[np.random.default_rng(seed).permutation(n_docs)[:n_val]] = True
-    dtype = np.uint16 if enc.n_vocab <= 1 << 16 else np.uint32
+    """Tokenize the files as eot + text, train documents then a seeded val_fraction of them (at least one,
+    never all), into base.bin and base.json via a temporary name: a crash or full disk leaves no half cache."""
+    t0, tmp, is_val = time.time(), f"{base}.{os.getpid()}.tmp", np.zeros(len(files), dtype=int)
+    if len(files) >= 2 and val_fraction > 0:
+        n_val = min(len(files) - 1, max(1, round(val_fraction * len(files))))
+        is_val[np.random.default_rng(seed).permutation(len(files))[:n_val]] = 1
+    dtype, n, docs, skipped = np.uint16 if enc.n_vocab <= 1 << 16 else np.uint32, [0, 0], [0, 0], 0
+    os.makedirs(os.path.dirname(base), exist_ok=True)
     try:
-        os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
         with open(tmp, "wb") as out:
-            progress = tqdm(files, f"tokenizing {label}", unit="file", delay=1, leave=False)
-            for path, to_val in zip(progress, is_val):
-                text = _read_text(path)
+            for i in tqdm(np.argsort(is_val, kind="stable"), f"tokenizing {label}", delay=1, leave=False):
+                with open(files[i], "rb") as f:
+                    raw = f.read()
+                try:   # a binary, not UTF-8 or empty file is skipped
+                    text = "" if b"\0" in raw else raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    text = ""
                 skipped += not text
-                # encode_ordinary: "<|endoftext|>" inside a file is plain text, not a fake document boundary
-                ids = np.array([enc.eot_token] + enc.encode_ordinary(text), dtype) if text else None
-                if text and to_val:   # val documents wait in memory, to go last
-                    val.append(ids)
-                elif text:
+                if text:   # encode_ordinary: "<|endoftext|>" in a file is plain text, not a document boundary
+                    ids = np.array([enc.eot_token] + enc.encode_ordinary(text), dtype)
                     out.write(ids.tobytes())
-                    n_train, docs_train = n_train + len(ids), docs_train + 1
-            _check(n_train and (val or not is_val.any()), f"{label!r}: no UTF-8 text documents for the "
-                   f"{'val' if n_train else 'train'} split ({skipped} of {len(files)} files skipped as binary, "
-                   f"not UTF-8 or empty): point --data at text files")
-            for ids in val:
-                out.write(ids.tobytes())
-        n_val = sum(map(len, val)) or int(round(n_train * val_fraction))   # one document: split its tokens
-        meta = dict(source=label, tokenizer=enc.name, dtype=np.dtype(dtype).name,
-                    n_train=n_train - (0 if val else n_val), n_val=n_val,
-                    docs_train=docs_train, docs_val=len(val), skipped_files=skipped)
+                    n[is_val[i]], docs[is_val[i]] = n[is_val[i]] + len(ids), docs[is_val[i]] + 1
+        _check(docs[0] and (docs[1] or not is_val.any()), f"{label!r}: no UTF-8 text documents for the "
+               f"{'val' if docs[0] else 'train'} split ({skipped} of {len(files)} files skipped as binary, not "
+               f"UTF-8 or empty): point --data at text files")
+        if not docs[1]:   # one document: split its tokens
+            n = [n[0] - round(n[0] * val_fraction), round(n[0] * val_fraction)]
+        meta = dict(source=label, tokenizer=enc.name, dtype=np.dtype(dtype).name, n_train=n[0], n_val=n[1],
+                    docs_train=docs[0], docs_val=docs[1], skipped_files=skipped)
         os.replace(tmp, base + ".bin")
         with open(tmp, "w") as f:
             json.dump(meta, f, indent=1)
         os.replace(tmp, base + ".json")
-    except OSError as e:
-        if e.errno != errno.ENOSPC:
-            raise
-        raise DataError(f"no space left on the disk to cache {label} in {os.path.dirname(base)}: free some") \
-            from None
-    finally:
+    finally:   # a full disk: the CLI prints the OSError's one line, and no partial file is left
         if os.path.exists(tmp):
             os.remove(tmp)
     note = f" ({skipped} files skipped: binary, not UTF-8 or empty)" if skipped else ""
-    print(f"tasks: cached {label} with {enc.name}: {docs_train}+{len(val)} docs{note}, {meta['n_train']}+{n_val} "
-          f"tokens, {os.path.getsize(base + '.bin') / 1e6:.1f} MB, {time.time() - t0:.1f}s -> {base}.bin")
+    print(f"tasks: cached {label} with {enc.name}: {docs[0]}+{docs[1]} docs{note}, {n[0]}+{n[1]} tokens, "
+          f"{os.path.getsize(base + '.bin') / 1e6:.1f} MB, {time.time() - t0:.1f}s -> {base}.bin")
 
 
 def _load_bin(path, enc, val_fraction):   # nanoGPT's prepare.py output: memory-mapped as is, val is its tail
-    _check(os.path.isfile(path), f"no such file {path!r}: pass an existing pre-tokenized .bin file")
-    dtype, size = np.dtype(np.uint32 if path.endswith(".u32.bin") else np.uint16), os.path.getsize(path)
-    _check(size and size % dtype.itemsize == 0, f"{path!r} has {size} bytes, not a whole number of "
-           f"{dtype.name} tokens: nanoGPT .bin files are uint16 (name uint32 files *.u32.bin)")
-    tokens = np.memmap(path, dtype=dtype, mode="r")
-    top = int(tokens.max())   # one pass over the file: an id past the vocabulary would fail mid-training
+    _check(enc.n_vocab <= 1 << 16, f"a .bin holds uint16 ids but tokenizer {enc.name!r} has {enc.n_vocab} "
+                                   f"tokens: pass the text instead (its cache keeps uint32 ids)")
+    size = os.path.getsize(path) if os.path.isfile(path) else -1
+    _check(size > 0 and size % 2 == 0, f"{path!r} is missing or not a whole number of uint16 tokens: pass "
+                                       f"an existing nanoGPT .bin (flat uint16 ids)")
+    tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    top = int(tokens.max())   # the whole file: an id past the vocabulary would fail mid-training
     _check(top < enc.n_vocab, f"{path!r} holds token id {top}, beyond tokenizer {enc.name!r} "
                               f"(vocab {enc.n_vocab}): pass the --tokenizer that made the file")
-    n_train = len(tokens) - int(round(len(tokens) * val_fraction))
-    return Data(path, tokens[:n_train], tokens[n_train:], enc.n_vocab, enc.eot_token, enc, info={"cache": path})
+    n_train = len(tokens) - round(len(tokens) * val_fraction)
+    return Data(path, tokens[:n_train], tokens[n_train:], enc.n_vocab, enc.eot_token, enc)
 
 
 # --- 2. The in-context Markov process and its exact Bayes floor -----------------------------------
-# Each document draws its OWN transition matrix P (K x K, rows ~ Dirichlet(alpha)), a uniform first
-# token, then doc_len tokens of the chain: the only way to predict well is to count bigrams in the
-# context, the in-context skill whose failure past T_train the paper studies. shared=C > 0 makes the
-# documents RELATED: rows ~ Dirichlet(C * G_i) around a base matrix G drawn once per seed.
+# Each document draws its OWN transition matrix P (K x K, rows ~ Dirichlet(alpha)), a uniform first token,
+# then doc_len tokens of the chain: predicting well means counting bigrams in context, the skill whose failure
+# past T_train the paper studies. shared=C > 0: RELATED documents, rows ~ Dirichlet(C * G_i), G per seed.
 MARKOV_DEFAULTS = dict(k=8, alpha=0.3, doc_len=4096, docs=2048, val_docs=256, shared=0.0)
 
 
@@ -307,16 +264,14 @@ def sample_markov(k, alpha, doc_len, docs, seed=0, split="train", shared=0.0):
 
 
 def markov_bayes_nll(tokens, k, alpha, prior=None):
-    """Exact Bayes-optimal NLL (nats) [n, T-1] of windows tokens [n, T] (numpy or torch, returned alike)
-    that start at a document start (its eot = k, or its first token): entry t is -log p(x_t+1 | x_<=t).
-    With a Dirichlet prior on each row of P, after bigram counts c the posterior predictive is
-        p(j | i, c) = (c_ij + alpha) / (sum_j' c_ij' + K alpha),
-    and a document's first token (after the eot) has p = 1/K. prior: [k, k] pseudo-counts replacing alpha."""
+    """Exact Bayes-optimal NLL (nats) [n, T-1] of windows [n, T] (numpy or torch, returned alike) that start
+    at a document start (eot = k, or its first token). With Dirichlet(alpha) rows, after bigram counts c:
+        p(j | i, c) = (c_ij + alpha) / (sum_j' c_ij' + K alpha);  a first token: 1/K.  prior: [k, k] alphas."""
     x = torch.as_tensor(np.asarray(tokens) if not torch.is_tensor(tokens) else tokens).long().cpu()
-    _check(x.dim() == 2 and x.shape[1] >= 2, f"markov_bayes_nll: tokens must be [n, T >= 2], got {list(x.shape)}")
-    _check(not ((x < 0) | (x > k)).any(), f"markov_bayes_nll: token ids must be in 0..{k} (k = {k} is eot)")
-    _check(not (x[:, 1:] == k).any(), "markov_bayes_nll: a window crosses a document boundary (an eot after its "
-                                      "first position): use windows from document starts of <= doc_len + 1 tokens")
+    _check(x.dim() == 2 and x.shape[1] >= 2 and not ((x < 0) | (x > k)).any(), f"markov_bayes_nll: tokens "
+           f"must be [n, T >= 2] of ids in 0..{k} (k is eot), got shape {list(x.shape)}")
+    _check(not (x[:, 1:] == k).any(), "markov_bayes_nll: a window crosses a document boundary (an eot after "
+                                      "its start): use windows from document starts of <= doc_len + 1 tokens")
     n, T = x.shape
     rows = torch.arange(n)
     prior = torch.as_tensor(np.full((k, k), float(alpha)) if prior is None else prior, dtype=torch.float64)
@@ -335,20 +290,18 @@ def markov_bayes_nll(tokens, k, alpha, prior=None):
 
 def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): not cached on disk
     cfg = dict(MARKOV_DEFAULTS)
-    for item in filter(None, spec.split(",")):
-        key, eq, value = (s.strip() for s in item.partition("="))
-        _check(key in cfg and eq, f"markov: bad option {item!r}; options are "
-                                  f"{', '.join(f'{k}={v}' for k, v in MARKOV_DEFAULTS.items())}")
-        try:
-            cfg[key] = type(MARKOV_DEFAULTS[key])(value)
-        except ValueError:
-            raise DataError(f"markov: option {key} needs a {type(cfg[key]).__name__}, got {value!r}") from None
+    try:   # an unknown key, a missing "=" or a value of the wrong type
+        cfg.update({k: type(cfg[k])(v) for k, v in (item.split("=") for item in spec.replace(" ", "").split(",")
+                                                     if item)})
+    except (KeyError, ValueError):
+        raise DataError(f"markov: bad options {spec!r}: use some of "
+                        f"{','.join(f'{k}={v}' for k, v in MARKOV_DEFAULTS.items())}") from None
     k, alpha, shared = cfg["k"], cfg["alpha"], cfg["shared"]
     _check(2 <= k < 65535 and alpha > 0 and cfg["doc_len"] >= 2 and min(cfg["docs"], cfg["val_docs"]) >= 1
            and shared >= 0, f"markov: need 2 <= k < 65535, alpha > 0, doc_len >= 2, docs >= 1, val_docs >= 1, "
                             f"shared >= 0; got {spec!r}")
 
-    def stream(docs, split):
+    def stream(docs, split):   # [eot d1 eot d2 ...]
         tokens, _ = sample_markov(k, alpha, cfg["doc_len"], docs, seed, split, shared)
         return np.concatenate([np.full((docs, 1), k), tokens], axis=1).reshape(-1).astype(np.uint16)
 
@@ -357,12 +310,9 @@ def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): no
     return Data(name, stream(cfg["docs"], "train"), stream(cfg["val_docs"], "val"), k + 1, k, None, floor, cfg)
 
 
-# --- 3. Samplers --------------------------------------------------------------------------------------
-# A resumed run continues EXACTLY where it stopped: each sampler's randomness is a pure function of
-# (seed, counters), so its state is a few integers.
+# --- 3. Samplers: each one's randomness is a pure function of (seed, counters), so a resume is exact ---
 
-def _windows(tokens, starts, length):
-    """tokens[s : s+length] for each start -> int64 [len(starts), length]."""
+def _windows(tokens, starts, length):   # tokens[s : s+length] for each start -> int64 [len(starts), length]
     return torch.from_numpy(np.stack([np.asarray(tokens[s:s + length]) for s in starts]).astype(np.int64))
 
 
@@ -372,10 +322,9 @@ def _xy(tokens, starts, seq_len):   # -> x, y: int64 [len(starts), seq_len], y =
 
 
 def _check_sampler(what, tokens, batch_size, seq_len):
-    _check(_is_int(batch_size) and _is_int(seq_len), f"{what}: batch_size and seq_len must be integers >= 1, "
-                                                     f"got {batch_size!r}, {seq_len!r}")
-    _check(len(tokens) > seq_len, f"{what}: {len(tokens)} tokens cannot hold a window of seq_len+1 = "
-                                  f"{seq_len + 1}: use a shorter seq_len or more data")
+    _check(_is_int(batch_size) and _is_int(seq_len) and len(tokens) > seq_len, f"{what}: need batch_size >= 1 "
+           f"and 1 <= seq_len < {len(tokens)} (the tokens), got {batch_size!r}, {seq_len!r}: use a shorter "
+           f"seq_len or more data")
 
 
 class RandomWindows:
@@ -400,12 +349,9 @@ class RandomWindows:
 
 
 class DocumentStreams:
-    """TBTT's ordered chunks: batch row r reads one document as chunks of seq_len+1 tokens, each starting
-    at its predecessor's last token, so it can start from that chunk's final state. A document runs from
-    an eot (its first token, as at the start of every evaluation window; or from the stream's start) to
-    the next eot. When a document cannot fill another chunk its tail is dropped and the row takes the next
-    document of a seeded order (reshuffled each pass); new_doc[r] is True exactly then, and TBTT resets
-    that row to the zero state. Documents shorter than seq_len+1 tokens are skipped."""
+    """TBTT: row r reads a document (from an eot) in chunks of seq_len+1 tokens, each from its predecessor's
+    last token, so it starts from that chunk's final state; then the next of a seeded order, new_doc[r] True.
+    A tail shorter than a chunk is dropped; documents shorter than seq_len+1 tokens are skipped."""
 
     def __init__(self, tokens, eot_token, batch_size, seq_len, seed=0):
         _check_sampler("DocumentStreams", tokens, batch_size, seq_len)
@@ -448,29 +394,23 @@ class DocumentStreams:
 
 
 def eval_windows(tokens, n, length, seed=0, eot_token=None):
-    """n deterministic windows of `length` tokens -> int64 [n, length] (the model reads w[:, :-1] and is
-    scored on w[:, 1:]). With eot_token, every window starts at a distinct document's eot, as
-    markov_bayes_nll needs (with markov, length <= doc_len + 1 keeps it inside one document)."""
-    _check(_is_int(n) and _is_int(length, 2), f"eval_windows: need n >= 1 and length >= 2, got {n!r}, {length!r}")
-    _check(len(tokens) >= length, f"eval_windows: {len(tokens)} tokens cannot hold a window of {length}: "
-                                  f"use a shorter length or more validation data")
+    """n deterministic windows of `length` tokens -> int64 [n, length]; with eot_token each starts at a
+    distinct document's eot, as markov_bayes_nll needs (length <= doc_len + 1 keeps it in one document)."""
+    _check(_is_int(n) and _is_int(length, 2) and len(tokens) >= length, f"eval_windows: need n >= 1 and 2 <= "
+           f"length <= {len(tokens)} (the tokens), got {n!r}, {length!r}: use a shorter length or more data")
     rng, last = np.random.default_rng(seed), len(tokens) - length   # the last start at which a window fits
     if eot_token is None:
         return _windows(tokens, rng.integers(0, last + 1, size=n), length)
     candidates = np.flatnonzero(np.asarray(tokens[: last + 1]) == eot_token)
-    _check(len(candidates) >= n, f"eval_windows: only {len(candidates)} documents start a window of {length} "
-                                 f"tokens, {n} requested: use fewer windows, a shorter length or more documents")
+    _check(len(candidates) >= n, f"eval_windows: only {len(candidates)} documents start a window of "
+                                 f"{length} tokens, {n} asked: use fewer or shorter windows or more documents")
     return _windows(tokens, rng.choice(candidates, size=n, replace=False), length)
 
 
 # --- 4. Long-context tasks (paper Sec. 5): passkey retrieval, synthetic copying, BABILong-style QA ----
-# A generator returns Sample(tokens, answer_mask, meta): the WHOLE example in the LM data's tokenizer,
-# starting with the eot like every document; the answer, always the last tokens, the only ones the loss
-# is computed on (the paper fine-tunes "with the loss only on the answer") and scoring checks; the ground
-# truth. It is a pure function of its seed (int or ints), split into independent streams for content
-# (key, story, string) and layout (depth, filler), so one seed asks the same question at every length.
-# Training: TaskSampler (row seeds [seed, step, row, 1], never equal to an int evaluation seed).
-# Evaluation: prompt, answer = split_answer(s); greedy-decode; exact_match(cut_answer(text), meta["answer"]).
+# A generator returns Sample(tokens, answer_mask, meta): a document ending with the answer, the only tokens
+# trained on (the paper's "loss only on the answer") and scored, a pure function of its seed whose content
+# (key, story, string) and layout (depth, filler) streams differ: one seed asks one question at every length.
 Sample = collections.namedtuple("Sample", "tokens answer_mask meta")   # int64 [n], bool [n], dict
 
 
@@ -481,8 +421,8 @@ def split_answer(sample):
 
 
 class TaskSampler:
-    """Batches of task_fn(seed=[seed, step, row, 1], **task_kwargs), used like RandomWindows: the state is
-    (seed, step). A sample of `length` tokens gives x and y of length-1: pass length=seq_len + 1."""
+    """Batches of task_fn(seed=[seed, step, row, 1], **task_kwargs) (never an int evaluation seed), used like
+    RandomWindows. A sample of `length` tokens gives x and y of length-1: pass length=seq_len + 1."""
 
     def __init__(self, task_fn, batch_size, seed=0, **task_kwargs):
         _check(_is_int(batch_size), f"TaskSampler: batch_size must be an integer >= 1, got {batch_size!r}")
@@ -496,17 +436,13 @@ class TaskSampler:
         return samples
 
     def next_batch(self):
-        """-> x, y: int64 [batch_size, T-1], T the longest example; y is -100 (ignored by F.cross_entropy)
-        outside the answer. Shorter examples are LEFT-padded with eot: a recurrent model carries what it
-        reads, so padding must not come between prompt and answer; before the eot it reads as empty
-        documents."""
+        """-> x, y: int64 [batch_size, T-1], y -100 (ignored) outside the answer. Shorter examples are padded
+        with eot on the LEFT: a recurrent model carries what it reads, so nothing between prompt and answer."""
         samples = self.next_samples()
-        T = max(len(s.tokens) for s in samples)
-        tokens = torch.full((len(samples), T), self.pad_id, dtype=torch.int64)
-        answer = torch.zeros((len(samples), T), dtype=torch.bool)
-        for row, s in enumerate(samples):
-            tokens[row, T - len(s.tokens):] = torch.as_tensor(s.tokens)
-            answer[row, T - len(s.tokens):] = torch.as_tensor(s.answer_mask)
+        pad = [max(len(s.tokens) for s in samples) - len(s.tokens) for s in samples]
+        tokens = torch.tensor(np.stack([np.pad(s.tokens, (p, 0), constant_values=self.pad_id)
+                                        for p, s in zip(pad, samples)]))
+        answer = torch.tensor(np.stack([np.pad(s.answer_mask, (p, 0)) for p, s in zip(pad, samples)]))
         return tokens[:, :-1].contiguous(), tokens[:, 1:].masked_fill(~answer[:, 1:], -100)
 
     state_dict, load_state_dict = RandomWindows.state_dict, RandomWindows.load_state_dict
@@ -520,57 +456,41 @@ def _rngs(seed, n):
     return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(n)]
 
 
-# Our own repetitive filler, in the spirit of the passkey test: it carries no information, so the only
-# thing worth remembering is what is hidden in it. Each sentence is tokenized on its own, so sentence
-# boundaries are exact token positions.
+# Our filler carries no information: only what is hidden in it is worth remembering.
 FILLER_SENTENCES = (" The river runs down to the sea.", " The hills are quiet at night.",
                     " The wind is soft today.", " On we walk.", " Up the path and down again.")
 
 
-def _our_filler(enc, n_tokens):
-    """-> (tokens int64 [n_tokens], boundaries): the LAST n_tokens of our sentences repeated (only the first
-    may be cut short); boundaries: positions between whole sentences (n_tokens, and 0 if the first is whole)."""
-    pieces = [enc.encode_ordinary(s) for s in FILLER_SENTENCES]
-    cycle, starts = np.concatenate(pieces).astype(np.int64), np.cumsum([0] + [len(p) for p in pieces[:-1]])
-    reps = n_tokens // len(cycle) + 1
-    cut = reps * len(cycle) - n_tokens   # tokens dropped from the front
-    all_starts = (np.arange(reps)[:, None] * len(cycle) + starts[None, :]).ravel() - cut
-    return np.tile(cycle, reps)[cut:], np.union1d(all_starts[all_starts >= 0], [n_tokens])
-
-
-def _corpus_filler(enc, corpus, n_tokens, rng):
-    """-> (tokens, boundaries = line starts and 0) of a random window of a token stream, whose eot tokens
-    become newlines: the filler must read as one long text, not as several documents."""
-    _check(len(corpus) >= n_tokens, f"babi_sample: the filler stream has {len(corpus)} tokens, {n_tokens} "
-                                    f"needed: pass a longer filler_tokens or a shorter length")
-    start = int(rng.integers(0, len(corpus) - n_tokens + 1))
-    tokens = np.asarray(corpus[start:start + n_tokens]).astype(np.int64)
-    top = int(tokens.max()) if n_tokens else -1
-    _check(top < enc.n_vocab, f"babi_sample: filler token id {top} is beyond tokenizer {enc.name!r} (vocab "
-                              f"{enc.n_vocab}): the filler must come from the same tokenizer")
-    tokens[tokens == enc.eot_token] = enc.encode_ordinary("\n")[-1]
-    ends_line = [enc.decode_single_token_bytes(t).endswith(b"\n") for t in tokens.tolist()]
-    return tokens, np.union1d(np.flatnonzero(ends_line) + 1, [0])
-
-
-def _assemble(enc, filler, inserts, question, answer):
-    """eot + filler with each (position, piece) of `inserts` (sorted) spliced in + question + answer
-    -> Sample fields (tokens, answer_mask) and the start of each piece in tokens."""
+def _hide(enc, what, length, pieces, question, answer, place, corpus=None, rng=None):
+    """eot, filler with the pieces spliced in at place(boundaries, n_filler), question, answer: `length` tokens
+    -> (tokens, answer_mask, each piece's start). Filler: ours, or a window of the token stream `corpus`."""
+    _check(_is_int(length), f"{what}: length must be an integer >= 1, got {length!r}")
+    n = length - 1 - sum(map(len, pieces + [question, answer]))
+    _check(n >= 0, f"{what}: length {length} is too short, its sentences and question alone take "
+                   f"{length - n} tokens: use a longer length (--seq-len)")
+    if corpus is None:   # the LAST n tokens of our sentences repeated; boundaries between whole sentences
+        sentences = [enc.encode_ordinary(s) for s in FILLER_SENTENCES]
+        sentences *= n // sum(map(len, sentences)) + 1
+        ends = np.cumsum([0] + [len(s) for s in sentences])
+        cut = ends[-1] - n   # tokens dropped from the front
+        filler, boundaries = np.concatenate(sentences).astype(np.int64)[cut:], ends[ends >= cut] - cut
+    else:   # its eots become newlines (it must read as one text); boundaries at line starts
+        _check(len(corpus) >= n, f"{what}: the filler stream has {len(corpus)} tokens, {n} needed: pass a "
+                                 f"longer filler_tokens or a shorter length")
+        start = int(rng.integers(0, len(corpus) - n + 1))
+        filler = np.asarray(corpus[start:start + n]).astype(np.int64)
+        _check(n == 0 or filler.max() < enc.n_vocab, f"{what}: filler token id {filler.max()} is beyond "
+               f"tokenizer {enc.name!r} (vocab {enc.n_vocab}): the filler must come from the same tokenizer")
+        filler[filler == enc.eot_token] = enc.encode_ordinary("\n")[-1]
+        ends_line = [enc.decode_single_token_bytes(t).endswith(b"\n") for t in filler.tolist()]
+        boundaries = np.union1d(np.flatnonzero(ends_line) + 1, [0])
     parts, piece_starts, cur, shift = [[enc.eot_token]], [], 0, 1
-    for pos, piece in inserts:
+    for pos, piece in zip(place(boundaries, n), pieces):
         parts += [filler[cur:pos], piece]
         piece_starts.append(pos + shift)   # shift: the eot and the pieces before this one
         shift, cur = shift + len(piece), pos
     tokens = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts + [filler[cur:], question, answer]])
     return tokens, np.arange(len(tokens)) >= len(tokens) - len(answer), piece_starts
-
-
-def _budget(what, length, *pieces):   # the filler tokens left in `length` beside the eot and the pieces
-    _check(_is_int(length), f"{what}: length must be an integer >= 1, got {length!r}")
-    budget = length - 1 - sum(map(len, pieces))
-    _check(budget >= 0, f"{what}: length {length} is too short, its sentences and question alone take "
-                        f"{length - budget} tokens: use a longer length (--seq-len)")
-    return budget
 
 
 # --- Passkey retrieval (Fig. 7) ---------------------------------------------------------------
@@ -579,22 +499,20 @@ PASSKEY_QUESTION = " What is the pass key? The pass key is"
 
 
 def passkey_sample(tokenizer, length, depth=None, seed=0):
-    """A 5-digit key hidden in filler, then the question; exactly `length` tokens. depth in [0, 1]: the
-    fraction of filler before the key sentence, snapped to a sentence boundary; None draws it uniformly.
-    The answer " {key}." has the paper's period, so the model learns to stop. meta: answer, key, depth,
-    actual_depth, key_start (token index of the key sentence)."""
+    """A 5-digit key at `depth` (fraction of filler before it, at a sentence boundary; None: uniform) in filler,
+    then the question; `length` tokens. The answer " {key}." has the paper's period: the model learns to stop"""
     enc, (content_rng, layout_rng) = get_tokenizer(tokenizer), _rngs(seed, 2)
     key = str(int(content_rng.integers(10_000, 100_000)))
     depth = float(layout_rng.random()) if depth is None else depth
     _check(0 <= depth <= 1, f"passkey_sample: depth must be in [0, 1], got {depth}")
     needle, question, answer = (_encode(enc, s) for s in (PASSKEY_SENTENCE.format(key=key), PASSKEY_QUESTION,
                                                           f" {key}."))
-    budget = _budget("passkey_sample", length, needle, question, answer)
-    filler, boundaries = _our_filler(enc, budget)
-    pos = int(boundaries[np.argmin(np.abs(boundaries - depth * budget))])
-    tokens, answer_mask, (key_start,) = _assemble(enc, filler, [(pos, needle)], question, answer)
-    return Sample(tokens, answer_mask, dict(task="passkey", answer=key, key=key, depth=depth, key_start=key_start,
-                                            actual_depth=pos / budget if budget else 0.0, seed=seed))
+    tokens, answer_mask, (key_start,) = _hide(enc, "passkey_sample", length, [needle], question, answer,
+                                              lambda b, n: [int(b[np.argmin(np.abs(b - depth * n))])])
+    n = length - 1 - len(needle) - len(question) - len(answer)   # the filler tokens
+    meta = dict(task="passkey", answer=key, key=key, depth=depth, key_start=key_start, seed=seed,
+                actual_depth=(key_start - 1) / n if n else 0.0)
+    return Sample(tokens, answer_mask, meta)
 
 
 def passkey_digit_accuracy(pred_text, key):
@@ -603,46 +521,39 @@ def passkey_digit_accuracy(pred_text, key):
     return sum(a == b for a, b in zip(digits.group() if digits else "", str(key))) / len(str(key))
 
 
-# --- Synthetic copying (Table 1) --------------------------------------------------------------
-# eot s SEP s EOS. SEP and EOS are control bytes that text practically never holds (group separator,
-# end-of-text), single tokens in the bytes tokenizer and in byte-level BPEs. The answer is the copy AND
-# the EOS: like the passkey's period, it teaches where the copy stops.
+# --- Synthetic copying (Table 1): eot s SEP s EOS, the answer the copy AND the EOS (where it stops) ---
+# SEP, EOS: control bytes (group separator, end-of-text) text rarely holds, single tokens in byte-level BPEs.
 COPY_ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 COPY_SEP, COPY_EOS = b"\x1d", b"\x03"
 
 
-def copy_sample(tokenizer, length, seed=0, alphabet=COPY_ALPHABET):
-    """A random string of `length` symbols of `alphabet` (each one token), or of a length drawn from the
-    inclusive range (lo, hi), to be copied after the separator; 2 * length + 3 tokens.
-    meta: answer (the string), target (its token ids), length."""
+def copy_sample(tokenizer, length, seed=0):
+    """A random string of `length` (or a length drawn from the inclusive range (lo, hi)) letters, each one
+    token, to be copied after the separator: 2 * length + 3 tokens."""
     enc, (rng,) = get_tokenizer(tokenizer), _rngs(seed, 1)
-    if isinstance(length, (tuple, list)):
-        _check(len(length) == 2 and _is_int(length[0]) and _is_int(length[1], length[0]),
-               f"copy_sample: a length range must be (lo, hi) with 1 <= lo <= hi, got {length!r}")
-        length = int(rng.integers(length[0], length[1] + 1))
-    _check(_is_int(length), f"copy_sample: length must be an integer >= 1 or a range (lo, hi), got {length!r}")
-    _check(isinstance(alphabet, str) and alphabet, "copy_sample: alphabet must be a non-empty string")
-    pick = rng.integers(0, len(alphabet), size=length)
-    s = np.array([enc.encode_single_token(c.encode()) for c in alphabet], dtype=np.int64)[pick]
+    drawn = isinstance(length, (tuple, list))
+    lo, hi = tuple(length) if drawn and len(length) == 2 else (length, length)
+    _check(_is_int(lo) and _is_int(hi, lo), f"copy_sample: length must be >= 1 or a range (lo, hi) with "
+                                            f"1 <= lo <= hi, got {length!r}")
+    length = int(rng.integers(lo, hi + 1)) if drawn else length
+    pick = rng.integers(0, len(COPY_ALPHABET), size=length)
+    s = np.array([enc.encode_single_token(c.encode()) for c in COPY_ALPHABET], dtype=np.int64)[pick]
     sep, eos = enc.encode_single_token(COPY_SEP), enc.encode_single_token(COPY_EOS)
     tokens = np.concatenate([[enc.eot_token], s, [sep], s, [eos]]).astype(np.int64)
     return Sample(tokens, np.arange(len(tokens)) >= length + 2, dict(
-        task="copy", length=length, target=s, answer="".join(alphabet[i] for i in pick), seed=seed))
+        task="copy", length=length, target=s, answer="".join(COPY_ALPHABET[i] for i in pick), seed=seed))
 
 
 def copy_scores(pred_tokens, target_tokens):
-    """-> (char_accuracy, whole_string_correct), position by position over the target's length; missing
-    positions count as wrong, extra tokens are ignored."""
+    """-> (char_accuracy, whole_string_correct), position by position over the target (missing = wrong)."""
     pred, target = (np.asarray(t).reshape(-1).tolist() for t in (pred_tokens, target_tokens))
-    _check(target, "copy_scores: empty target")
     correct = sum(p == t for p, t in zip(pred, target))
     return correct / len(target), correct == len(target)
 
 
-# --- BABILong-style QA (Fig. 6) ---------------------------------------------------------------
-# The ten bAbI task families from a tiny world simulation with our own names and sentences. A story is
-# a list of events (dicts with their sentence, "text"); the question is about the final state, and
-# meta["asked"] names what is asked, so tests re-derive every answer from the events alone.
+# --- BABILong-style QA (Fig. 6): the ten bAbI families from a tiny world simulation, our own words ----
+# A story is a list of events (dicts with their sentence, "text"); the question is about the final state,
+# and meta["asked"] names what is asked, so tests re-derive every answer from the events alone.
 BABI_PEOPLE = ("Alice", "Bruno", "Chloe", "Dmitri", "Elena", "Farid")
 BABI_PLACES = ("kitchen", "garden", "hallway", "bedroom", "office", "cellar", "attic", "library")
 BABI_OBJECTS = ("apple", "ball", "milk", "key", "book", "lamp")
@@ -659,17 +570,33 @@ BABI_TEMPLATES = {
     "either": ("{person} is either in the {place} or the {place2}.",),
     "relation": ("The {place} is {direction} of the {place2}.",),
 }
+BABI_QUESTIONS = {   # asked["kind"] -> the question, filled from `asked`
+    "where_person": "Where is {person}?", "where_object": "Where is the {obj}?",
+    "where_before": "Where was the {obj} before the {place}?", "is_in": "Is {person} in the {place}?",
+    "what_is_dir_of": "What is {direction} of the {place}?",
+    "what_is_x_dir_of": "What is the {place} {direction} of?",
+    "count_carried": "How many objects is {person} carrying?", "list_carried": "What is {person} carrying?",
+    "who_gave": "Who gave the {obj} to {other}?", "what_given": "What did {person} give to {other}?",
+    "given_to": "Who did {person} give the {obj} to?", "who_received": "Who received the {obj}?"}
+BABI_GIVE_ASKS = {"who_gave": (("obj", "other"), "person"), "what_given": (("person", "other"), "obj"),
+                  "given_to": (("person", "obj"), "other"), "who_received": (("obj",), "other")}  # named, asked
+BABI_TASKS = {   # task -> world: event kinds (repeats weight them), events in [lo, hi), people, places, objects
+    "qa1": ("move", (4, 9), 3, 5, 0), "qa2": ("move move grab drop", (6, 11), 3, 4, 3),
+    "qa3": ("move move grab drop", (8, 15), 2, 4, 2), "qa4": ("relation", (2, 4), 0, 0, 0),
+    "qa5": ("move move grab grab give give drop", (8, 14), 3, 3, 3),
+    "qa6": ("move move move grab drop", (4, 9), 3, 4, 2),
+    "qa7": ("move move grab grab drop give", (6, 12), 3, 3, 4),
+    "qa8": ("move move grab grab drop give", (6, 12), 3, 3, 4),
+    "qa9": ("move move not_in", (4, 9), 3, 4, 0), "qa10": ("move move either", (4, 9), 3, 4, 0)}
 MAX_CARRIED = 3
 
 
 def _simulate(rng, kinds, n_events, n_people, n_places, n_objects):
-    """A random valid story of n_events events of `kinds` (repeats weight a kind). Rules: to pick up or
-    give, a person must be somewhere known; a lying object is picked up only where it lies; give needs
-    both people in one place; nobody carries more than MAX_CARRIED. "not in" / "either" make a person's
-    place unknown (None). -> (events, world, people, places, objects)."""
+    """A random valid story: to pick up or give, a person must be somewhere known; a lying object is picked up
+    only where it lies; give needs both people in one place; nobody carries more than MAX_CARRIED."""
     people, places, objects = ([str(x) for x in rng.choice(pool, n, replace=False)] if n else [] for pool, n in
                                ((BABI_PEOPLE, n_people), (BABI_PLACES, n_places), (BABI_OBJECTS, n_objects)))
-    loc, last_fact = dict.fromkeys(people), dict.fromkeys(people)
+    loc, last_fact = dict.fromkeys(people), dict.fromkeys(people)      # loc None: unknown ("not in", "either")
     holder, lies_at = dict.fromkeys(objects), dict.fromkeys(objects)   # lies_at: a free object's place
     history, events = {o: [] for o in objects}, []                     # history: each object's places
     while len(events) < n_events:
@@ -680,8 +607,8 @@ def _simulate(rng, kinds, n_events, n_people, n_places, n_objects):
                    "grab": [dict(person=p, obj=o) for p in people for o in objects if loc[p] is not None and
                             holder[o] is None and lies_at[o] in (None, loc[p]) and carried[p] < MAX_CARRIED],
                    "drop": [dict(person=holder[o], obj=o) for o in objects if holder[o] is not None],
-                   "give": [dict(person=holder[o], obj=o, other=q) for o in objects for q in people if
-                            holder[o] not in (None, q) and loc[q] == loc[holder[o]] and carried[q] < MAX_CARRIED],
+                   "give": [dict(person=holder[o], obj=o, other=q) for o in objects for q in people if holder[o]
+                            not in (None, q) and loc[q] == loc[holder[o]] and carried[q] < MAX_CARRIED],
                    "either": [dict(person=p, place=a, place2=b) for p in people for a in places for b in places
                               if a != b]}[kind]
         if not options:
@@ -703,158 +630,108 @@ def _simulate(rng, kinds, n_events, n_people, n_places, n_objects):
         last_fact[p] = event
         event["text"] = BABI_TEMPLATES[kind][rng.integers(len(BABI_TEMPLATES[kind]))].format(**event)
         events.append(event)
-    return events, dict(loc=loc, holder=holder, lies_at=lies_at, history=history, last_fact=last_fact), \
-        people, places, objects
+    return events, dict(loc=loc, holder=holder, lies_at=lies_at, history=history, last_fact=last_fact,
+                        people=people, places=places, objects=objects)
+
+
+def _relations(rng, n_places):   # qa4's story: places on a grid, each new one next to a placed one
+    places = [str(p) for p in rng.choice(BABI_PLACES, n_places, replace=False)]
+    cell, events = {places[0]: (0, 0)}, []
+    for new in places[1:]:
+        old, d = _pick(rng, [(old, d) for old in cell for d, (dx, dy) in BABI_DIRECTIONS.items()
+                             if (cell[old][0] + dx, cell[old][1] + dy) not in cell.values()])
+        cell[new] = (cell[old][0] + BABI_DIRECTIONS[d][0], cell[old][1] + BABI_DIRECTIONS[d][1])
+        e = dict(kind="relation", place=new, direction=d, place2=old)
+        events.append(dict(e, text=BABI_TEMPLATES["relation"][0].format(**e)))
+    return [events[i] for i in rng.permutation(len(events))]
 
 
 def _pick(rng, items):
     return items[rng.integers(len(items))] if items else None
 
 
-# Task families: rng -> (events, question, answer, asked) or None (no good question in this story).
-
-def _babi_where_person(rng):          # qa1: single supporting fact
-    events, w, people, _, _ = _simulate(rng, ["move"], int(rng.integers(4, 9)), 3, 5, 0)
-    p = _pick(rng, [p for p in people if w["loc"][p]])
-    return events, f"Where is {p}?", w["loc"][p], dict(kind="where_person", person=p)
-
-
-def _babi_where_object(rng):          # qa2: two supporting facts
-    events, w, _, _, objects = _simulate(rng, ["move", "move", "grab", "drop"], int(rng.integers(6, 11)), 3, 4, 3)
-    place = {o: w["loc"][w["holder"][o]] if w["holder"][o] else w["lies_at"][o] for o in objects}
-    o = _pick(rng, [o for o in objects if place[o]])
-    if o is not None:
-        return events, f"Where is the {o}?", place[o], dict(kind="where_object", obj=o)
-
-
-def _babi_where_before(rng):          # qa3: three supporting facts
-    events, w, _, _, objects = _simulate(rng, ["move", "move", "grab", "drop"], int(rng.integers(8, 15)), 2, 4, 2)
-    h = w["history"]   # "before the X" is unambiguous only if the object was in X once, and not first
-    options = [(o, i) for o in objects for i, x in enumerate(h[o]) if i > 0 and h[o].count(x) == 1]
-    if options:
-        o, i = _pick(rng, options)
-        return events, f"Where was the {o} before the {h[o][i]}?", h[o][i - 1], \
-            dict(kind="where_before", obj=o, place=h[o][i])
-
-
-def _babi_relation(rng):              # qa4: two argument relations
-    places = [str(p) for p in rng.choice(BABI_PLACES, int(rng.integers(3, 5)), replace=False)]
-    cell, events = {places[0]: (0, 0)}, []
-    for new in places[1:]:            # each new place goes next to a placed one, on a free cell
-        old, d = _pick(rng, [(old, d) for old in cell for d, (dx, dy) in BABI_DIRECTIONS.items()
-                             if (cell[old][0] + dx, cell[old][1] + dy) not in cell.values()])
-        cell[new] = (cell[old][0] + BABI_DIRECTIONS[d][0], cell[old][1] + BABI_DIRECTIONS[d][1])
-        e = dict(kind="relation", place=new, direction=d, place2=old)
-        events.append(dict(e, text=BABI_TEMPLATES["relation"][0].format(**e)))
-    events = [events[i] for i in rng.permutation(len(events))]
-    e = _pick(rng, events)
-    if rng.random() < 0.5:            # "What is north of the B?" -> A
-        return (events, f"What is {e['direction']} of the {e['place2']}?", e["place"],
-                dict(kind="what_is_dir_of", direction=e["direction"], place=e["place2"]))
-    return (events, f"What is the {e['place']} {e['direction']} of?", e["place2"],
-            dict(kind="what_is_x_dir_of", place=e["place"], direction=e["direction"]))
-
-
-BABI_GIVE_FORMS = {   # qa5 question form -> (fields it names, field it asks for, text)
-    "who_gave": (("obj", "other"), "person", "Who gave the {obj} to {other}?"),
-    "what_given": (("person", "other"), "obj", "What did {person} give to {other}?"),
-    "given_to": (("person", "obj"), "other", "Who did {person} give the {obj} to?"),
-    "who_received": (("obj",), "other", "Who received the {obj}?"),
-}
-
-
-def _babi_give(rng):                  # qa5: three argument relations; only questions with one answer
-    events = _simulate(rng, ["move", "move", "grab", "grab", "give", "give", "drop"], int(rng.integers(8, 14)),
-                       3, 3, 3)[0]
-    gives = [e for e in events if e["kind"] == "give"]
-    options = [(form, g) for g in gives for form, (keys, asked, _) in BABI_GIVE_FORMS.items()
-               if len({e[asked] for e in gives if all(e[k] == g[k] for k in keys)}) == 1]
-    if options:
-        form, g = _pick(rng, options)
-        keys, asked, text = BABI_GIVE_FORMS[form]
-        return events, text.format(**g), g[asked], dict(kind=form, **{k: g[k] for k in keys})
-
-
-def _babi_yes_no(rng):                # qa6: yes/no questions
-    events, w, people, places, _ = _simulate(rng, ["move", "move", "move", "grab", "drop"],
-                                             int(rng.integers(4, 9)), 3, 4, 2)
-    p = _pick(rng, [p for p in people if w["loc"][p]])
-    place = w["loc"][p] if rng.random() < 0.5 else _pick(rng, [x for x in places if x != w["loc"][p]])
-    return events, f"Is {p} in the {place}?", "yes" if place == w["loc"][p] else "no", \
-        dict(kind="is_in", person=p, place=place)
-
-
-def _babi_carrying(rng, count):       # qa7 (count): counting; qa8: lists/sets, sorted by name
-    events, w, people, _, objects = _simulate(rng, ["move", "move", "grab", "grab", "drop", "give"],
-                                              int(rng.integers(6, 12)), 3, 3, 4)
-    known = [p for p in people if w["loc"][p]]
-    carrying = [p for p in known if p in w["holder"].values()]
-    p = _pick(rng, carrying if carrying and rng.random() < 0.5 else known)   # fewer "none" answers
-    held = sorted(o for o in objects if w["holder"][o] == p)
-    if count:
-        return events, f"How many objects is {p} carrying?", BABI_NUMBERS[len(held)], \
-            dict(kind="count_carried", person=p)
-    return events, f"What is {p} carrying?", ",".join(held) or "nothing", dict(kind="list_carried", person=p)
-
-
-def _babi_is_in(rng, fact):           # qa9 (fact "not_in"), qa10 ("either"): "Is p in the X?"
-    events, w, people, places, _ = _simulate(rng, ["move", "move", fact], int(rng.integers(4, 9)), 3, 4, 0)
-    p = _pick(rng, [p for p in people if w["last_fact"][p]])
+def _ask(task, rng, events, w):
+    """-> (answer, asked) about the story's final state, or None: this story has no good question."""
+    if task == "qa4":   # two argument relations: "What is north of the B?" -> A
+        e = _pick(rng, events)
+        if rng.random() < 0.5:
+            return e["place"], dict(kind="what_is_dir_of", direction=e["direction"], place=e["place2"])
+        return e["place2"], dict(kind="what_is_x_dir_of", place=e["place"], direction=e["direction"])
+    loc, holder, objects, h = w["loc"], w["holder"], w["objects"], w["history"]
+    known = [p for p in w["people"] if loc[p]]
+    if task == "qa1":   # single supporting fact
+        p = _pick(rng, known)
+        return loc[p], dict(kind="where_person", person=p)
+    if task == "qa2":   # two supporting facts
+        place = {o: loc[holder[o]] if holder[o] else w["lies_at"][o] for o in objects}
+        o = _pick(rng, [o for o in objects if place[o]])
+        return o and (place[o], dict(kind="where_object", obj=o))
+    if task == "qa3":   # three supporting facts; "before the X" is clear if the object was in X once, not first
+        o, i = _pick(rng, [(o, i) for o in objects for i, x in enumerate(h[o]) if i and h[o].count(x) == 1]) \
+            or (None, 0)
+        return o and (h[o][i - 1], dict(kind="where_before", obj=o, place=h[o][i]))
+    if task == "qa5":   # three argument relations; only questions with one answer
+        gives = [e for e in events if e["kind"] == "give"]
+        kind, g = _pick(rng, [(kind, g) for g in gives for kind, (named, asked) in BABI_GIVE_ASKS.items()
+                              if len({e[asked] for e in gives if all(e[k] == g[k] for k in named)}) == 1]) \
+            or (None, None)
+        named, asked = BABI_GIVE_ASKS.get(kind, ((), None))
+        return kind and (g[asked], dict(kind=kind, **{k: g[k] for k in named}))
+    if task == "qa6":   # yes/no questions
+        p = _pick(rng, known)
+        place = loc[p] if rng.random() < 0.5 else _pick(rng, [x for x in w["places"] if x != loc[p]])
+        return "yes" if place == loc[p] else "no", dict(kind="is_in", person=p, place=place)
+    if task in ("qa7", "qa8"):   # counting; lists/sets, sorted by name
+        carrying = [p for p in known if p in holder.values()]
+        p = _pick(rng, carrying if carrying and rng.random() < 0.5 else known)   # fewer "none" answers
+        held = sorted(o for o in objects if holder[o] == p)
+        if task == "qa7":
+            return BABI_NUMBERS[len(held)], dict(kind="count_carried", person=p)
+        return ",".join(held) or "nothing", dict(kind="list_carried", person=p)
+    p = _pick(rng, [p for p in w["people"] if w["last_fact"][p]])   # qa9: "not in" facts; qa10: "either"
     last = w["last_fact"][p]
     named = [last["place"]] + ([last["place2"]] if last["kind"] == "either" else [])
-    if fact == "either":
-        place = _pick(rng, named) if rng.random() < 0.5 else _pick(rng, [x for x in places if x not in named])
+    if task == "qa10":
+        others = [x for x in w["places"] if x not in named]
+        place = _pick(rng, named) if rng.random() < 0.5 else _pick(rng, others)
         answer = "no" if place not in named else ("yes" if last["kind"] == "move" else "maybe")
     else:   # a "not in" fact answers only about its place; after a move, 3/4 "yes" balances their "no"
         place = last["place"] if last["kind"] == "not_in" or rng.random() < 0.75 else \
-            _pick(rng, [x for x in places if x != last["place"]])
+            _pick(rng, [x for x in w["places"] if x != last["place"]])
         answer = "yes" if last["kind"] == "move" and place == last["place"] else "no"
-    return events, f"Is {p} in the {place}?", answer, dict(kind="is_in", person=p, place=place)
-
-
-BABI_TASKS = {
-    "qa1": _babi_where_person, "qa2": _babi_where_object, "qa3": _babi_where_before, "qa4": _babi_relation,
-    "qa5": _babi_give, "qa6": _babi_yes_no, "qa7": functools.partial(_babi_carrying, count=True),
-    "qa8": functools.partial(_babi_carrying, count=False),
-    "qa9": functools.partial(_babi_is_in, fact="not_in"), "qa10": functools.partial(_babi_is_in, fact="either"),
-}
+    return answer, dict(kind="is_in", person=p, place=place)
 
 
 def babi_story(task, seed=0):
     """-> (events, question, answer, asked) of a bAbI task ("qa1".."qa10"), from the seed."""
     _check(task in BABI_TASKS, f"unknown bAbI task {task!r}: use one of {', '.join(BABI_TASKS)}")
-    rng, story = np.random.default_rng(seed), None
-    while not story:   # a story without a good question: draw another from the same rng
-        story = BABI_TASKS[task](rng)
-    return story
+    (kinds, n_events, *sizes), rng, qa = BABI_TASKS[task], np.random.default_rng(seed), None
+    while not qa:   # a story without a good question: draw another from the same rng
+        n = int(rng.integers(*n_events))
+        events, world = (_relations(rng, n + 1), {}) if task == "qa4" else \
+            _simulate(rng, kinds.split(), n, *sizes)
+        qa = _ask(task, rng, events, world)
+    return events, BABI_QUESTIONS[qa[1]["kind"]].format(**qa[1]), *qa
 
 
 def babi_sample(task, tokenizer, length, seed=0, filler_tokens=None):
-    """A bAbI story (task "qa1".."qa10", or None: drawn uniformly) hidden in filler, then "Question: ...
-    Answer:" and " {answer}."; exactly `length` tokens. The sentences keep their order, each at a random
-    boundary: between our filler's sentences, or at line starts of a random window of filler_tokens (a
-    stream of the same tokenizer, e.g. load_data("stdlib").val). meta: task, answer, question, asked,
-    events, fact_starts. With bytes a story takes up to ~470 tokens: train at length >= 512."""
+    """A bAbI story (task "qa1".."qa10", None: drawn uniformly) in order at random boundaries of our filler or
+    of a window of filler_tokens (a stream of the same tokenizer), "Question: ...\nAnswer:", " {answer}."."""
     enc, (task_rng, story_rng, layout_rng) = get_tokenizer(tokenizer), _rngs(seed, 3)
-    _check(task in BABI_TASKS or task is None, f"unknown bAbI task {task!r}: use one of {', '.join(BABI_TASKS)}")
+    _check(task in BABI_TASKS or task is None, f"unknown bAbI task {task!r}: use one of {','.join(BABI_TASKS)}")
     task = task or list(BABI_TASKS)[task_rng.integers(len(BABI_TASKS))]
     events, question, answer, asked = babi_story(task, int(story_rng.integers(2**63)))
-    ours = filler_tokens is None
-    facts = [_encode(enc, f" {e['text']}" if ours else f"{e['text']}\n") for e in events]
-    question_tokens, answer_tokens = _encode(enc, f"\nQuestion: {question}\nAnswer:"), _encode(enc, f" {answer}.")
-    budget = _budget(f"babi_sample {task}", length, question_tokens, answer_tokens, *facts)
-    filler, boundaries = _our_filler(enc, budget) if ours else \
-        _corpus_filler(enc, filler_tokens, budget, layout_rng)
-    positions = np.sort(layout_rng.choice(boundaries, size=len(facts))).tolist()
-    tokens, mask, starts = _assemble(enc, filler, list(zip(positions, facts)), question_tokens, answer_tokens)
+    facts = [_encode(enc, f" {e['text']}" if filler_tokens is None else f"{e['text']}\n") for e in events]
+    qa = _encode(enc, f"\nQuestion: {question}\nAnswer:"), _encode(enc, f" {answer}.")
+    tokens, mask, starts = _hide(enc, f"babi_sample {task}", length, facts, *qa, lambda b, n: np.sort(
+        layout_rng.choice(b, size=len(facts))).tolist(), filler_tokens, layout_rng)
     return Sample(tokens, mask, dict(task=task, answer=answer, question=question, asked=asked, events=events,
                                      fact_starts=starts, seed=seed))
 
 
 def babi_mixture(tokenizer, length, seed, babi_tasks, filler_tokens=None):
-    """A babi_sample of a task drawn uniformly from babi_tasks, a pure function of the seed. A story too
-    long for `length` is replaced by the one of seed + [retry]: rare with bytes at length >= 512, and at
-    shorter lengths it favours the shorter stories and tasks."""
+    """A babi_sample of a task drawn uniformly from babi_tasks, a pure function of the seed. A story too long
+    for `length` is replaced by the one of seed + [retry] (at short lengths this favours shorter stories)."""
     seed = list(np.atleast_1d(seed))
     task = babi_tasks[np.random.default_rng(seed + [7]).integers(len(babi_tasks))]
     for retry in range(100):
@@ -868,14 +745,10 @@ def babi_mixture(tokenizer, length, seed, babi_tasks, filler_tokens=None):
 
 # --- Scoring ----------------------------------------------------------------------------------
 
-def _normalize_answer(text):
-    text = re.sub(r" ?, ?", ",", " ".join(text.strip().lower().split()))
-    return text[:-1].rstrip() if text.endswith(".") else text
-
-
 def exact_match(pred_text, answer_text):
     """Equal after normalising case, whitespace runs, spaces around commas and one trailing period."""
-    return _normalize_answer(pred_text) == _normalize_answer(answer_text)
+    a, b = (re.sub(r" ?, ?", ",", " ".join(t.strip().lower().split())) for t in (pred_text, answer_text))
+    return (a[:-1].rstrip() if a.endswith(".") else a) == (b[:-1].rstrip() if b.endswith(".") else b)
 
 
 def cut_answer(text):
