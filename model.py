@@ -72,7 +72,7 @@ PRESETS = {
 def make_config(arch, size="tiny", vocab_size=257, **overrides):
     """The ModelConfig of a preset, e.g. make_config("mamba2", "tiny", vocab_size=257)."""
     if size not in PRESETS.get(arch, {}):
-        raise ValueError(f"unknown arch or size {arch}:{size}: choose from {({a: list(s) for a, s in PRESETS.items()})}")
+        raise ValueError(f"unknown arch or size {arch}:{size}: choose from { {a: list(s) for a, s in PRESETS.items()} }")
     p = PRESETS[arch][size]
     return ModelConfig(**{**dict(arch=arch, vocab_size=vocab_size, d_model=p["d_model"], n_layer=p["n_layer"],
                                  mixer=dict(p["mixer"])), **overrides})
@@ -127,9 +127,8 @@ class LM(nn.Module):
                     p.div_(math.sqrt(n_branches))
 
     def forward(self, idx, state=None, last_only=False):
-        """idx [b, t] token ids; state: None (zeros) or a list of per-layer dicts. Returns logits
-        [b, t, vocab_size] and the final state (not detached). last_only=True: logits [b, 1, vocab_size] of
-        the last position only (decoding, Effective Remembrance), skipping the costly head elsewhere."""
+        """idx [b, t], state None (zeros) or one dict per layer -> logits [b, t, vocab_size], final state (not
+        detached). last_only: logits [b, 1, vocab_size] of the last position only, skipping the costly head."""
         state = [None] * len(self.backbone.layers) if state is None else state
         assert len(state) == len(self.backbone.layers), "one state dict per layer"
         x = self.backbone.embedding(idx)
@@ -171,11 +170,9 @@ OFFICIAL_KEYS = {"d_model", "n_layer", "vocab_size", "ssm_cfg", "d_intermediate"
 
 
 def from_pretrained(path, device="cpu"):
-    """Load a model from one of:
-    - our checkpoint: a file written by train.py (ckpt.pt) or the directory holding it;
-    - a state-spaces/mamba style directory: config.json + pytorch_model.bin (Mamba-1 or Mamba-2).
-    What cannot be loaded faithfully (missing or unknown weights or config keys, other shapes, integer
-    or non-finite weights, an untied head) is an error, never skipped."""
+    """Our checkpoint (train.py's ckpt.pt or its directory) or a state-spaces/mamba directory (config.json +
+    pytorch_model.bin, Mamba-1 or -2). What cannot be loaded faithfully (missing or unknown weights or config
+    keys, other shapes, integer or non-finite weights, an untied head) is an error, never skipped."""
     official = os.path.isdir(path) and not os.path.exists(os.path.join(path, "ckpt.pt"))
     cfg = official_config(path) if official else None
     path = os.path.join(path, "pytorch_model.bin" if official else "ckpt.pt") if os.path.isdir(path) else path

@@ -1,5 +1,4 @@
-"""
-The one training script: from scratch, or post-training a checkpoint, with a chosen initial state.
+"""The one training script: from scratch, or post-training a checkpoint, with a chosen initial state.
 
     python train.py --init-state sp                      # the CPU default: tiny Mamba-2, stdlib bytes
     python train.py --init-from out/base --init-state sp --steps 300   # post-training (lr = peak/10)
@@ -7,11 +6,9 @@ The one training script: from scratch, or post-training a checkpoint, with a cho
         --init-state sp --steps 100 --grad-accum 32      # the paper's Fig. 5 on an official checkpoint
     torchrun --nproc_per_node 2 train.py --init-state sp               # DistributedDataParallel
 
-The interventions differ only in where each training sequence's initial state comes from
-(interventions.py); the rest is Appendix B's recipe. Batches are random windows of --data, except for
-tbtt and --streams (each row reads one document in chunks) and --task (independent examples).
-A run directory (--out) holds ckpt.pt (all a resume needs to continue exactly, replaced atomically and
-only with finite weights), metrics.jsonl and args.json; one train.py at a time writes it (train.lock).
+The interventions differ only in where each training sequence's initial state comes from (interventions.py);
+the rest is Appendix B's recipe. --out holds ckpt.pt (all a resume needs; written atomically, only with finite
+weights), metrics.jsonl, args.json and train.lock (one writer at a time).
 """
 import argparse
 import fcntl
@@ -32,59 +29,49 @@ import interventions
 import model
 import tasks
 
-# Peak learning rates of the presets (from scratch): the paper's Table 2 for its sizes, the tiny CPU
-# presets tuned here. Post-training (--init-from) uses a tenth of the checkpoint's peak, as the paper.
+# Peak learning rates from scratch: the paper's Table 2 for its sizes; tiny tuned for the CPU demos.
 PEAK_LR = {"tiny": 3e-3, "45m": 1.5e-3, "70m": 1.5e-3, "85m": 1.5e-3, "125m": 1e-3, "130m": 1e-3,
            "370m": 7.5e-4, "780m": 5e-4, "1.3b": 4e-4}
 # Every flag: name, type (a list: the choices; bool: a switch), default, help. The parser's defaults are
 # None, so that a flag given explicitly is known; resolve() fills in the rest, in one place.
 FLAGS = [
-    ("init-state", list(interventions.STRATEGIES), "sp", "initial state of each training sequence (interventions.py)"),
-    ("sigma", float, 0.1, "std of the random initial state (--init-state random)"),
+    ("init-state", list(interventions.STRATEGIES), "sp", "initial state of each training sequence"),
+    ("sigma", float, 0.1, "std of the random initial state"),
     ("p-reset", float, 0.1, "SP: probability that a row restarts from zero"),
-    ("streams", bool, False, "read --data as TBTT does, each row one document in order, with any --init-state: "
-     "--init-state zero --streams is TBTT's control (the same data from the zero state)"),
-    ("task", ["lm"] + list(tasks.TASKS), "lm", "lm: next-token prediction on --data; the paper's Sec. 5 tasks "
-     "(passkey: the paper uses --init-state fitted): loss on the answer tokens only"),
-    ("copy-len", str, "50,100", "--task copy: inclusive range LO,HI of the string length"),
-    ("babi-tasks", str, ",".join(tasks.BABI_TASKS), "--task babilong: bAbI tasks hidden in --data text"),
+    ("streams", bool, False, "each row reads one document in order, as TBTT (zero + --streams: TBTT's control)"),
+    ("task", ["lm"] + list(tasks.TASKS), "lm", "next-token prediction on --data, or a Sec. 5 task (loss: answer)"),
+    ("copy-len", str, "50,100", "--task copy: string lengths LO,HI"),
+    ("babi-tasks", str, ",".join(tasks.BABI_TASKS), "--task babilong: the bAbI tasks hidden in --data text"),
     ("arch", list(model.ARCHS), "mamba2", "recurrent architecture"),
-    ("size", str, "tiny", "preset size, see model.PRESETS (tiny, 45m, 85m, 125m, 130m, 370m, ...)"),
-    ("init-from", str, None, "post-train this checkpoint: a run directory, or an official state-spaces/mamba dir"),
-    ("data", str, "stdlib", "stdlib, a text file/dir/glob, a .bin of tokens or a process like markov:k=8 (tasks.py); "
-     "with --init-from, the checkpoint's"),
-    ("tokenizer", str, "bytes", "bytes, a tiktoken name (gpt2, ...) or a tokenizer.json (GPT-NeoX, for official "
-     "Mamba checkpoints); with --init-from, the checkpoint's"),
-    ("seq-len", int, 64, "T_train, the training sequence length; with --init-from, the checkpoint's"),
-    ("batch-size", int, 16, "sequences per micro-batch (per process)"),
-    ("grad-accum", int, 1, "micro-batches per optimizer step (paper: ~0.5M tokens a step); each is a batch for SP"),
+    ("size", str, "tiny", "a preset of model.PRESETS"),
+    ("init-from", str, None, "post-train this: a run directory or an official state-spaces/mamba one"),
+    ("data", str, "stdlib", "stdlib, text file/dir/glob, .bin or markov:k=8 (post-training: the parent's)"),
+    ("tokenizer", str, "bytes", "bytes, a tiktoken name or a tokenizer.json (post-training: the parent's)"),
+    ("seq-len", int, 64, "T_train (post-training: the parent's)"),
+    ("batch-size", int, 16, "sequences per micro-batch and process"),
+    ("grad-accum", int, 1, "micro-batches per optimizer step; each is a batch for the strategy"),
     ("steps", int, 1500, "optimizer steps"),
-    ("tokens", float, None, "token budget instead of --steps (e.g. 5e6)"),
-    ("lr", float, None, "peak learning rate (default: the preset's; with --init-from, a tenth of the checkpoint's, "
-     "for an official one of the paper's for its size: Mamba-2 370m 7.5e-4, 780m 5e-4, 1.3b 4e-4)"),
-    ("min-lr", float, 1e-5, "end of the cosine decay (at most --lr)"),
-    ("warmup", float, 0.1, "fraction of steps of linear warm-up"),
+    ("tokens", float, None, "a token budget instead of --steps (e.g. 5e6)"),
+    ("lr", float, None, "peak lr (default: PEAK_LR of the size; post-training: a tenth of the parent's peak)"),
+    ("min-lr", float, 1e-5, "end of the cosine decay"),
+    ("warmup", float, 0.1, "fraction of the steps of linear warm-up"),
     ("weight-decay", float, 0.01, "AdamW weight decay of the matrices"),
-    ("grad-clip", float, 1.0, "clip the gradient norm to this (inf: no clipping)"),
-    ("out", str, "out", "run directory (ckpt.pt, metrics.jsonl, args.json); a new run needs one without ckpt.pt"),
-    ("resume", bool, False, "continue the run in --out exactly, as configured (may change: --steps, "
-     "--ckpt-interval, --eval-interval, --lr, --grad-clip)"),
-    ("ckpt-interval", int, 250, "save a checkpoint every N steps (and at the end)"),
+    ("grad-clip", float, 1.0, "gradient norm clip (inf: none)"),
+    ("out", str, "out", "run directory; a new run needs one without ckpt.pt"),
+    ("resume", bool, False, "continue --out as configured (--steps, intervals, --lr, --grad-clip may change)"),
+    ("ckpt-interval", int, 250, "checkpoint every N steps and at the end"),
     ("eval-interval", int, 250, "validation loss every N steps"),
-    ("eval-batches", int, 8, "batches of validation windows per evaluation"),
+    ("eval-batches", int, 8, "validation batches per evaluation"),
     ("seed", int, 0, "seed of the model, the data order and the strategy"),
     ("device", str, "auto", "auto (CUDA when present), cpu, cuda, cuda:1 ..."),
-    ("compile", bool, False, "torch.compile the model"),
     ("stop-at", int, None, "stop after this step as if killed (to test --resume)"),
     ("quiet", bool, False, "no progress bar"),
-    ("demo", bool, False, "the failure-and-fix demo (a few CPU minutes): a zero-state tiny Mamba-1 at T_train=16 on "
-     "stdlib bytes, then control, SP and TBTT post-training, evaluated to 64x T_train. Uses only --out, --seed, "
-     "--device, --quiet"),
+    ("demo", bool, False, "the failure-and-fix demo (CPU minutes; uses only --out, --seed, --device, --quiet)"),
 ]
 DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
 # A resumed run takes its configuration from the checkpoint. These flags describe one invocation, not
 # the run; these may change on resume (the schedule's length, and the remedies for a divergence).
-PER_INVOCATION = ("out", "resume", "stop_at", "device", "compile", "quiet", "demo")
+PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo")
 MAY_CHANGE = ("steps", "ckpt_interval", "eval_interval", "lr", "grad_clip")
 
 
@@ -103,9 +90,8 @@ def get_args(argv=None):
 
 
 def resolve(args):
-    """Every flag not given gets its value here. A resumed run: the checkpoint's (an explicit flag must agree,
-    except MAY_CHANGE). Post-training: data, tokenizer and seq_len of the parent, and a tenth of the peak lr
-    the parent was trained with (paper, App. B). Then DEFAULTS."""
+    """Fill in every flag not given: on --resume the checkpoint's (a given flag must agree, but MAY_CHANGE);
+    post-training the parent's data, tokenizer, seq_len and a tenth of its peak lr (App. B); then DEFAULTS."""
     given = {k for k, v in vars(args).items() if v is not None}
     out = args.out or DEFAULTS["out"]
     if args.resume and not args.demo:
@@ -122,24 +108,24 @@ def resolve(args):
     for k, v in DEFAULTS.items():
         if getattr(args, k) is None:
             setattr(args, k, parent.get(k, v) if k in ("data", "tokenizer", "seq_len") else v)
-    if not args.resume:
-        official = args.init_from and os.path.isfile(os.path.join(args.init_from, "config.json"))
-        cfg = model.official_config(args.init_from) if official else None
-        size = next((s for s, p in model.PRESETS["mamba2" if cfg is None else cfg.arch].items()
-                     if cfg and (cfg.d_model, cfg.n_layer) == (p["d_model"], p["n_layer"])), args.size)
-        own_lr = args.lr if not args.init_from else None  # from scratch, an explicit --lr is the peak
-        args.peak_lr = parent.get("peak_lr") or (own_lr if own_lr is not None else PEAK_LR.get(size, 3e-3))
-        args.lr = args.lr if args.lr is not None else args.peak_lr / (10 if args.init_from else 1)
-        args.min_lr = args.min_lr if "min_lr" in given else min(args.min_lr, args.lr)
-        if args.tokens is not None and math.isfinite(args.tokens):
-            per_row = args.seq_len if args.task != "copy" else 2 * int(args.copy_len.split(",")[-1]) + 2
-            per_step = args.batch_size * per_row * int(os.environ.get("WORLD_SIZE", 1)) * args.grad_accum
-            args.steps = max(1, int(args.tokens // per_step))
+    if args.resume:
+        return
+    if args.init_from and os.path.isfile(os.path.join(args.init_from, "config.json")):  # official: size by shape
+        c = model.official_config(args.init_from)
+        args.size = next((s for s, p in model.PRESETS[c.arch].items()
+                          if (p["d_model"], p["n_layer"]) == (c.d_model, c.n_layer)), None)
+    args.peak_lr = parent.get("peak_lr") or (None if args.init_from else args.lr) or PEAK_LR.get(args.size, 3e-3)
+    args.lr = args.lr if args.lr is not None else args.peak_lr / (10 if args.init_from else 1)
+    args.min_lr = args.min_lr if "min_lr" in given else min(args.min_lr, args.lr)
+    if args.tokens is not None and math.isfinite(args.tokens):
+        per_row = args.seq_len if args.task != "copy" else 2 * int(args.copy_len.split(",")[-1]) + 2
+        per_step = args.batch_size * per_row * int(os.environ.get("WORLD_SIZE", 1)) * args.grad_accum
+        args.steps = max(1, int(args.tokens // per_step))
 
 
 def check(args):
     """Every flag's value, in one place: the first problem is one line naming the flag and the fix."""
-    fin = lambda v: v is not None and math.isfinite(v)
+    fin = math.isfinite
     positive = ("seq_len", "batch_size", "grad_accum", "steps", "ckpt_interval", "eval_interval", "eval_batches")
     rules = [(k, getattr(args, k) > 0, "a positive integer") for k in positive] + [
         ("stop_at", args.stop_at is None or args.stop_at > 0, "a positive integer"),
@@ -152,7 +138,8 @@ def check(args):
         ("grad_clip", args.grad_clip > 0, "> 0 (inf: no clipping)"),
         ("sigma", fin(args.sigma) and args.sigma > 0, "finite and > 0"),
         ("p_reset", 0 <= args.p_reset <= 1, "a probability in [0, 1]")]
-    problems = [f"--{k.replace('_', '-')} must be {what}, got {getattr(args, k)}" for k, ok, what in rules if not ok]
+    problems = [f"--{k.replace('_', '-')} must be {rule}, got {getattr(args, k)}" for k, ok, rule in rules
+                if not ok]
     lo, _, hi = args.copy_len.partition(",")
     bad_babi = [t for t in args.babi_tasks.split(",") if t not in tasks.BABI_TASKS]
     ckpt, real = os.path.join(args.out, "ckpt.pt"), os.path.realpath
@@ -161,13 +148,14 @@ def check(args):
          f"unknown --size {args.size!r} for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}"),
         (args.init_from and not os.path.exists(args.init_from), f"--init-from {args.init_from} does not exist"),
         (args.init_from and real(args.init_from) in (real(args.out), real(ckpt)),
-         f"--init-from and --out are the same run ({args.out}): post-training writes a new run, pass another --out"),
+         f"--init-from and --out are the same run ({args.out}): post-training needs another --out"),
         (os.path.exists(args.out) and not os.path.isdir(args.out), f"--out {args.out} is a file, not a directory"),
-        (not args.resume and os.path.exists(ckpt), f"{args.out} holds a run: --resume to continue it, or another --out"),
-        (args.task != "lm" and (args.init_state == "tbtt" or args.streams), f"--init-state tbtt and --streams need "
-         f"consecutive chunks of long documents, but --task {args.task} examples are independent"),
-        (not (lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)), "--copy-len must be LO,HI, 1 <= LO <= HI"),
-        (bad_babi, f"unknown --babi-tasks {bad_babi}: use a comma-separated subset of {','.join(tasks.BABI_TASKS)}"),
+        (args.device.startswith("cuda") and not torch.cuda.is_available(), "no CUDA here: use --device cpu"),
+        (not args.resume and os.path.exists(ckpt), f"{args.out} holds a run: --resume it, or use another --out"),
+        (args.task != "lm" and (args.init_state == "tbtt" or args.streams),
+         f"--init-state tbtt and --streams read documents in chunks; --task {args.task} examples are independent"),
+        (not (lo.isdigit() and hi.isdigit() and 0 < int(lo) <= int(hi)), "--copy-len must be LO,HI, 0 < LO <= HI"),
+        (bad_babi, f"unknown --babi-tasks {bad_babi}: choose from {','.join(tasks.BABI_TASKS)}"),
     ] if bad]
     if problems:
         sys.exit(f"error: {problems[0]}")
@@ -180,38 +168,35 @@ def check(args):
 def main(argv=None):
     try:
         args = get_args(argv)
-        if args.demo:
-            return demo(os.path.join(args.out, "demo"), seed=args.seed, device=args.device, quiet=args.quiet)
-        return train(args)
+        return demo(f"{args.out}/demo", args.seed, args.device, args.quiet) if args.demo else train(args)
     except (OSError, ValueError, tasks.TokenizerUnavailableError) as e:  # bad input: one line, no traceback
         sys.exit(f"error: {e}")
 
 
 def accumulate_gradients(fwd, sampler, strategy, n_micro, device, autocast=nullcontext(), no_sync=False):
-    """The gradients of one optimizer step: the paper's loop. Each micro-batch is a batch for the strategy;
-    its loss is divided by n_micro (the gradient of the mean). no_sync (DDP): all-reduce on the last one."""
+    """The gradients of one optimizer step, the paper's loop: initial state -> forward -> backward -> observe.
+    Each micro-batch is a batch for the strategy. no_sync (DDP): all-reduce on the last micro-batch only."""
     total, tokens = 0.0, 0
     for micro in range(n_micro):
-        x, y, *new_doc = sampler.next_batch()  # DocumentStreams also says which rows start a new document
-        batch = {"x": x.to(device), "y": y.to(device), "new_doc": new_doc[0] if new_doc else None}
-        initial_state = strategy.initial_state(batch)
+        x, y, *new_doc = (t.to(device) for t in sampler.next_batch())  # DocumentStreams: rows starting a document
+        initial_state = strategy.initial_state({"x": x, "y": y, "new_doc": new_doc[0] if new_doc else None})
         with fwd.no_sync() if no_sync and micro < n_micro - 1 else nullcontext():
             with autocast:
-                logits, final_state = fwd(batch["x"], state=initial_state)
+                logits, final_state = fwd(x, state=initial_state)
                 # task batches mark every non-answer target -100: the mean over the answer tokens
-                loss = F.cross_entropy(logits.float().flatten(0, 1), batch["y"].flatten(), ignore_index=-100)
-            (loss / n_micro).backward()
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
+            (loss / n_micro).backward()  # the gradient of the mean over the micro-batches
         strategy.observe(final_state)
         total, tokens = total + loss.item(), tokens + x.numel()
     return total / n_micro, tokens
 
 
 def train(args):
-    ddp, rank, world = "RANK" in os.environ, 0, 1
-    if ddp:  # one process per device; every rank keeps its own sampler and strategy state, as one process would
-        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() and args.device != "cpu" else "gloo")
-        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    device, master = pick_device(args.device, rank), rank == 0
+    ddp, rank, world = "RANK" in os.environ, int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    auto = f"cuda:{rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
+    device, master = torch.device(auto if args.device == "auto" else args.device), rank == 0
+    if ddp:  # one process per device; each rank keeps its own sampler and strategy, as one process would
+        torch.distributed.init_process_group("gloo" if device.type == "cpu" else "nccl")
     os.makedirs(args.out, exist_ok=True)
 
     # --- data ---------------------------------------------------------------------------------------------
@@ -232,8 +217,13 @@ def train(args):
     # --- model, optimizer, strategy -------------------------------------------------------------------------
     ckpt_path, step = os.path.join(args.out, "ckpt.pt"), 0
     torch.manual_seed(args.seed)
-    resume = load_checkpoint(ckpt_path, world, device) if args.resume else None
+    resume = model.read_checkpoint(ckpt_path, device) if args.resume else None
     if resume:
+        if not {"model_config", "model", "optimizer", "step", "sampler", "strategy"} <= resume.keys():
+            raise ValueError(f"{ckpt_path} is not a checkpoint of train.py: it cannot be resumed")
+        if len(resume["sampler"]) != world:
+            raise ValueError(f"{ckpt_path} was saved by {len(resume['sampler'])} processes, this run has {world}: "
+                             f"resume with as many (torchrun --nproc_per_node {len(resume['sampler'])})")
         lm = model.LM(model.ModelConfig(**resume["model_config"]))
         lm.load_state_dict(resume["model"])
     else:
@@ -241,8 +231,7 @@ def train(args):
             model.LM(model.make_config(args.arch, args.size, vocab_size=vocab_size))
     args.arch = lm.cfg.arch
     if lm.cfg.vocab_size < vocab_size:
-        raise ValueError(f"the model's vocabulary ({lm.cfg.vocab_size}) is smaller than the data's ({vocab_size}): "
-                         f"use the tokenizer the model was trained with")
+        raise ValueError(f"the data's vocabulary ({vocab_size}) exceeds the model's: use its --tokenizer")
     optimizer = make_optimizer(lm.to(device), args.lr, args.weight_decay, device)
     strategy = interventions.make_strategy(args.init_state, lm, args.batch_size, sigma=args.sigma,
                                            p_reset=args.p_reset, seed=args.seed + rank)
@@ -251,70 +240,55 @@ def train(args):
         optimizer.load_state_dict(resume["optimizer"])
         sampler.load_state_dict(resume["sampler"][rank])
         strategy.load_state_dict(resume["strategy"][rank])
-    fwd = torch.compile(lm) if args.compile else lm
-    if ddp:
-        fwd = torch.nn.parallel.DistributedDataParallel(fwd, device_ids=[device.index] if device.type == "cuda" else None)
+    fwd = torch.nn.parallel.DistributedDataParallel(lm) if ddp else lm  # the model is on this rank's device
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     if master:
-        print(f"{lm.extra_repr()}; data {data.name if data else args.task} (vocab {vocab_size}); {args.steps} steps x "
-              f"{args.grad_accum * args.batch_size * world} x {args.seq_len} tokens; init-state {args.init_state}"
-              f"{' on document streams' if args.streams else ''}; lr {args.lr:g}; device {device}"
-              + (f"; resuming {ckpt_path} at step {step}" if resume else ""))
+        print(f"{lm.extra_repr()}, data {data.name if data else args.task}, --init-state {args.init_state}"
+              f"{' --streams' * args.streams}, {args.steps} steps of {args.grad_accum * world * args.batch_size} x "
+              f"{args.seq_len} tokens, lr {args.lr:g}, {device}" + (f", resuming at step {step}" if resume else ""))
 
     # --- the loop -------------------------------------------------------------------------------------------
-    with run_lock(args.out) if master else nullcontext():
-        if master:
-            with open(os.path.join(args.out, "args.json"), "w") as f:
-                json.dump(vars(args), f, indent=1)
-            log = keep_metrics_until(os.path.join(args.out, "metrics.jsonl"), step)
+    with open_run(args, step) if master else nullcontext() as log:
         bar = tqdm(total=args.steps, initial=step, disable=args.quiet or not master, file=sys.stdout)
         t0, start, saved_step = time.time(), step, step if resume else None
-        lm.train()
-        while step < args.steps:
+        while step < min(args.steps, args.stop_at or args.steps):  # --stop-at: as if killed after that step
             lr = lr_at(step, args)
             for group in optimizer.param_groups:
                 group["lr"] = lr * group["lr_scale"]
             optimizer.zero_grad(set_to_none=True)
-            loss, tokens = accumulate_gradients(fwd, sampler, strategy, args.grad_accum, device, autocast, no_sync=ddp)
+            loss, tokens = accumulate_gradients(fwd, sampler, strategy, args.grad_accum, device, autocast, ddp)
             grad_norm = torch.nn.utils.clip_grad_norm_(lm.parameters(), args.grad_clip).item()
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # stop before the update breaks the weights
                 diverged(args, step + 1, f"loss {loss:g}, gradient norm {grad_norm:g}", saved_step)
             optimizer.step()
             step += 1
             record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                       "tokens_per_s": tokens * world * (step - start) / max(time.time() - t0, 1e-9)}
-            if step % args.eval_interval == 0 or step == args.steps:
+            save = step % args.ckpt_interval == 0 or step == args.steps
+            if save or step % args.eval_interval == 0:
                 val_sampler.load_state_dict(val_state0)
                 record["val_loss"] = evaluate_loss(lm, val_sampler, args.eval_batches, device, autocast)
             if master:
-                log.write(json.dumps(record) + "\n")
-                log.flush()
-                bar.set_postfix({k: f"{record[k]:.3g}" for k in ("loss", "val_loss", "tokens_per_s") if k in record})
+                print(json.dumps(record), file=log, flush=True)
+                bar.set_postfix({k: f"{v:.3g}" for k, v in record.items() if k != "step"})
                 bar.update(1)
-            if step % args.ckpt_interval == 0 or step == args.steps:
-                val_sampler.load_state_dict(val_state0)  # only weights with a finite validation loss are saved
-                if not math.isfinite(record.get("val_loss") or evaluate_loss(lm, val_sampler, args.eval_batches,
-                                                                             device, autocast)):
+            if save:
+                if not math.isfinite(record["val_loss"]):  # only weights with a finite validation loss are saved
                     diverged(args, step, "the validation loss", saved_step)
                 save_checkpoint(ckpt_path, lm, optimizer, step, args, sampler, strategy, rank, world)
                 saved_step = step
-            if args.stop_at is not None and step >= args.stop_at:
-                break
         bar.close()
         if master:
-            log.close()
             print(f"done: step {step}, {time.time() - t0:.0f}s, checkpoint {ckpt_path}")
     if ddp:
         torch.distributed.destroy_process_group()
     return lm
 
 
-# --- the demo -------------------------------------------------------------------------------------------
-
-# A tiny Mamba-1 whose state channels barely decay within T_train (model.PRESETS "tiny-slow") trained from
-# the zero state on Python source bytes at T_train = 16: past T_train its state drifts into values it never
-# learned to read and perplexity rises (the paper's failure). Then 10% more steps three ways: the zero state
-# again (the matched control), State Passing and TBTT. docs/RESULTS.md has the measured numbers.
+# The demo: a tiny Mamba-1 whose state channels barely decay within T_train ("tiny-slow"), trained from the
+# zero state on Python source bytes at T_train = 16: past T_train its state drifts to values it never learned
+# to read and perplexity rises (the paper's failure). Then 10% more steps three ways: the zero state again
+# (the matched control), State Passing and TBTT. docs/RESULTS.md has the measured numbers.
 DEMO = dict(arch="mamba1", size="tiny-slow", data="stdlib", seq_len=16, batch_size=16, base_steps=1500,
             post_steps=150, eval_len=1024, n_seqs=64)
 
@@ -322,22 +296,18 @@ DEMO = dict(arch="mamba1", size="tiny-slow", data="stdlib", seq_len=16, batch_si
 def demo(out, seed=0, device="auto", quiet=False, **overrides):
     """Failure and fix in one command: a zero-state base, post-trained three ways, evaluated to 64 x T_train."""
     import evaluate
-    if os.path.exists(os.path.join(out, "base")):
-        sys.exit(f"error: {out} holds an earlier demo: remove it, or pass another --out")
     d = {**DEMO, **overrides}  # tests shrink it
     common = ["--data", d["data"], "--seq-len", str(d["seq_len"]), "--batch-size", str(d["batch_size"]),
-              "--seed", str(seed), "--device", device, "--eval-interval", "100000"] + (["--quiet"] if quiet else [])
+              "--seed", str(seed), "--device", device, "--eval-interval", "100000"] + ["--quiet"] * quiet
     runs = {label: os.path.join(out, label) for label in ("base", "control", "SP", "TBTT")}
-    print(f"demo 1/4: base, zero initial state, {d['base_steps']} steps at T_train = {d['seq_len']}")
-    main(common + ["--arch", d["arch"], "--size", d["size"], "--init-state", "zero", "--steps", str(d["base_steps"]),
-                   "--out", runs["base"]])
-    for i, (label, strategy) in enumerate([("control", "zero"), ("SP", "sp"), ("TBTT", "tbtt")]):
-        print(f"demo {i + 2}/4: post-training the base {d['post_steps']} steps with --init-state {strategy} ({label})")
-        main(common + ["--init-from", runs["base"], "--init-state", strategy, "--steps", str(d["post_steps"]),
-                       "--out", runs[label]])
-    return evaluate.main(list(runs.values()) + ["--labels", *runs, "--metrics", "ppl,state", "--reference", "control",
-                                                "--eval-len", str(d["eval_len"]), "--n-seqs", str(d["n_seqs"]),
-                                                "--seed", str(seed), "--device", device, "--out", out])
+    for i, (label, strategy) in enumerate(zip(runs, ("zero", "zero", "sp", "tbtt"))):
+        print(f"demo {i + 1}/4: {label}, --init-state {strategy}" + ", post-training the base" * (i > 0))
+        model_flags = ["--arch", d["arch"], "--size", d["size"], "--steps", str(d["base_steps"])] if i == 0 else \
+            ["--init-from", runs["base"], "--steps", str(d["post_steps"])]
+        main(common + model_flags + ["--init-state", strategy, "--out", runs[label]])
+    return evaluate.main([*runs.values(), "--labels", *runs, "--metrics", "ppl,state", "--reference", "control",
+                          "--eval-len", str(d["eval_len"]), "--n-seqs", str(d["n_seqs"]), "--seed", str(seed),
+                          "--device", device, "--out", out])
 
 
 # --- helpers --------------------------------------------------------------------------------------------
@@ -352,25 +322,23 @@ def lr_at(step, args):
 
 
 def make_optimizer(lm, lr, weight_decay, device):
-    """AdamW. Weight decay on matrices only: not norms, biases, nor parameters marked _no_weight_decay (the
-    SSM's A_log / D / dt_bias, RWKV's decays and mixes). A parameter marked _lr_scale (RWKV-6's time_decay:
-    2.0, as the official code) trains at lr * scale: its group keeps the scale, the loop applies it."""
+    """AdamW; weight decay on matrices only, not on norms, biases nor parameters marked _no_weight_decay.
+    A parameter marked _lr_scale (RWKV-6's decay: 2) trains at lr * scale; the loop keeps applying it."""
     groups = {}
     for p in lm.parameters():
         no_decay = p.dim() < 2 or getattr(p, "_no_weight_decay", False)
         groups.setdefault((0.0 if no_decay else weight_decay, getattr(p, "_lr_scale", 1.0)), []).append(p)
-    return torch.optim.AdamW([{"params": ps, "weight_decay": wd, "lr_scale": s, "lr": lr * s}
-                              for (wd, s), ps in groups.items()], lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+    groups = [{"params": ps, "weight_decay": wd, "lr_scale": s, "lr": lr * s} for (wd, s), ps in groups.items()]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
 
 
 def make_task_sampler(args, seed, filler_tokens):
-    """Task examples of --seq-len + 1 tokens (passkey at a random depth; a story of --babi-tasks hidden in
-    filler_tokens), or of strings of --copy-len symbols (copy)."""
-    fn, kw = {"passkey": (tasks.passkey_sample, {}), "copy": (tasks.copy_sample, {}),
-              "babilong": (tasks.babi_mixture, dict(babi_tasks=tuple(args.babi_tasks.split(",")),
-                                                    filler_tokens=filler_tokens))}[args.task]
+    """Batches of --task examples of --seq-len + 1 tokens (a bAbI story: hidden in filler_tokens), or copy's."""
+    babi = args.task == "babilong"
+    kw = dict(babi_tasks=tuple(args.babi_tasks.split(",")), filler_tokens=filler_tokens) if babi else {}
     length = tuple(map(int, args.copy_len.split(","))) if args.task == "copy" else args.seq_len + 1
-    return tasks.TaskSampler(fn, args.batch_size, seed, tokenizer=args.tokenizer, length=length, **kw)
+    return tasks.TaskSampler(tasks.babi_mixture if babi else tasks.TASKS[args.task], args.batch_size, seed,
+                             tokenizer=args.tokenizer, length=length, **kw)
 
 
 @torch.no_grad()
@@ -378,11 +346,10 @@ def evaluate_loss(lm, sampler, n_batches, device, autocast):
     """Mean next-token loss (tasks: per answer token) on validation batches, from the zero state."""
     lm.eval()
     total, count = 0.0, 0
-    for _ in range(n_batches):
-        x, y = (t.to(device) for t in sampler.next_batch()[:2])
+    for x, y, *_ in (sampler.next_batch() for _ in range(n_batches)):
         with autocast:
-            logits, _ = lm(x)
-        total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum").item()
+            logits = lm(x.to(device))[0].float().flatten(0, 1)
+        total += F.cross_entropy(logits, y.to(device).flatten(), ignore_index=-100, reduction="sum").item()
         count += int((y != -100).sum())
     lm.train()
     return total / count
@@ -395,33 +362,29 @@ def diverged(args, step, what, saved_step):
 
 
 @contextmanager
-def run_lock(out):
-    """One writer per run directory. flock is released by the OS however the process ends (even kill -9),
-    so a dead run never blocks the next one; the file names the holder's pid for the message."""
-    with open(os.path.join(out, "train.lock"), "a+") as f:
+def open_run(args, step):
+    """--out for this process alone (a flock: the OS releases it however the process ends, even kill -9); writes
+    args.json, yields metrics.jsonl without its rows past `step` (logged after the checkpoint, to be redone)."""
+    with open(os.path.join(args.out, "train.lock"), "a+") as lock:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0)
-            sys.exit(f"error: {out} is being written by another train.py (pid {f.read().strip()}): wait for it, "
+            lock.seek(0)
+            sys.exit(f"error: another train.py (pid {lock.read().strip()}) is writing {args.out}: wait for it, "
                      f"or use another --out")
-        f.truncate(0)
-        f.write(f"{os.getpid()}\n")
-        f.flush()
-        yield
-
-
-def keep_metrics_until(path, step):
-    """metrics.jsonl opened to append, without the rows past `step`: a run killed after its last
-    checkpoint logged steps that its resume redoes."""
-    rows = [line for line in open(path) if line.endswith("}\n") and json.loads(line)["step"] <= step] \
-        if os.path.exists(path) else []
-    write_atomically(path, lambda tmp: pathlib.Path(tmp).write_text("".join(rows)))
-    return open(path, "a")
+        lock.truncate(0)
+        print(os.getpid(), file=lock, flush=True)
+        pathlib.Path(args.out, "args.json").write_text(json.dumps(vars(args), indent=1))
+        path = os.path.join(args.out, "metrics.jsonl")
+        rows = open(path).readlines() if os.path.exists(path) else []
+        rows = [r for r in rows if r.endswith("}\n") and json.loads(r)["step"] <= step]
+        write_atomically(path, lambda tmp: pathlib.Path(tmp).write_text("".join(rows)))
+        with open(path, "a") as log:
+            yield log
 
 
 def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy, rank, world):
-    # every rank's sampler and strategy state is gathered, so that a resume continues every rank exactly
+    """All a resume needs, with every rank's sampler and strategy state, so that every rank continues exactly."""
     gathered = [{"sampler": sampler.state_dict(), "strategy": strategy.state_dict()}] * world
     if world > 1:
         torch.distributed.all_gather_object(gathered, gathered[0])
@@ -433,35 +396,14 @@ def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy, rank, wo
 
 
 def write_atomically(path, write):
-    """write(tmp), then rename: a kill leaves the old file or the new one, never half of one. The temporary
-    name is unique per process; a failed write (a full disk) removes it and is one line."""
+    """write(tmp) under a name unique to this process, then rename: a kill leaves the old file or the new one."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         write(tmp)
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
+        pathlib.Path(tmp).unlink(missing_ok=True)
         sys.exit(f"error: cannot write {path} ({str(e).splitlines()[0]}; disk full?): the previous one is intact")
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def load_checkpoint(path, world, device):
-    ckpt = model.read_checkpoint(path, device)
-    if not all(k in ckpt for k in ("model_config", "model", "optimizer", "step", "sampler", "strategy")):
-        raise ValueError(f"{path} is not a resumable checkpoint of train.py")
-    if len(ckpt["sampler"]) != world:
-        raise ValueError(f"{path} was saved by {len(ckpt['sampler'])} processes, this run has {world}: resume "
-                         f"with the same number (torchrun --nproc_per_node {len(ckpt['sampler'])})")
-    return ckpt
-
-
-def pick_device(name, rank=0):
-    if name == "auto":
-        name = f"cuda:{rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {name} but CUDA is not available: use --device cpu")
-    return torch.device(name)
 
 
 if __name__ == "__main__":

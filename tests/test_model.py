@@ -14,14 +14,6 @@ def tiny_lm(arch, seed=0, **overrides):
     return model.LM(model.make_config(arch, "tiny", vocab_size=50, **overrides)).eval()
 
 
-def assert_states_close(a, b, atol=1e-4):
-    assert len(a) == len(b)
-    for la, lb in zip(a, b):
-        assert la.keys() == lb.keys()
-        for k in la:
-            torch.testing.assert_close(la[k], lb[k], atol=atol, rtol=1e-4, msg=f"state key {k}")
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_split_equivalence(arch):
     # lm(idx) == lm(idx[:, :a]) then lm(idx[:, a:], state): the whole recurrent state is carried,
@@ -34,12 +26,12 @@ def test_split_equivalence(arch):
             l1, s1 = lm(idx[:, :a])
             l2, s2 = lm(idx[:, a:], state=s1)
             torch.testing.assert_close(torch.cat([l1, l2], 1), full, atol=1e-4, rtol=1e-4)
-            assert_states_close(s2, s_full)
+            torch.testing.assert_close(s2, s_full, atol=1e-4, rtol=1e-4)  # list of per-layer dicts
         # last_only=True (decoding, Effective Remembrance): the last position's logits, the same state
         last, s_last = lm(idx, last_only=True)
     assert last.shape == (2, 1, 50)
     torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=1e-5)
-    assert_states_close(s_last, s_full, atol=1e-6)
+    torch.testing.assert_close(s_last, s_full, atol=1e-6, rtol=1e-4)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -54,58 +46,40 @@ def test_step_equivalence(arch):
             logits, state = lm(idx[:, t:t + 1], state=state)
             outs.append(logits)
     torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-4, rtol=1e-4)
-    assert_states_close(state, s_full)
+    torch.testing.assert_close(state, s_full, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_gradient_reaches_the_initial_state(arch):
+def test_gradient_reaches_the_initial_state_even_after_an_inference_mode_call(arch):
+    # evaluation runs under torch.inference_mode: nothing it caches may break a later backward
     lm = tiny_lm(arch, seed=3)
     idx = torch.randint(0, 50, (2, 10))
-    state = lm.zero_state(2)
-    for layer in state:
-        for v in layer.values():
-            v.normal_().requires_grad_(True)
+    with torch.inference_mode():
+        lm(idx)
+    state = [{k: torch.randn_like(v).requires_grad_(True) for k, v in layer.items()} for layer in lm.zero_state(2)]
     logits, final = lm(idx, state=state)
     logits.logsumexp(-1).sum().backward()
-    for layer in state:
-        assert layer["h"].grad is not None and layer["h"].grad.abs().sum() > 0
+    assert all(layer["h"].grad.abs().sum() > 0 for layer in state)
+    assert all(p.grad is not None for p in lm.backbone.layers[0].mixer.parameters())
 
 
-def test_zero_state_shape_and_bad_names():
+def test_zero_state_shape():
     lm = tiny_lm("mamba2")
     assert lm.zero_state(3)[0]["h"].shape == (3, 8, 16, 16)  # [b, heads = 2*64/16, headdim, d_state]
     assert f"params={lm.num_params():,}" in repr(lm)
-    with pytest.raises(ValueError, match="unknown arch or size"):
-        model.make_config("gla", "45m")
-    with pytest.raises(ValueError, match="scan impl"):
-        model.set_scan_impl(lm, "cuda")
 
 
 # --- official state-spaces/mamba checkpoints --------------------------------------------------------
 
-OFFICIAL_MAMBA2_LAYER = {  # key -> shape, for d_model=64, expand=2, headdim=16, d_state=16, ngroups=1, d_conv=4
-    "norm.weight": [64],
-    "mixer.in_proj.weight": [2 * 128 + 2 * 16 + 8, 64],  # [z, x, B, C, dt]
-    "mixer.conv1d.weight": [128 + 2 * 16, 1, 4],
-    "mixer.conv1d.bias": [128 + 2 * 16],
-    "mixer.dt_bias": [8],
-    "mixer.A_log": [8],
-    "mixer.D": [8],
-    "mixer.norm.weight": [128],
-    "mixer.out_proj.weight": [64, 128],
-}
+# key -> shape in mamba_ssm's layout. Mamba-2: d_model=64, expand=2, headdim=16 (8 heads), d_state=16, d_conv=4
+OFFICIAL_MAMBA2_LAYER = {
+    "norm.weight": [64], "mixer.in_proj.weight": [2 * 128 + 2 * 16 + 8, 64],  # [z, x, B, C, dt]
+    "mixer.conv1d.weight": [128 + 2 * 16, 1, 4], "mixer.conv1d.bias": [128 + 2 * 16], "mixer.dt_bias": [8],
+    "mixer.A_log": [8], "mixer.D": [8], "mixer.norm.weight": [128], "mixer.out_proj.weight": [64, 128]}
 OFFICIAL_MAMBA1_LAYER = {  # d_model=64, expand=2, d_state=16, dt_rank=ceil(64/16)=4
-    "norm.weight": [64],
-    "mixer.in_proj.weight": [256, 64],
-    "mixer.conv1d.weight": [128, 1, 4],
-    "mixer.conv1d.bias": [128],
-    "mixer.x_proj.weight": [4 + 32, 128],
-    "mixer.dt_proj.weight": [128, 4],
-    "mixer.dt_proj.bias": [128],
-    "mixer.A_log": [128, 16],
-    "mixer.D": [128],
-    "mixer.out_proj.weight": [64, 128],
-}
+    "norm.weight": [64], "mixer.in_proj.weight": [256, 64], "mixer.conv1d.weight": [128, 1, 4],
+    "mixer.conv1d.bias": [128], "mixer.x_proj.weight": [4 + 32, 128], "mixer.dt_proj.weight": [128, 4],
+    "mixer.dt_proj.bias": [128], "mixer.A_log": [128, 16], "mixer.D": [128], "mixer.out_proj.weight": [64, 128]}
 
 
 def official_state_dict(layer_shapes, n_layer=2, vocab=56, d=64, seed=0):
@@ -135,26 +109,3 @@ def test_official_mamba_directory_loads_and_runs(tmp_path, arch, layer_shapes, s
                                sd["backbone.layers.1.mixer.in_proj.weight"])
     logits, state = lm(torch.randint(0, 50, (1, 9)))
     assert logits.shape == (1, 9, 50) and torch.isfinite(logits).all()
-
-
-def test_our_checkpoint_round_trip(tmp_path):
-    from dataclasses import asdict
-    lm = tiny_lm("rwkv6")
-    torch.save({"model_config": asdict(lm.cfg), "model": lm.state_dict()}, tmp_path / "ckpt.pt")
-    lm2 = model.from_pretrained(str(tmp_path)).eval()
-    idx = torch.randint(0, 50, (1, 7))
-    with torch.no_grad():
-        torch.testing.assert_close(lm(idx)[0], lm2(idx)[0])
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_training_still_works_after_an_inference_mode_call(arch):
-    # evaluation runs under torch.inference_mode; nothing it caches may break a later backward
-    lm = tiny_lm(arch, seed=4)
-    idx = torch.randint(0, 50, (1, 40))
-    with torch.inference_mode():
-        lm(idx)
-    logits, _ = lm(idx)
-    logits.sum().backward()
-    assert all(p.grad is not None for p in lm.parameters() if p.requires_grad and p.grad is not None)
-    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in lm.parameters())

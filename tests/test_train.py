@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -39,10 +40,8 @@ def test_resume_after_interrupt_reproduces_the_loss_trajectory(tmp_path, flags):
 def test_two_process_gloo_ddp_resumes_exactly(tmp_path):
     def torchrun(*flags):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-               os.path.join(ROOT, "train.py")] + BASE + ["--steps", "4", "--ckpt-interval", "2", "--device", "cpu",
-                                                          *flags]
-        r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                           timeout=300)
+               os.path.join(ROOT, "train.py"), *BASE, "--steps", "4", "--ckpt-interval", "2", "--device", "cpu", *flags]
+        r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     torchrun("--out", a)
@@ -69,26 +68,16 @@ def test_post_training_inherits_data_seq_len_and_a_tenth_of_the_peak_lr(tmp_path
 
 
 def test_post_training_an_official_checkpoint_with_a_tenth_of_the_papers_lr(tmp_path):
-    # an official-layout directory (config.json + pytorch_model.bin) of the 130m dimensions would need the
-    # paper's 1e-3 / 10; a tiny one falls back to the tiny preset's. Then evaluate.py-style loading works.
-    official = tmp_path / "official"
-    official.mkdir()
+    # an official-layout directory of the tiny preset's dimensions: a tenth of that preset's peak lr
     lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=257))
-    torch.save(lm.state_dict(), official / "pytorch_model.bin")
-    json.dump(dict(d_model=64, n_layer=2, vocab_size=257, ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2"), rms_norm=True,
-                   tie_embeddings=True), open(official / "config.json", "w"))
+    (tmp_path / "official").mkdir()
+    torch.save(lm.state_dict(), tmp_path / "official" / "pytorch_model.bin")
+    (tmp_path / "official" / "config.json").write_text(json.dumps(dict(
+        d_model=64, n_layer=2, vocab_size=257, ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2"))))
     out = str(tmp_path / "post")
-    train.main(BASE + ["--init-from", str(official), "--init-state", "sp", "--steps", "2", "--out", out])
+    train.main(BASE + ["--init-from", str(tmp_path / "official"), "--init-state", "sp", "--steps", "2", "--out", out])
     assert json.load(open(os.path.join(out, "args.json")))["lr"] == pytest.approx(train.PEAK_LR["tiny"] / 10)
     assert model.from_pretrained(out).cfg == lm.cfg
-
-
-class FixedBatches:
-    def __init__(self, batches):
-        self.batches = list(batches)
-
-    def next_batch(self):
-        return self.batches.pop(0)
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "rwkv6"])
@@ -99,8 +88,9 @@ def test_two_micro_batches_give_the_gradient_of_one_batch_twice_as_large(arch):
     grads = {}
     for n_micro, batches in ((1, [(x, y)]), (2, [(x[:4], y[:4]), (x[4:], y[4:])])):
         lm.zero_grad(set_to_none=True)
+        sampler = types.SimpleNamespace(next_batch=iter(batches).__next__)
         strategy = interventions.make_strategy("zero", lm, len(batches[0][0]))
-        loss, tokens = train.accumulate_gradients(lm, FixedBatches(batches), strategy, n_micro, torch.device("cpu"))
+        loss, tokens = train.accumulate_gradients(lm, sampler, strategy, n_micro, torch.device("cpu"))
         assert tokens == x.numel()
         grads[n_micro] = (loss, [p.grad.clone() for p in lm.parameters()])
     assert grads[1][0] == pytest.approx(grads[2][0], rel=1e-5)
@@ -108,17 +98,16 @@ def test_two_micro_batches_give_the_gradient_of_one_batch_twice_as_large(arch):
         torch.testing.assert_close(g1, g2, atol=1e-6, rtol=1e-4)
 
 
-def test_optimizer_groups_honour_no_weight_decay_and_lr_scale():
-    lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=11))
-    a_log = lm.backbone.layers[0].mixer.A_log
-    a_log._lr_scale = 2.0
+def test_optimizer_groups_honour_no_weight_decay_and_lr_scale_and_the_schedule():
+    lm = model.LM(model.make_config("rwkv6", "tiny", vocab_size=11))
     opt = train.make_optimizer(lm, 1e-3, 0.01, torch.device("cpu"))
-    group = next(g for g in opt.param_groups if any(p is a_log for p in g["params"]))
-    assert group["lr"] == pytest.approx(2e-3) and group["weight_decay"] == 0.0
-    w = lm.backbone.layers[0].mixer.in_proj.weight
-    assert next(g for g in opt.param_groups if any(p is w for p in g["params"]))["weight_decay"] == 0.01
-    args = train.get_args(["--steps", "10", "--out", "/nonexistent/out"])
-    assert [round(train.lr_at(s, args), 6) for s in (0, 10)] == [round(args.lr, 6), args.min_lr]
+    group_of = lambda p: next(g for g in opt.param_groups if any(q is p for q in g["params"]))
+    decay = group_of(lm.backbone.layers[0].mixer.w0)  # RWKV-6's decay: twice the lr, no weight decay
+    assert decay["lr"] == pytest.approx(2e-3) and decay["lr_scale"] == 2.0 and decay["weight_decay"] == 0.0
+    assert group_of(lm.backbone.layers[0].mixer.o_proj.weight)["weight_decay"] == 0.01
+    assert group_of(lm.backbone.norm_f.weight)["weight_decay"] == 0.0
+    args = train.get_args(["--steps", "10", "--out", "/nonexistent/out"])  # 1 warm-up step, cosine to min_lr
+    assert [train.lr_at(s, args) for s in (0, 10)] == pytest.approx([args.lr, args.min_lr])
 
 
 def test_demo_runs_end_to_end_small(tmp_path):
