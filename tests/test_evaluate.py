@@ -1,15 +1,17 @@
-"""evaluate.py: each metric against its definition on hand-made cases, the verdict's rule, the CLI."""
+"""evaluate.py: each metric against its definition on hand-made cases, the verdict's rule, task scoring, the CLI."""
 import json
 import math
 import types
 from dataclasses import asdict
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
 
 import evaluate as ev
 import model
+import tasks
 
 MARKOV = "markov:k=4,alpha=0.3,doc_len=128,docs=4,val_docs=24"
 
@@ -90,8 +92,6 @@ def test_bucketize_by_hand():
     # per sequence: bucket 0 (1, 3), bucket 1 (10/3, 4/3); means 2 and 7/3, standard errors 1 and 1
     torch.testing.assert_close(b["nll"], torch.tensor([2.0, 7 / 3], dtype=torch.float64))
     torch.testing.assert_close(b["nll_sem"], torch.tensor([1.0, 1.0], dtype=torch.float64))
-    with pytest.raises(ValueError, match="edges"):
-        ev.bucketize(torch.zeros(2, 9), [0, 4, 8])
 
 
 # --- Definition 3.2 -----------------------------------------------------------------------------------
@@ -179,16 +179,6 @@ def test_state_statistics_of_a_linearly_growing_state():
     assert ev.state_statistics(lm, x)["positions"][-1] == 39
 
 
-def test_bad_inputs_of_the_functions():
-    lm, x = ToyLM(), tokens(2, 10)
-    for call, word in [(lambda: ev.position_nll(lm, x[0]), "shape"),
-                       (lambda: ev.effective_remembrance(lm, x, 8, [0, 8]), "cuts"),
-                       (lambda: ev.effective_remembrance(lm, x, 8, [0], distance="kl"), "unknown distance"),
-                       (lambda: ev.effective_remembrance(lm, x, 11, [0]), "T = 11")]:
-        with pytest.raises(ValueError, match=word):
-            call()
-
-
 # --- command line -------------------------------------------------------------------------------------
 
 def checkpoint(path, init_seed=0, **train_config):
@@ -209,24 +199,40 @@ def cli(capsys, *argv):
     return rc, out.out, out.err
 
 
-def test_cli_bad_inputs_are_one_line(tmp_path, capsys):
-    ck, lm = checkpoint(tmp_path / "run", seq_len=16, data=MARKOV, tokenizer="bytes", seed=0)
-    official = tmp_path / "official"
-    official.mkdir()
-    (official / "config.json").write_text(json.dumps(dict(d_model=64, n_layer=2, vocab_size=257, ssm_cfg=dict(
+def official_dir(path, lm):
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(dict(d_model=64, n_layer=2, vocab_size=257, ssm_cfg=dict(
         layer="Mamba2", d_state=16, headdim=16, expand=2, chunk_size=64))))
-    torch.save(lm.state_dict(), official / "pytorch_model.bin")
+    torch.save(lm.state_dict(), path / "pytorch_model.bin")
+    return str(path)
+
+
+X = tokens(2, 10)
+BAD_CALLS = [(lambda: ev.position_nll(ToyLM(), X[0]), "shape"),
+             (lambda: ev.effective_remembrance(ToyLM(), X, 8, [0, 8]), "cuts"),
+             (lambda: ev.effective_remembrance(ToyLM(), X, 8, [0], distance="kl"), "unknown distance"),
+             (lambda: ev.effective_remembrance(ToyLM(), X, 11, [0]), "T = 11"),
+             (lambda: ev.bucketize(torch.zeros(2, 9), [0, 4, 8]), "edges")]
+BAD_ARGV = [(["NOPE"], "no checkpoint"), (["BAD"], "corrupt"), (["CK", "--metrics", "ppl,bogus"], "unknown metric"),
+            (["CK", "--eval-len", "16"], "--eval-len 16 must be larger"), (["CK", "--effrem-cuts", "0"], "positive"),
+            (["CK", "--n-seqs", "x"], "positive"), (["CK", "CK", "--labels", "one"], "--labels"),
+            (["OFFICIAL", "--data", MARKOV], "2048"), (["CK", "--reference", "nope"], "--reference"),
+            (["SYNTH", "--metrics", "babilong"], "synthetic"), (["CK", "--babi-tasks", "qa99"], "unknown --babi-tasks")]
+
+
+@pytest.mark.parametrize("call, word", BAD_CALLS + BAD_ARGV)
+def test_bad_inputs_get_one_line_naming_the_problem(call, word, tmp_path, capsys):
+    if callable(call):
+        with pytest.raises(ValueError, match=word):
+            call()
+        return
+    ck, lm = checkpoint(tmp_path / "run", seq_len=16, data="stdlib", tokenizer="bytes", seed=0)
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
-    for argv, word in [([str(tmp_path / "nope.pt")], "does not exist"),
-                       ([str(tmp_path / "bad.pt")], "corrupt"),
-                       ([ck, "--metrics", "ppl,bogus"], "unknown metric"),
-                       ([ck, "--eval-len", "16"], "--eval-len 16 must be larger"),
-                       ([ck, "--effrem-cuts", "0"], "--effrem-cuts must be >= 2"),
-                       ([ck, "--n-seqs", "x"], "invalid int"),
-                       ([ck, ck, "--labels", "one"], "--labels"),
-                       ([str(official), "--data", MARKOV], "2048")]:
-        rc, _, err = cli(capsys, *argv, "--out", str(tmp_path / "eval"))
-        assert rc == 2 and word in err and len(err.strip().splitlines()) == 1, (argv, err)
+    paths = dict(CK=ck, NOPE=str(tmp_path / "nope.pt"), BAD=str(tmp_path / "bad.pt"),
+                 OFFICIAL=official_dir(tmp_path / "official", lm),
+                 SYNTH=checkpoint(tmp_path / "synth", seq_len=16, data=MARKOV, tokenizer="bytes")[0])
+    rc, _, err = cli(capsys, *[paths.get(a, a) for a in call], "--out", str(tmp_path / "eval"))
+    assert rc == 2 and word in err and len(err.strip().splitlines()) == 1, (call, err)
 
 
 def test_cli_end_to_end(tmp_path, capsys):
@@ -266,3 +272,49 @@ def test_real_models_stream_and_reset_every_state_key(arch):
                                ev.effective_remembrance_naive(lm, x, 40, cuts).double(), atol=1e-5, rtol=1e-4)
     st = ev.state_statistics(lm, x, [0, 7, 39], chunk_len=5)
     assert len(st["std"]) == 2 and st["std"][0].shape[0] == 3 and (st["std"][0] > 0).all()
+
+
+# --- tasks: greedy decoding from the zero state, scoring, the CLI ------------------------------------
+
+def test_streamed_greedy_answer_equals_argmax_of_full_forwards():
+    torch.manual_seed(0)
+    lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=257)).eval()
+    prompts, seq = tokens(3, 41, vocab=257, seed=1), tokens(3, 41, vocab=257, seed=1)
+    with torch.no_grad():
+        for _ in range(9):   # the definition: re-read everything, take the argmax of the last position
+            seq = torch.cat([seq, lm(seq)[0][:, -1].argmax(-1, keepdim=True)], 1)
+    assert ev.greedy_answer(lm, prompts, 9, chunk_len=8) == seq[:, 41:].tolist()
+    assert ev.greedy_answer(lm, prompts[1:2], 9) == [seq[1, 41:].tolist()]
+    # prompts of different lengths are decoded in equal-length groups and handed back in order
+    samples = [tasks.copy_sample("bytes", L, seed=i) for i, L in enumerate([3, 5, 3, 4, 5])]
+    want = [ev.greedy_answer(lm, tasks.split_answer(s)[0][None], len(s.meta["target"]) + 3)[0] for s in samples]
+    assert ev._answers(lm, samples, batch_size=1) == ev._answers(lm, samples) == want
+
+
+@pytest.mark.parametrize("right", [True, False])
+def test_always_right_answers_score_one_and_wrong_ones_zero(right, monkeypatch):
+    def answers(lm, samples, **kw):   # the answer tokens themselves, or "###"
+        return [tasks.split_answer(s)[1].tolist() if right else [35] * 3 for s in samples]
+    monkeypatch.setattr(ev, "_answers", answers)
+    pk = ev.passkey_grid(None, "bytes", [128, 200], [0.0, 0.5, 1.0], 2, seed=3)
+    cp = ev.copy_accuracy(None, "bytes", [4, 9], 3, seed=3)
+    bb = ev.babilong_accuracy(None, "bytes", ["qa1", "qa8"], [512], 2, seed=3)
+    assert np.array(pk["exact"]).shape == (2, 3) and np.all(np.array(pk["exact"]) == right)
+    assert np.all(np.array(pk["digits"]) == right) and cp["whole_mean"] == cp["char_mean"] == [float(right)] * 2
+    assert bb["acc"] == {"qa1": [float(right)], "qa8": [float(right)]} and bb["mean"] == [float(right)]
+
+
+def test_cli_task_scores_from_the_corpus_validation_split(tmp_path, capsys):
+    cfg = dict(task="passkey", seq_len=160, data="stdlib", tokenizer="bytes", seed=0, babi_tasks="qa1")
+    paths = [checkpoint(tmp_path / f"run{i}", i, **cfg)[0] for i in range(2)]
+    rc, stdout, err = cli(capsys, *paths, "--metrics", "passkey,copy,babilong", "--task-samples", "1",
+                          "--passkey-lengths", "128,160", "--passkey-depths", "2", "--copy-lengths", "3,5",
+                          "--babi-lengths", "512", "--out", str(tmp_path / "eval"), "--device", "cpu")
+    assert rc == 0 and "Passkey" in stdout and "Copying" in stdout and "BABILong" in stdout, err
+    rep = json.load(open(tmp_path / "eval" / "eval.json"))
+    assert rep["babi_tasks"] == ["qa1"] and "val split" in rep["babi_filler"]
+    for m in rep["models"]:
+        assert np.array(m["passkey"]["exact"]).shape == (2, 2) and "ppl" not in m
+        assert m["copy"]["lengths"] == [3, 5] and m["babilong"]["lengths"] == [512]
+    for f in ("passkey.png", "copy.png", "babilong.png"):
+        assert (tmp_path / "eval" / f).stat().st_size > 1000
