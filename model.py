@@ -226,6 +226,8 @@ def train_config(path):
     """train.py's arguments stored in one of our checkpoints (a ckpt.pt or the run directory holding
     it); {} where there is none (an official Mamba directory). An unreadable file is an error."""
     ckpt = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
+    if os.path.isdir(path) and not os.path.isfile(ckpt):
+        official_config(path)  # a broken config.json is reported first, before any other flag is asked for
     tc = read_checkpoint(ckpt, "cpu", mmap=True).get("train_config") if os.path.isfile(ckpt) else {}
     return tc if isinstance(tc, dict) else {}
 
@@ -235,6 +237,7 @@ def read_checkpoint(path, device, **kw):
         raise FileNotFoundError(f"{path} does not exist")
     try:
         return torch.load(path, map_location=device, weights_only=True, **kw)
-    except Exception as e:  # torch's own text may advise weights_only=False: never follow that for a file
-        reason = type(e).__name__ if "weights_only" in str(e) else str(e).splitlines()[0][:200]
-        raise ValueError(f"cannot read {path} (corrupt or not a torch checkpoint): {reason}") from None
+    except Exception as e:
+        # (torch's own text may give advice, e.g. weights_only=False, that is wrong for an unknown file)
+        raise ValueError(f"cannot read {path} (corrupt or not a torch checkpoint: {type(e).__name__}): "
+                         "pass a ckpt.pt written by train.py") from None
