@@ -427,7 +427,7 @@ def _parse_args(argv):
     a("--n-seqs", type=positive, default=64, help=f"evaluation windows (the verdict needs >= {MIN_SEQS})")
     a("--t-train", type=positive, help="training length (default: train_config seq_len; official: 2048)")
     a("--data", help="what tasks.load_data reads (default: train_config data)")
-    a("--tokenizer", help="bytes, a tiktoken name or a tokenizer.json (default: train_config tokenizer)")
+    a("--tokenizer", help="bytes or PATH/tokenizer.json (default: the checkpoints' tokenizer)")
     a("--effrem-cuts", type=positive, default=32, help="number of cut points t of EffRem_T")
     a("--distance", default="tv", choices=sorted(DISTANCES), help="EffRem's distance (tv: the paper's)")
     a("--chunk-len", type=positive, help="tokens per model call while streaming: bounds memory, not results")
