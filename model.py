@@ -34,6 +34,7 @@ class ModelConfig:
     mixer: dict = field(default_factory=dict)  # keyword arguments of the mixer (as mamba_ssm's ssm_cfg)
     pad_vocab_size_multiple: int = 8           # as mamba_ssm: the embedding has a padded number of rows
     norm_eps: float = 1e-5
+    tie_embeddings: bool = True  # the head shares the embedding matrix (official Mamba LMs; fla's GLA unties)
 
 
 # Each architecture: the mixer and, where the architecture has one, the MLP (channel mix) of a block.
@@ -74,8 +75,10 @@ def make_config(arch, size="tiny", vocab_size=257, **overrides):
     if size not in PRESETS.get(arch, {}):
         raise ValueError(f"unknown arch or size {arch}:{size}: choose from { {a: list(s) for a, s in PRESETS.items()} }")
     p = PRESETS[arch][size]
+    # GLA as fla's GLAConfig: an untied head and RMSNorm eps 1e-6 (the Mamba LMs and RWKV-6: tied, 1e-5)
+    own = dict(tie_embeddings=False, norm_eps=1e-6) if arch == "gla" else {}
     return ModelConfig(**{**dict(arch=arch, vocab_size=vocab_size, d_model=p["d_model"], n_layer=p["n_layer"],
-                                 mixer=dict(p["mixer"])), **overrides})
+                                 mixer=dict(p["mixer"]), **own), **overrides})
 
 
 class RMSNorm(nn.RMSNorm):
@@ -113,13 +116,16 @@ class LM(nn.Module):
             norm_f=RMSNorm(cfg.d_model, cfg.norm_eps),
         ))
         self.lm_head = nn.Linear(cfg.d_model, padded_vocab, bias=False)
-        self.lm_head.weight = self.backbone.embedding.weight  # tied, as the official Mamba LMs
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.backbone.embedding.weight
         self._init_weights()
 
     def _init_weights(self):
         # The mixers initialise their own parameters (dt, A, decays...). Here, as mamba_ssm: embeddings
         # ~ N(0, 0.02), and each projection into the residual stream is scaled by 1/sqrt(residual branches)
         nn.init.normal_(self.backbone.embedding.weight, std=0.02)
+        if not self.cfg.tie_embeddings:
+            nn.init.normal_(self.lm_head.weight, std=0.02)
         n_branches = self.cfg.n_layer * (2 if self.backbone.layers[0].mlp is not None else 1)
         for name, p in self.named_parameters():
             if name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight", "value.weight")):
@@ -183,11 +189,11 @@ def from_pretrained(path, device="cpu"):
     except (TypeError, KeyError, IndexError) as e:
         raise ValueError(f"{path}: not a model checkpoint this repo reads ({type(e).__name__}: {e})") from None
     own, emb = lm.state_dict(), state_dict.get("backbone.embedding.weight")
-    # the head is tied to the embedding (as in every official Mamba LM): a stored head must equal it
-    if emb is not None and not torch.equal(state_dict.get("lm_head.weight", emb), emb):
+    # a tied head (every official Mamba LM) may be stored or not, but must equal the embedding
+    if cfg.tie_embeddings and emb is not None and not torch.equal(state_dict.get("lm_head.weight", emb), emb):
         raise ValueError(f"{path}: lm_head.weight differs from the embedding; this LM ties them, so an untied "
                          f"head cannot be loaded faithfully")
-    state_dict = {**state_dict, "lm_head.weight": emb}
+    state_dict = {**state_dict, "lm_head.weight": emb} if cfg.tie_embeddings else state_dict
     missing, unknown = sorted(set(own) - set(state_dict)), sorted(set(state_dict) - set(own))
     if missing or unknown:
         raise ValueError(f"{path}: weights do not match the model: missing {missing[:5]}, unknown {unknown[:5]}")

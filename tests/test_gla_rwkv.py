@@ -1,6 +1,7 @@
 """What is specific to gla.py / rwkv.py (test_scans.py checks that the three forms of every scan agree):
 the stable bisection of the shared chunked form in every decay regime, the layers' sizes and init, and
 RWKV-6's per-layer init schedule (BlinkDL's rwkv_v6_demo.py) with the parameters its optimizer sets apart."""
+import dataclasses
 import math
 
 import pytest
@@ -90,3 +91,15 @@ def test_the_lm_gives_each_rwkv6_layer_its_depth():
     assert bonus == pytest.approx([0.0, 0.5, 1.0])
     ffn_mix = [block.mlp.mu_k[1].item() for block in lm.backbone.layers]
     assert ffn_mix[0] > ffn_mix[1] > ffn_mix[2]
+
+
+def test_gla_lm_unties_its_head_as_fla_and_mamba_ties(tmp_path):
+    gla_lm = model.LM(model.make_config("gla", "tiny"))
+    assert gla_lm.lm_head.weight is not gla_lm.backbone.embedding.weight  # fla's GLAConfig: untied
+    assert {m.eps for m in gla_lm.modules() if isinstance(m, torch.nn.RMSNorm)} == {1e-6}
+    ckpt = {"model_config": dataclasses.asdict(gla_lm.cfg), "model": gla_lm.state_dict()}
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    x = torch.randint(0, 257, (2, 9))
+    torch.testing.assert_close(model.from_pretrained(str(tmp_path))(x)[0], gla_lm(x)[0], rtol=0, atol=0)
+    m = model.LM(model.make_config("mamba2", "tiny"))
+    assert m.lm_head.weight is m.backbone.embedding.weight and m.cfg.norm_eps == 1e-5
