@@ -4,8 +4,7 @@ tool far slower than the loop), streaming evaluation, training steps of the pape
 
     python bench.py                    # scans at T = 1k, 4k, 16k
     python bench.py --what eval        # streaming evaluation: memory vs length, Effective Remembrance cost
-    python bench.py --what train --presets mamba2:85m,gla:70m --seq-len 2048 --batch-size 8
-"""
+    python bench.py --what train --presets mamba2:85m,gla:70m --seq-len 2048 --batch-size 8"""
 import argparse
 import os
 import resource
@@ -24,9 +23,8 @@ import ssm
 import train
 
 TRAIN_PRESETS = "mamba2:45m,mamba2:85m,mamba2:125m,gla:70m,rwkv6:70m,mamba2:130m"  # Fig. 2, 10; official 130M
-SCANS = {name: tuple(getattr(file, f"{scan}_{form}") for form in ("naive", "chunked", "triton"))
-         for name, file, scan in [("ssd (mamba2)", ssm, "ssd"), ("selective (mamba1)", ssm, "selective_scan"),
-                                  ("gla", gla, "gla"), ("rwkv6", rwkv, "rwkv6")]}
+SCANS = {"ssd (mamba2)": ssm.SSD_SCANS, "selective (mamba1)": ssm.SELECTIVE_SCANS, "gla": gla.GLA_SCANS,
+         "rwkv6": rwkv.RWKV6_SCANS}   # each {"naive", "chunked", "triton"} -> the form
 
 
 def print_row(*cells):  # the first cell left-aligned, the others right-aligned; floats to 3 digits
@@ -37,20 +35,19 @@ def print_row(*cells):  # the first cell left-aligned, the others right-aligned;
 
 def times(fn, repeats, device):  # seconds of `repeats` calls after a warm-up (allocation, compilation)
     sync, out = torch.cuda.synchronize if device.type == "cuda" else (lambda: None), []
-    for i in range(repeats + 1):
+    for _ in range(repeats + 1):
         sync()
         t = time.perf_counter()
         fn()
         sync()
-        out += [time.perf_counter() - t] if i else []
-    return out
+        out.append(time.perf_counter() - t)
+    return out[1:]
 
 
 def scan_inputs(name, T, b=1, seed=0, paper=False):
     """Random inputs and a non-zero initial state; paper=True: one layer of the paper's 130m / 70m models."""
     g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
-    A = lambda *s: -torch.rand(*s, generator=g) - 0.5  # noqa: E731  (the state matrix: negative)
+    r, A = (lambda *s: torch.randn(*s, generator=g)), (lambda *s: -torch.rand(*s, generator=g) - 0.5)  # A < 0
     if name == "ssd (mamba2)":
         h, p, n = (24, 64, 128) if paper else (4, 64, 64)
         return (r(b, T, h, p), F.softplus(r(b, T, h) - 2), A(h), r(b, T, 1, n), r(b, T, 1, n)), r(b, h, p, n)
@@ -69,6 +66,7 @@ def bench_scans(args, device):
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     print_row("scan", "T", "naive ms", "chunked ms", "speed-up", "triton ms", "rel diff")
     for name, forms in SCANS.items():
+        forms = list(forms.values())
         for T in args.lengths:
             inputs, h0 = scan_inputs(name, T, args.scan_batch, paper=args.paper_shapes)
             inputs, h0 = tuple(x.to(device, dtype) for x in inputs), h0.to(device)
@@ -99,12 +97,12 @@ def bench_eval(args, device, lengths=(8192, 131072), T=1024):
     forms = {"one pass": lambda: out.append(evaluate.effective_remembrance(lm, xe, T, cuts)),
              "one forward per cut": lambda: out.append(evaluate.effective_remembrance_naive(lm, xe, T, cuts))}
     print_row(f"EffRem_{T}, 8 seqs", "seconds")
-    secs = {name: min(times(f, args.repeats, device)) for name, f in forms.items()}
-    for name, s in secs.items():
+    secs = [min(times(f, args.repeats, device)) for f in forms.values()]
+    for name, s in zip(forms, secs):
         print_row(name, s)
     diff = float((out[0] - out[-1].double()).abs().max())
     print(f"one pass vs one forward per cut: max |diff| {diff:.1e}")
-    return dict(ppl=rows, effrem_s=list(secs.values()), max_abs_diff=diff)
+    return dict(ppl=rows, effrem_s=secs, max_abs_diff=diff)
 
 
 def bench_train(args, device, vocab_size=50280):

@@ -1,12 +1,10 @@
 """Data for the length-generalization experiments, in reading order:
 1. tokenizers and corpora: load_data -> Data, a train and a val stream of token ids;
-2. the in-context Markov process and its exact Bayes-optimal loss (markov_bayes_nll), the floor that a
-   model which keeps using its context past T_train approaches;
+2. the in-context Markov process and its exact Bayes-optimal NLL (markov_bayes_nll), the floor;
 3. samplers: RandomWindows (zero state, noise, State Passing), DocumentStreams (TBTT), eval_windows;
 4. the paper's Sec. 5 tasks (passkey, copying, BABILong-style bAbI QA), TaskSampler and the scores.
-A stream holds every document PRECEDED by the end-of-text token, [eot d1 eot d2 ...], so a window that
-starts at an eot starts a document (nanoGPT .bin files put it after each document; samplers take both).
-"""
+A stream is [eot d1 eot d2 ...], so a window that starts at an eot starts a document (nanoGPT's .bin
+files put the eot after each document; the samplers take both)."""
 import collections
 import functools
 import hashlib
@@ -45,7 +43,7 @@ def _is_int(x, minimum=1):
 
 # --- 1. Tokenizers and corpora ---------------------------------------------------------------------
 # A tokenizer has name, n_vocab, eot_token, encode_ordinary(text) -> ids (a special token's text inside
-# a document stays plain text), decode(ids), decode_single_token_bytes(id), encode_single_token(bytes).
+# a document stays plain text), decode(ids) and encode_single_token(bytes).
 
 class ByteTokenizer:
     """One token per byte (id = byte value) plus <|endoftext|> = 256: built in, no file, no merges."""
@@ -66,8 +64,7 @@ class ByteTokenizer:
 
 
 class JsonTokenizer:
-    """A Hugging Face tokenizer.json (GPT-NeoX's, as the paper's official Mamba checkpoints use), encoded
-    by the `tokenizers` library so the ids are exactly the checkpoints'."""
+    """A Hugging Face tokenizer.json (GPT-NeoX's, as the official Mamba checkpoints) via `tokenizers`."""
 
     def __init__(self, path):
         try:
@@ -94,9 +91,6 @@ class JsonTokenizer:
 
     def decode(self, ids):
         return self._tok.decode([int(t) for t in ids], skip_special_tokens=False)
-
-    def decode_single_token_bytes(self, token):   # part of a character reads U+FFFD: enough to find "\n"
-        return self.decode([token]).encode()
 
     def encode_single_token(self, piece):
         ids = self.encode_ordinary(piece.decode())
@@ -482,7 +476,7 @@ def _hide(enc, what, length, pieces, question, answer, place, corpus=None, rng=N
         _check(n == 0 or filler.max() < enc.n_vocab, f"{what}: filler token id {filler.max()} is beyond "
                f"tokenizer {enc.name!r} (vocab {enc.n_vocab}): the filler must come from the same tokenizer")
         filler[filler == enc.eot_token] = enc.encode_ordinary("\n")[-1]
-        ends_line = [enc.decode_single_token_bytes(t).endswith(b"\n") for t in filler.tolist()]
+        ends_line = [enc.decode([t]).endswith("\n") for t in filler.tolist()]   # part of a character: U+FFFD
         boundaries = np.union1d(np.flatnonzero(ends_line) + 1, [0])
     parts, piece_starts, cur, shift = [[enc.eot_token]], [], 0, 1
     for pos, piece in zip(place(boundaries, n), pieces):
