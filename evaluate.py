@@ -1,5 +1,4 @@
-"""
-Evaluate recurrent LMs far past their training length: the paper's measurements and its tasks.
+"""Evaluate recurrent LMs far past their training length: the paper's measurements and its tasks.
 
     python evaluate.py out/base out/sp --labels base sp
     python evaluate.py PATH/mamba2-130m --data long.txt --tokenizer PATH/tokenizer.json --t-train 2048
@@ -7,10 +6,8 @@ Evaluate recurrent LMs far past their training length: the paper's measurements 
 The metrics (sections 1-4, each next to its naive reference) stream sequences through the model in chunks
 carrying the state, so memory depends on chunk_len, not on the length. Any LM with model.LM's interface
 works: logits, final_state = lm(idx, state=None, last_only=False); lm.zero_state(b, device).
-Entry i of a per-position curve is the prediction after reading i + 1 tokens (context length i + 1).
-"""
+Entry i of a per-position curve is the prediction after reading i + 1 tokens (context length i + 1)."""
 import argparse
-import functools
 import json
 import math
 import os
@@ -24,6 +21,7 @@ from tqdm import tqdm
 
 import model
 import tasks
+from tasks import check
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
@@ -68,7 +66,7 @@ def bucketize(nll, edges):
     """Each sequence's NLL [n, L] averaged per bucket first (per_seq [n, K]), then mean and standard error
     over sequences: a sequence's positions correlate, the sequences do not."""
     nll = torch.as_tensor(nll, dtype=torch.float64)
-    _need(nll.dim() == 2 and edges[0] == 0 and edges[-1] == nll.shape[1] and np.all(np.diff(edges) > 0),
+    check(nll.dim() == 2 and edges[0] == 0 and edges[-1] == nll.shape[1] and np.all(np.diff(edges) > 0),
           f"bucket edges must rise from 0 to L = {nll.shape[-1]} for nll [n, L]: use log_edges(L)")
     per_seq = torch.stack([nll[:, lo:hi].mean(1) for lo, hi in zip(edges[:-1], edges[1:])], 1)
     return dict(lo=list(edges[:-1]), hi=list(edges[1:]), per_seq=per_seq, **_summary(per_seq))
@@ -95,22 +93,20 @@ def length_generalization_naive(ppl, t_train):
 
 
 def length_generalization(per_seq, lo, hi, t_train, alpha=0.05, n_boot=2000, seed=0):
-    """Definition 3.2 on bucketed per-sequence NLLs per_seq [n, K] (bucketize's), exactly as coded:
-    1. p* is the PPL over the last half of the training window, the buckets inside [t_train / 2, t_train)
-       (t* = their first entry): where a curve falling with context has its minimum, measured on t_train / 2
-       positions. (A minimum over single positions is biased low; so is the lowest of several buckets.)
-    2. A bucket past t_train exceeds p* when the paired difference d_s = (its NLL - p*'s window NLL) of
-       sequence s has a positive mean with confidence: the alpha / m quantile of that mean over n_boot
-       bootstrap resamples of the sequences (seeded) is > 0, m = the number of buckets past t_train
-       (Bonferroni: a flat curve passes everywhere with probability >= 1 - alpha). Pairing cancels what
-       a sequence shares across positions (an easy or a hard text).
+    """Definition 3.2 on bucketed per-sequence NLLs per_seq [n, K] (bucketize's):
+    1. p* is the PPL over the buckets inside [t_train / 2, t_train) (t* = their first entry): where a curve
+       falling with context has its minimum, on t_train / 2 positions (a minimum over positions or over
+       buckets is biased low).
+    2. A bucket past t_train exceeds p* when each sequence's paired difference (its NLL - its NLL over p*'s
+       window) has a positive mean with confidence: the alpha / m quantile of that mean over n_boot seeded
+       bootstrap resamples of the sequences is > 0, m = the number of buckets past t_train (Bonferroni).
     3. generalizes_to = hi of the last bucket before the first one that exceeds p* (t_train if the first
        does; censored: none does). With fewer than MIN_SEQS sequences the result carries a warning."""
     per_seq, lo, hi = torch.as_tensor(per_seq, dtype=torch.float64), list(lo), list(hi)
     n, K = per_seq.shape
     window = [j for j in range(K) if lo[j] >= t_train // 2 and hi[j] <= t_train]
     later = [j for j in range(K) if lo[j] >= t_train]
-    _need(window, f"no bucket lies within the training positions [{t_train // 2}, {t_train}): use edges that "
+    check(window, f"no bucket lies within the training positions [{t_train // 2}, {t_train}): use edges that "
                   f"include both (log_edges(L, include=[{t_train // 2}, {t_train}]))")
     width = torch.tensor([hi[j] - lo[j] for j in window], dtype=torch.float64)
     ref = per_seq[:, window] @ width / width.sum()  # [n]: each sequence's NLL over p*'s window
@@ -420,7 +416,7 @@ def main(argv=None):
 def _parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     ap.error = lambda message: ap.exit(2, f"error: {message}\n")  # one line, as every other bad input
-    a, positive = ap.add_argument, functools.partial(_ints, one=True)
+    a, positive = ap.add_argument, lambda text: _ints(text, one=True)
     a("ckpts", nargs="+", metavar="CKPT", help="train.py's ckpt.pt (or its dir), official Mamba dirs")
     a("--metrics", default="ppl,effrem,state", help=f"subset of {','.join(LM_METRICS + TASK_METRICS)}")
     a("--eval-len", type=positive, help="tokens per evaluation window (default: 16 x the largest t_train)")
@@ -455,35 +451,35 @@ def _ints(text, one=False):  # an argparse type: "128,256" -> [128, 256]; one=Tr
 
 def _check_args(args):
     """What argparse cannot check; defaults from the checkpoints' train_config. -> train_configs, t_trains."""
-    _need(not args.labels or len(args.labels) == len(args.ckpts),
+    check(not args.labels or len(args.labels) == len(args.ckpts),
           f"--labels has {len(args.labels or [])} names for {len(args.ckpts)} checkpoints: give one each")
     for p in args.ckpts:
-        _need(os.path.exists(p), f"no checkpoint at {p}: check the path (train.py writes OUT/ckpt.pt)")
+        check(os.path.exists(p), f"no checkpoint at {p}: check the path (train.py writes OUT/ckpt.pt)")
     cfgs = [model.train_config(p) for p in args.ckpts]  # a corrupt checkpoint is reported as corrupt
     args.metrics, known = args.metrics.split(","), LM_METRICS + TASK_METRICS
-    _need(set(args.metrics) <= set(known), f"unknown metric in --metrics {','.join(args.metrics)}: "
+    check(set(args.metrics) <= set(known), f"unknown metric in --metrics {','.join(args.metrics)}: "
                                            f"use a subset of {','.join(known)}")
-    _need(args.device != "cuda" or torch.cuda.is_available(), "no CUDA device: use --device cpu")
+    check(args.device != "cuda" or torch.cuda.is_available(), "no CUDA device: use --device cpu")
     args.device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     t_trains = [args.t_train or c.get("seq_len") for c in cfgs]
     if set(args.metrics) & set(LM_METRICS):
         missing = ", ".join(p for p, t in zip(args.ckpts, t_trains) if not t)
-        _need(not missing, f"{missing}: no train_config seq_len (an official checkpoint?): pass --t-train N "
+        check(not missing, f"{missing}: no train_config seq_len (an official checkpoint?): pass --t-train N "
                            "(the official Mamba-2 checkpoints: 2048)")
         args.eval_len = args.eval_len or 16 * max(t_trains)
-        _need(args.eval_len > max(t_trains), f"--eval-len {args.eval_len} must be larger than t_train "
+        check(args.eval_len > max(t_trains), f"--eval-len {args.eval_len} must be larger than t_train "
                                              f"({max(t_trains)}): try --eval-len {16 * max(t_trains)}")
     args.tokenizer = _agree(args, cfgs, "tokenizer", required=False) or "bytes"
     seeds = {c["seed"] for c in cfgs if c.get("seed") is not None}  # training's seed chose the data split
-    _need(len(seeds) <= 1, f"the checkpoints were trained with --seed {sorted(seeds)}, which split the data "
+    check(len(seeds) <= 1, f"the checkpoints were trained with --seed {sorted(seeds)}, which split the data "
                            "differently: evaluate them separately")
     args.data_seed = seeds.pop() if seeds else 0
     args.babi_tasks = (_agree(args, cfgs, "babi_tasks", False) or ",".join(tasks.BABI_TASKS)).split(",")
-    _need(set(args.babi_tasks) <= set(tasks.BABI_TASKS), f"unknown --babi-tasks {','.join(args.babi_tasks)}: "
+    check(set(args.babi_tasks) <= set(tasks.BABI_TASKS), f"unknown --babi-tasks {','.join(args.babi_tasks)}: "
                                                          f"use a subset of {','.join(tasks.BABI_TASKS)}")
     args.labels = args.labels or [os.path.basename(os.path.dirname(p) if p.endswith(".pt") else p.rstrip("/"))
                                   for p in args.ckpts]
-    _need(not args.reference or args.reference in args.labels and "ppl" in args.metrics,
+    check(not args.reference or args.reference in args.labels and "ppl" in args.metrics,
           f"--reference {args.reference} must be one of the labels {args.labels} and needs --metrics ppl")
     return cfgs, t_trains
 
@@ -499,8 +495,7 @@ def run(args):
                                tokenizer=args.tokenizer, seed=args.data_seed)
     if lm_metrics:  # windows from document starts where the process has an exact Bayes-optimal NLL
         eot = data.eot_token if data.optimal_nll else None
-        windows = tasks.eval_windows(data.val, args.n_seqs, args.eval_len + 1, args.seed, eot)
-        args.windows = torch.as_tensor(windows)
+        args.windows = tasks.eval_windows(data.val, args.n_seqs, args.eval_len + 1, args.seed, eot)  # int64
         args.edges = log_edges(args.eval_len, include=[t // d for t in t_trains for d in (1, 2)])  # p* window
         report["data"] = data.name
         if data.optimal_nll:
@@ -510,7 +505,7 @@ def run(args):
                 raise ValueError(f"no exact loss floor at --eval-len {args.eval_len}: {e}") from None
             report["optimal"] = {k: v for k, v in args.optimal.items() if k != "per_seq"}
     if "babilong" in args.metrics:  # stories hidden in the validation split (training hid them in train)
-        _need(data.tokenizer is not None, f"babilong: {data.name} is a synthetic process, not text to hide "
+        check(data.tokenizer is not None, f"babilong: {data.name} is a synthetic process, not text to hide "
                                           "stories in: pass --data stdlib (or a text path)")
         args.filler = data.val
         report.update(babi_tasks=args.babi_tasks, babi_filler=f"{data.name} (val split)")
@@ -518,7 +513,7 @@ def run(args):
                 + [tasks.get_tokenizer(args.tokenizer).n_vocab] * bool(set(args.metrics) & set(TASK_METRICS)))
     for path, label, t_train in zip(args.ckpts, args.labels, t_trains):
         lm = model.from_pretrained(path, device=args.device)
-        _need(vocab <= lm.cfg.vocab_size, f"{path}: the data / tokenizer has {vocab} token ids, the model "
+        check(vocab <= lm.cfg.vocab_size, f"{path}: the data / tokenizer has {vocab} token ids, the model "
                                           f"{lm.cfg.vocab_size}: use the ones it was trained with")
         report["models"].append(measure(lm, t_train, args, label=label, path=path))
     per_seq = {m["label"]: m.pop("per_seq", None) for m in report["models"]}  # bucketed NLL [n, K]
@@ -566,7 +561,7 @@ def measure(lm, t_train, args, **out):
 def _agree(args, cfgs, key, required=True):
     """The flag's value, else the one train_config value of all checkpoints (they share data, tokenizer)."""
     values = {c[key] for c in cfgs if c.get(key) is not None}
-    _need(getattr(args, key) is not None or len(values) == 1 or not required and not values,
+    check(getattr(args, key) is not None or len(values) == 1 or not required and not values,
           f"{'the checkpoints disagree on' if values else 'no'} train_config {key} "
           f"{sorted(map(str, values))}: pass --{key.replace('_', '-')}")
     return getattr(args, key) if getattr(args, key) is not None else next(iter(values), None)
@@ -575,17 +570,12 @@ def _agree(args, cfgs, key, required=True):
 def _check(tokens, min_len=1, T=None, cuts=None, distance="tv"):
     """The metrics' input check: integer tokens [n, >= min_len]; for EffRem also T, the cuts and distance."""
     tokens, cuts = torch.as_tensor(tokens), None if cuts is None else torch.as_tensor(cuts).long().flatten()
-    _need(tokens.dim() == 2 and tokens.shape[1] >= min_len and not tokens.dtype.is_floating_point,
+    check(tokens.dim() == 2 and tokens.shape[1] >= min_len and not tokens.dtype.is_floating_point,
           f"tokens must be integer ids of shape [n, T >= {min_len}], got {list(tokens.shape)}")
-    _need(distance in DISTANCES, f"unknown distance {distance!r}: choose one of {sorted(DISTANCES)}")
-    _need(T is None or 1 <= T <= tokens.shape[1] and len(cuts) and 0 <= cuts.min() and cuts.max() < T,
+    check(distance in DISTANCES, f"unknown distance {distance!r}: choose one of {sorted(DISTANCES)}")
+    check(T is None or 1 <= T <= tokens.shape[1] and len(cuts) and 0 <= cuts.min() and cuts.max() < T,
           f"effective_remembrance: need T = {T} in [1, {tokens.shape[1]}], cuts in [0, T-1]")
     return tokens.long(), cuts
-
-
-def _need(ok, message):  # bad input: one line naming the problem and the fix
-    if not ok:
-        raise ValueError(message)
 
 
 def _device(lm):  # a model without parameters: the CPU

@@ -25,14 +25,14 @@ CACHE_VERSION = 1  # bump when the cache layout or the document format changes
 
 
 class DataError(ValueError):
-    """Bad data, tokenizer or task arguments; the message is one line naming the fix."""
+    """Bad input (data, tokenizer, task or metric arguments); the message is one line naming the fix."""
 
 
 class TokenizerUnavailableError(RuntimeError):
     """A tokenizer that cannot be loaded on this machine (nothing is ever downloaded)."""
 
 
-def _check(ok, message):
+def check(ok, message):   # bad input: a one-line DataError naming the problem and the fix (evaluate's too)
     if not ok:
         raise DataError(message)
 
@@ -72,7 +72,7 @@ class JsonTokenizer:
         except ImportError:
             raise TokenizerUnavailableError(f"{path} needs the tokenizers library: pip install tokenizers") \
                 from None
-        _check(os.path.isfile(path), f"no such tokenizer file {path!r}: pass a Hugging Face tokenizer.json")
+        check(os.path.isfile(path), f"no such tokenizer file {path!r}: pass a Hugging Face tokenizer.json")
         with open(path, "rb") as f:
             raw = f.read()
         try:
@@ -82,7 +82,7 @@ class JsonTokenizer:
                             f"own") from None
         self._tok.encode_special_tokens = True   # "<|endoftext|>" inside a document is plain text
         special = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
-        _check(EOT in special, f"{path} has no {EOT} special token to mark documents: use GPT-NeoX's")
+        check(EOT in special, f"{path} has no {EOT} special token to mark documents: use GPT-NeoX's")
         self.name, self.eot_token = "json-" + hashlib.sha1(raw).hexdigest()[:12], special[EOT]
         self.n_vocab = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
 
@@ -103,7 +103,7 @@ def get_tokenizer(name="bytes"):
     """-> the tokenizer "bytes" (built in) or of a tokenizer.json path; a tokenizer object passes through."""
     if hasattr(name, "encode_ordinary"):
         return name
-    _check(name == "bytes" or isinstance(name, str) and name.endswith(".json"), f"unknown tokenizer {name!r}: "
+    check(name == "bytes" or isinstance(name, str) and name.endswith(".json"), f"unknown tokenizer {name!r}: "
            f"use bytes or a path to a tokenizer.json (e.g. GPT-NeoX's, as the paper's models)")
     return _load_tokenizer(name if name == "bytes" else os.path.abspath(name))
 
@@ -121,7 +121,7 @@ Data = collections.namedtuple("Data", "name train val vocab_size eot_token token
 def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache_dir=None):
     """data: "stdlib" (the standard library's .py files: offline text), "markov:k=8,..." (MARKOV_DEFAULTS),
     a text file or a directory of them (split train/val by document with `seed`), or a nanoGPT uint16 .bin."""
-    _check(isinstance(data, str) and data and _is_int(seed, 0) and isinstance(val_fraction, (int, float)) and
+    check(isinstance(data, str) and data and _is_int(seed, 0) and isinstance(val_fraction, (int, float)) and
            0 <= val_fraction < 1, f"load_data: need data a name or path, seed an integer >= 0 and val_fraction "
                                   f"in [0, 1), got {data!r}, {seed!r}, {val_fraction!r}")
     if data == "markov" or data.startswith("markov:"):
@@ -135,7 +135,7 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
     elif os.path.isdir(data):
         files = _walk(data)
     else:
-        _check(os.path.isfile(data), f"no such file or directory {data!r}: pass a directory or a text file "
+        check(os.path.isfile(data), f"no such file or directory {data!r}: pass a directory or a text file "
                                      f"(patterns are not expanded), a .bin, stdlib or markov:k=8,...")
         files = [data]
     return _load_text(data, files, enc, int(seed), val_fraction, cache_dir or DEFAULT_CACHE_DIR)
@@ -146,7 +146,7 @@ def _walk(root, skip_dirs=frozenset(), suffix=""):   # every file under root, hi
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d not in skip_dirs | {"__pycache__"} and not d.startswith(".")]
         files += [os.path.join(dirpath, f) for f in filenames if f.endswith(suffix) and not f.startswith(".")]
-    _check(files, f"{root!r} holds no files: point --data at a folder of text files")
+    check(files, f"{root!r} holds no files: point --data at a folder of text files")
     return sorted(files)
 
 
@@ -189,7 +189,7 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
                     ids = np.array([enc.eot_token] + enc.encode_ordinary(text), dtype)
                     out.write(ids.tobytes())
                     n[is_val[i]], docs[is_val[i]] = n[is_val[i]] + len(ids), docs[is_val[i]] + 1
-        _check(docs[0] and (docs[1] or not is_val.any()), f"{label!r}: no UTF-8 text documents for the "
+        check(docs[0] and (docs[1] or not is_val.any()), f"{label!r}: no UTF-8 text documents for the "
                f"{'val' if docs[0] else 'train'} split ({skipped} of {len(files)} files skipped as binary, not "
                f"UTF-8 or empty): point --data at text files")
         if not docs[1]:   # one document: split its tokens
@@ -209,14 +209,14 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
 
 
 def _load_bin(path, enc, val_fraction):   # nanoGPT's prepare.py output: memory-mapped as is, val is its tail
-    _check(enc.n_vocab <= 1 << 16, f"a .bin holds uint16 ids but tokenizer {enc.name!r} has {enc.n_vocab} "
+    check(enc.n_vocab <= 1 << 16, f"a .bin holds uint16 ids but tokenizer {enc.name!r} has {enc.n_vocab} "
                                    f"tokens: pass the text instead (its cache keeps uint32 ids)")
     size = os.path.getsize(path) if os.path.isfile(path) else -1
-    _check(size > 0 and size % 2 == 0, f"{path!r} is missing or not a whole number of uint16 tokens: pass "
+    check(size > 0 and size % 2 == 0, f"{path!r} is missing or not a whole number of uint16 tokens: pass "
                                        f"an existing nanoGPT .bin (flat uint16 ids)")
     tokens = np.memmap(path, dtype=np.uint16, mode="r")
     top = int(tokens.max())   # the whole file: an id past the vocabulary would fail mid-training
-    _check(top < enc.n_vocab, f"{path!r} holds token id {top}, beyond tokenizer {enc.name!r} "
+    check(top < enc.n_vocab, f"{path!r} holds token id {top}, beyond tokenizer {enc.name!r} "
                               f"(vocab {enc.n_vocab}): pass the --tokenizer that made the file")
     n_train = len(tokens) - round(len(tokens) * val_fraction)
     return Data(path, tokens[:n_train], tokens[n_train:], enc.n_vocab, enc.eot_token, enc)
@@ -239,7 +239,7 @@ def markov_prior(k, alpha, shared=0.0, seed=0):
 def sample_markov(k, alpha, doc_len, docs, seed=0, split="train", shared=0.0):
     """-> (tokens [docs, doc_len] int64 in 0..k-1, transitions [docs, k, k]); document d is a pure function
     of (seed, split, d), whatever the number of documents drawn."""
-    _check(_is_int(k, 2) and alpha > 0 and _is_int(doc_len) and _is_int(docs) and shared >= 0 and split in
+    check(_is_int(k, 2) and alpha > 0 and _is_int(doc_len) and _is_int(docs) and shared >= 0 and split in
            ("train", "val"), f"sample_markov: need k >= 2, alpha > 0, doc_len >= 1, docs >= 1, shared >= 0, "
                              f"split train or val; got {k}, {alpha}, {doc_len}, {docs}, {shared}, {split!r}")
     prior = markov_prior(k, alpha, shared, seed)
@@ -262,12 +262,11 @@ def markov_bayes_nll(tokens, k, alpha, prior=None):
     at a document start (eot = k, or its first token). With Dirichlet(alpha) rows, after bigram counts c:
         p(j | i, c) = (c_ij + alpha) / (sum_j' c_ij' + K alpha);  a first token: 1/K.  prior: [k, k] alphas."""
     x = torch.as_tensor(np.asarray(tokens) if not torch.is_tensor(tokens) else tokens).long().cpu()
-    _check(x.dim() == 2 and x.shape[1] >= 2 and not ((x < 0) | (x > k)).any(), f"markov_bayes_nll: tokens "
+    check(x.dim() == 2 and x.shape[1] >= 2 and not ((x < 0) | (x > k)).any(), f"markov_bayes_nll: tokens "
            f"must be [n, T >= 2] of ids in 0..{k} (k is eot), got shape {list(x.shape)}")
-    _check(not (x[:, 1:] == k).any(), "markov_bayes_nll: a window crosses a document boundary (an eot after "
+    check(not (x[:, 1:] == k).any(), "markov_bayes_nll: a window crosses a document boundary (an eot after "
                                       "its start): use windows from document starts of <= doc_len + 1 tokens")
-    n, T = x.shape
-    rows = torch.arange(n)
+    (n, T), rows = x.shape, torch.arange(len(x))
     prior = torch.as_tensor(np.full((k, k), float(alpha)) if prior is None else prior, dtype=torch.float64)
     counts = torch.zeros(n, k, k, dtype=torch.float64)   # counts[r, i, j]: bigrams i -> j so far
     nll = torch.empty(n, T - 1, dtype=torch.float64)
@@ -291,7 +290,7 @@ def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): no
         raise DataError(f"markov: bad options {spec!r}: use some of "
                         f"{','.join(f'{k}={v}' for k, v in MARKOV_DEFAULTS.items())}") from None
     k, alpha, shared = cfg["k"], cfg["alpha"], cfg["shared"]
-    _check(2 <= k < 65535 and alpha > 0 and cfg["doc_len"] >= 2 and min(cfg["docs"], cfg["val_docs"]) >= 1
+    check(2 <= k < 65535 and alpha > 0 and cfg["doc_len"] >= 2 and min(cfg["docs"], cfg["val_docs"]) >= 1
            and shared >= 0, f"markov: need 2 <= k < 65535, alpha > 0, doc_len >= 2, docs >= 1, val_docs >= 1, "
                             f"shared >= 0; got {spec!r}")
 
@@ -316,7 +315,7 @@ def _xy(tokens, starts, seq_len):   # -> x, y: int64 [len(starts), seq_len], y =
 
 
 def _check_sampler(what, tokens, batch_size, seq_len):
-    _check(_is_int(batch_size) and _is_int(seq_len) and len(tokens) > seq_len, f"{what}: need batch_size >= 1 "
+    check(_is_int(batch_size) and _is_int(seq_len) and len(tokens) > seq_len, f"{what}: need batch_size >= 1 "
            f"and 1 <= seq_len < {len(tokens)} (the tokens), got {batch_size!r}, {seq_len!r}: use a shorter "
            f"seq_len or more data")
 
@@ -353,7 +352,7 @@ class DocumentStreams:
         starts = np.union1d([0], np.flatnonzero(np.asarray(tokens) == eot_token))
         lengths = np.diff(np.append(starts, len(tokens)))
         self.doc_start, self.doc_len = starts[lengths > seq_len], lengths[lengths > seq_len]
-        _check(len(self.doc_start), f"DocumentStreams: no document has seq_len+1 = {seq_len + 1} tokens: "
+        check(len(self.doc_start), f"DocumentStreams: no document has seq_len+1 = {seq_len + 1} tokens: "
                                     f"use a shorter seq_len or longer documents")
         self.load_state_dict(dict(seed=seed, epoch=0, cursor=0, row_doc=[-1] * batch_size,   # -1: needs a doc
                                   row_pos=[0] * batch_size))
@@ -377,7 +376,7 @@ class DocumentStreams:
                 "row_pos": list(self.row_pos)}
 
     def load_state_dict(self, state):
-        _check(len(state["row_doc"]) == self.batch_size, f"DocumentStreams: the saved state has "
+        check(len(state["row_doc"]) == self.batch_size, f"DocumentStreams: the saved state has "
                f"{len(state['row_doc'])} rows, this sampler {self.batch_size}: resume with the same batch size")
         self.seed, self.epoch, self.cursor = int(state["seed"]), int(state["epoch"]), int(state["cursor"])
         self.row_doc, self.row_pos = [int(d) for d in state["row_doc"]], [int(p) for p in state["row_pos"]]
@@ -390,13 +389,13 @@ class DocumentStreams:
 def eval_windows(tokens, n, length, seed=0, eot_token=None):
     """n deterministic windows of `length` tokens -> int64 [n, length]; with eot_token each starts at a
     distinct document's eot, as markov_bayes_nll needs (length <= doc_len + 1 keeps it in one document)."""
-    _check(_is_int(n) and _is_int(length, 2) and len(tokens) >= length, f"eval_windows: need n >= 1 and 2 <= "
+    check(_is_int(n) and _is_int(length, 2) and len(tokens) >= length, f"eval_windows: need n >= 1 and 2 <= "
            f"length <= {len(tokens)} (the tokens), got {n!r}, {length!r}: use a shorter length or more data")
     rng, last = np.random.default_rng(seed), len(tokens) - length   # the last start at which a window fits
     if eot_token is None:
         return _windows(tokens, rng.integers(0, last + 1, size=n), length)
     candidates = np.flatnonzero(np.asarray(tokens[: last + 1]) == eot_token)
-    _check(len(candidates) >= n, f"eval_windows: only {len(candidates)} documents start a window of "
+    check(len(candidates) >= n, f"eval_windows: only {len(candidates)} documents start a window of "
                                  f"{length} tokens, {n} asked: use fewer or shorter windows or more documents")
     return _windows(tokens, rng.choice(candidates, size=n, replace=False), length)
 
@@ -419,7 +418,7 @@ class TaskSampler:
     RandomWindows. A sample of `length` tokens gives x and y of length-1: pass length=seq_len + 1."""
 
     def __init__(self, task_fn, batch_size, seed=0, **task_kwargs):
-        _check(_is_int(batch_size), f"TaskSampler: batch_size must be an integer >= 1, got {batch_size!r}")
+        check(_is_int(batch_size), f"TaskSampler: batch_size must be an integer >= 1, got {batch_size!r}")
         self.task_fn, self.batch_size, self.seed, self.task_kwargs = task_fn, batch_size, seed, task_kwargs
         self.pad_id, self.step = get_tokenizer(task_kwargs.get("tokenizer", "bytes")).eot_token, 0
 
@@ -458,9 +457,9 @@ FILLER_SENTENCES = (" The river runs down to the sea.", " The hills are quiet at
 def _hide(enc, what, length, pieces, question, answer, place, corpus=None, rng=None):
     """eot, filler with the pieces spliced in at place(boundaries, n_filler), question, answer: `length` tokens
     -> (tokens, answer_mask, each piece's start). Filler: ours, or a window of the token stream `corpus`."""
-    _check(_is_int(length), f"{what}: length must be an integer >= 1, got {length!r}")
+    check(_is_int(length), f"{what}: length must be an integer >= 1, got {length!r}")
     n = length - 1 - sum(map(len, pieces + [question, answer]))
-    _check(n >= 0, f"{what}: length {length} is too short, its sentences and question alone take "
+    check(n >= 0, f"{what}: length {length} is too short, its sentences and question alone take "
                    f"{length - n} tokens: use a longer length (--seq-len)")
     if corpus is None:   # the LAST n tokens of our sentences repeated; boundaries between whole sentences
         sentences = [enc.encode_ordinary(s) for s in FILLER_SENTENCES]
@@ -469,11 +468,11 @@ def _hide(enc, what, length, pieces, question, answer, place, corpus=None, rng=N
         cut = ends[-1] - n   # tokens dropped from the front
         filler, boundaries = np.concatenate(sentences).astype(np.int64)[cut:], ends[ends >= cut] - cut
     else:   # its eots become newlines (it must read as one text); boundaries at line starts
-        _check(len(corpus) >= n, f"{what}: the filler stream has {len(corpus)} tokens, {n} needed: pass a "
+        check(len(corpus) >= n, f"{what}: the filler stream has {len(corpus)} tokens, {n} needed: pass a "
                                  f"longer filler_tokens or a shorter length")
         start = int(rng.integers(0, len(corpus) - n + 1))
         filler = np.asarray(corpus[start:start + n]).astype(np.int64)
-        _check(n == 0 or filler.max() < enc.n_vocab, f"{what}: filler token id {filler.max()} is beyond "
+        check(n == 0 or filler.max() < enc.n_vocab, f"{what}: filler token id {filler.max()} is beyond "
                f"tokenizer {enc.name!r} (vocab {enc.n_vocab}): the filler must come from the same tokenizer")
         filler[filler == enc.eot_token] = enc.encode_ordinary("\n")[-1]
         ends_line = [enc.decode([t]).endswith("\n") for t in filler.tolist()]   # part of a character: U+FFFD
@@ -498,7 +497,7 @@ def passkey_sample(tokenizer, length, depth=None, seed=0):
     enc, (content_rng, layout_rng) = get_tokenizer(tokenizer), _rngs(seed, 2)
     key = str(int(content_rng.integers(10_000, 100_000)))
     depth = float(layout_rng.random()) if depth is None else depth
-    _check(0 <= depth <= 1, f"passkey_sample: depth must be in [0, 1], got {depth}")
+    check(0 <= depth <= 1, f"passkey_sample: depth must be in [0, 1], got {depth}")
     needle, question, answer = (_encode(enc, s) for s in (PASSKEY_SENTENCE.format(key=key), PASSKEY_QUESTION,
                                                           f" {key}."))
     tokens, answer_mask, (key_start,) = _hide(enc, "passkey_sample", length, [needle], question, answer,
@@ -527,7 +526,7 @@ def copy_sample(tokenizer, length, seed=0):
     enc, (rng,) = get_tokenizer(tokenizer), _rngs(seed, 1)
     drawn = isinstance(length, (tuple, list))
     lo, hi = tuple(length) if drawn and len(length) == 2 else (length, length)
-    _check(_is_int(lo) and _is_int(hi, lo), f"copy_sample: length must be >= 1 or a range (lo, hi) with "
+    check(_is_int(lo) and _is_int(hi, lo), f"copy_sample: length must be >= 1 or a range (lo, hi) with "
                                             f"1 <= lo <= hi, got {length!r}")
     length = int(rng.integers(lo, hi + 1)) if drawn else length
     pick = rng.integers(0, len(COPY_ALPHABET), size=length)
@@ -698,7 +697,7 @@ def _ask(task, rng, events, w):
 
 def babi_story(task, seed=0):
     """-> (events, question, answer, asked) of a bAbI task ("qa1".."qa10"), from the seed."""
-    _check(task in BABI_TASKS, f"unknown bAbI task {task!r}: use one of {', '.join(BABI_TASKS)}")
+    check(task in BABI_TASKS, f"unknown bAbI task {task!r}: use one of {', '.join(BABI_TASKS)}")
     (kinds, n_events, *sizes), rng, qa = BABI_TASKS[task], np.random.default_rng(seed), None
     while not qa:   # a story without a good question: draw another from the same rng
         n = int(rng.integers(*n_events))
@@ -712,8 +711,7 @@ def babi_sample(task, tokenizer, length, seed=0, filler_tokens=None):
     """A bAbI story (task "qa1".."qa10", None: drawn uniformly) in order at random boundaries of our filler or
     of a window of filler_tokens (a stream of the same tokenizer), "Question: ...\nAnswer:", " {answer}."."""
     enc, (task_rng, story_rng, layout_rng) = get_tokenizer(tokenizer), _rngs(seed, 3)
-    _check(task in BABI_TASKS or task is None, f"unknown bAbI task {task!r}: use one of {','.join(BABI_TASKS)}")
-    task = task or list(BABI_TASKS)[task_rng.integers(len(BABI_TASKS))]
+    task = list(BABI_TASKS)[task_rng.integers(len(BABI_TASKS))] if task is None else task   # babi_story checks
     events, question, answer, asked = babi_story(task, int(story_rng.integers(2**63)))
     facts = [_encode(enc, f" {e['text']}" if filler_tokens is None else f"{e['text']}\n") for e in events]
     qa = _encode(enc, f"\nQuestion: {question}\nAnswer:"), _encode(enc, f" {answer}.")
