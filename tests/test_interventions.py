@@ -4,13 +4,8 @@ import pytest
 import torch
 
 import interventions
-import model
 import tasks
-
-
-def tiny_lm(arch="mamba2", seed=0):
-    torch.manual_seed(seed)
-    return model.LM(model.make_config(arch, "tiny", vocab_size=20))
+from conftest import tiny_lm
 
 
 def known_states(lm, batch, value_fn):

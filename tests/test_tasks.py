@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 
 import tasks
+from conftest import CORPUS_TEXT
 from tasks import BABI_TASKS, DataError, DocumentStreams, RandomWindows, TaskSampler
 
 EOT = 256   # the bytes tokenizer's end-of-text id
 BYTES = tasks.get_tokenizer("bytes")
-CORPUS_TEXT = "".join(f"def f{i}(x):\n    return x + {i}  # the river runs down to the sea\n\n" for i in range(60))
 
 
 def split_docs(tokens, eot=EOT):   # stream -> documents (tuples between eots, eot dropped)
@@ -42,21 +42,6 @@ def make_stream(lengths, eot=EOT, seed=0):   # [eot d1 eot d2 ...], documents of
 def corpus_stream(enc):
     text = [f"def f{i}(x):\n    return x + {i}\n\n# comment {i}\nclass C{i}:\n    pass\n" for i in range(300)]
     return np.array([t for d in text for t in [enc.eot_token] + enc.encode_ordinary(d)], dtype=np.uint16)
-
-
-@pytest.fixture(scope="module")
-def tok_json(tmp_path_factory):
-    """A small byte-level BPE tokenizer.json WITH merges and an end-of-text token, trained here (offline)."""
-    tokenizers = pytest.importorskip("tokenizers")
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(vocab_size=300, special_tokens=["<|pad|>", "<|endoftext|>"],
-                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([CORPUS_TEXT] * 4, trainer)
-    path = str(tmp_path_factory.mktemp("tok") / "tokenizer.json")
-    tok.save(path)
-    return path
 
 
 @pytest.fixture(params=["bytes", "bpe"])
@@ -100,28 +85,6 @@ def test_tokenizer_json_encodes_exactly_as_the_tokenizers_library(tok_json, tmp_
     whole.tofile(tmp_path / "c.bin")
     b = tasks.load_data(str(tmp_path / "c.bin"), tokenizer=tok_json)
     assert b.vocab_size == 300 and b.eot_token == 1 and np.array_equal(np.concatenate([b.train, b.val]), whole)
-
-
-def test_official_checkpoint_trains_and_evaluates_with_a_tokenizer_json(tok_json, tmp_path, monkeypatch):
-    import evaluate
-    import train
-    from test_model import OFFICIAL_MAMBA2_LAYER, official_state_dict
-    ckpt = tmp_path / "mamba2-official"
-    ckpt.mkdir()
-    torch.save(official_state_dict(OFFICIAL_MAMBA2_LAYER, vocab=304), ckpt / "pytorch_model.bin")
-    (ckpt / "config.json").write_text(json.dumps(dict(
-        d_model=64, n_layer=2, vocab_size=300, ssm_cfg={"layer": "Mamba2", "d_state": 16, "headdim": 16},
-        rms_norm=True, residual_in_fp32=True, fused_add_norm=True, pad_vocab_size_multiple=8, tie_embeddings=True)))
-    (tmp_path / "long.txt").write_text(CORPUS_TEXT * 3)
-    monkeypatch.setattr(tasks, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
-    data = ["--data", str(tmp_path / "long.txt"), "--tokenizer", tok_json]
-    train.main(["--init-from", str(ckpt), "--init-state", "sp", "--steps", "2", "--seq-len", "16", "--batch-size",
-                "2", "--eval-interval", "1000", "--quiet", "--out", str(tmp_path / "post")] + data)
-    for path in (str(ckpt), str(tmp_path / "post")):
-        assert evaluate.main([path, "--t-train", "16", "--eval-len", "64", "--n-seqs", "2", "--metrics", "ppl",
-                              "--out", str(tmp_path / "eval")] + data) == 0
-        report = json.load(open(tmp_path / "eval" / "eval.json"))
-        assert report["args"]["tokenizer"] == tok_json and np.isfinite(report["models"][0]["ppl"]["nll"]).all()
 
 
 def test_directory_split_cache_and_skipped_files(tmp_path, monkeypatch, capsys):
