@@ -2,7 +2,6 @@
 import json
 import math
 import types
-from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -10,8 +9,8 @@ import torch
 import torch.nn as nn
 
 import evaluate as ev
-import model
 import tasks
+from conftest import checkpoint, official_dir, tiny_lm
 
 MARKOV = "markov:k=4,alpha=0.3,doc_len=128,docs=4,val_docs=24"
 
@@ -181,15 +180,6 @@ def test_state_statistics_of_a_linearly_growing_state():
 
 # --- command line -------------------------------------------------------------------------------------
 
-def checkpoint(path, init_seed=0, **train_config):
-    torch.manual_seed(init_seed)
-    lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=257))
-    path.mkdir()
-    torch.save({"model_config": asdict(lm.cfg), "model": lm.state_dict(), "train_config": train_config},
-               path / "ckpt.pt")
-    return str(path), lm
-
-
 def cli(capsys, *argv):
     try:
         rc = ev.main(list(argv))
@@ -197,14 +187,6 @@ def cli(capsys, *argv):
         rc = e.code
     out = capsys.readouterr()
     return rc, out.out, out.err
-
-
-def official_dir(path, lm):
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps(dict(d_model=64, n_layer=2, vocab_size=257, ssm_cfg=dict(
-        layer="Mamba2", d_state=16, headdim=16, expand=2, chunk_size=64))))
-    torch.save(lm.state_dict(), path / "pytorch_model.bin")
-    return str(path)
 
 
 X = tokens(2, 10)
@@ -229,7 +211,8 @@ def test_bad_inputs_get_one_line_naming_the_problem(call, word, tmp_path, capsys
     ck, lm = checkpoint(tmp_path / "run", seq_len=16, data="stdlib", tokenizer="bytes", seed=0)
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
     paths = dict(CK=ck, NOPE=str(tmp_path / "nope.pt"), BAD=str(tmp_path / "bad.pt"),
-                 OFFICIAL=official_dir(tmp_path / "official", lm),
+                 OFFICIAL=official_dir(tmp_path / "official", lm.state_dict(), d_model=64, n_layer=2, vocab_size=257,
+                                       ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2")),
                  SYNTH=checkpoint(tmp_path / "synth", seq_len=16, data=MARKOV, tokenizer="bytes")[0])
     rc, _, err = cli(capsys, *[paths.get(a, a) for a in call], "--out", str(tmp_path / "eval"))
     assert rc == 2 and word in err and len(err.strip().splitlines()) == 1, (call, err)
@@ -264,8 +247,7 @@ def test_a_model_that_outputs_nan_is_reported_not_a_crash(tmp_path, monkeypatch,
 
 @pytest.mark.parametrize("arch", ["mamba2", "mamba1", "gla", "rwkv6"])
 def test_real_models_stream_and_reset_every_state_key(arch):
-    torch.manual_seed(0)
-    lm = model.LM(model.make_config(arch, "tiny", vocab_size=257))
+    lm = tiny_lm(arch)
     x, cuts = tokens(3, 41, vocab=257), [0, 1, 9, 33, 39]
     torch.testing.assert_close(ev.sequence_nll(lm, x, chunk_len=13), ev.position_nll_naive(lm, x), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(ev.effective_remembrance(lm, x, 40, cuts, chunk_len=16),
@@ -277,8 +259,7 @@ def test_real_models_stream_and_reset_every_state_key(arch):
 # --- tasks: greedy decoding from the zero state, scoring, the CLI ------------------------------------
 
 def test_streamed_greedy_answer_equals_argmax_of_full_forwards():
-    torch.manual_seed(0)
-    lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=257)).eval()
+    lm = tiny_lm().eval()
     prompts, seq = tokens(3, 41, vocab=257, seed=1), tokens(3, 41, vocab=257, seed=1)
     with torch.no_grad():
         for _ in range(9):   # the definition: re-read everything, take the argmax of the last position

@@ -8,43 +8,37 @@ import pytest
 import torch
 
 import model
-from gla import GLA, SwiGLU, gla_chunked, gla_naive
-from rwkv import RWKV6ChannelMix, RWKV6TimeMix, rwkv6_chunked, rwkv6_naive
-
-
-def inputs(decay, dtype, b=2, t=75, h=2, dk=8, dv=6, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    x = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
-    g = -decay * torch.rand(b, t, h, dk, generator=gen, dtype=torch.float64)
-    q, k, v, u, s0 = x(b, t, h, dk), x(b, t, h, dk), x(b, t, h, dv), x(h, dk), x(b, h, dk, dv)
-    return [y.to(dtype) for y in (q, k, v, g, u, s0)]
+from gla import GLA, SwiGLU
+from rwkv import RWKV6ChannelMix, RWKV6TimeMix
+from test_scans import SCANS, call, close
 
 
 # Per-step log decay: leaves of a whole chunk (0.01), a few bisection levels (0.3, 2), down to
 # two-token leaves (10: a 32-token chunk decays by ~160 nats) and one-token leaves (40).
 @pytest.mark.parametrize("decay", [0.01, 0.3, 2.0, 10.0, 40.0])
-def test_chunked_bisection_is_exact_in_every_decay_regime(decay):
-    q, k, v, g, u, s0 = inputs(decay, torch.float64)
-    gla_ref, rwkv_ref = gla_naive(q, k, v, g, s0), rwkv6_naive(q, k, v, g, u, s0)
+@pytest.mark.parametrize("name", ["gla", "rwkv6"])
+def test_chunked_bisection_is_exact_in_every_decay_regime(name, decay):
+    inputs, kw = SCANS[name][3](torch.Generator().manual_seed(0), t=75)   # the log decay (g, w): U(-decay, 0)
+    inputs[3] = -decay * torch.rand(inputs[3].shape, generator=torch.Generator().manual_seed(1)).double()
+    y_ref, s_ref = call(SCANS[name][0], inputs, kw)
     for chunk_size in (8, 32):
-        torch.testing.assert_close(gla_chunked(q, k, v, g, s0, chunk_size=chunk_size), gla_ref,
-                                   atol=1e-10, rtol=1e-10)
-        torch.testing.assert_close(rwkv6_chunked(q, k, v, g, u, s0, chunk_size=chunk_size), rwkv_ref,
-                                   atol=1e-10, rtol=1e-10)
+        y, s = call(SCANS[name][1], inputs, {**kw, "chunk_size": chunk_size})
+        close(y, y_ref, 1e-10)
+        close(s, s_ref, 1e-10)
 
 
-def test_chunked_float32_survives_decays_past_88_nats_per_chunk():
-    # g = -10 per step: a 64-token chunk decays by 640 nats; exp(-cumsum(g)) would be inf and give nan.
-    q, k, v, g, u, s0 = inputs(10.0, torch.float32, t=200)
-    g = torch.full_like(g, -10.0).requires_grad_()
-    q64, k64, v64, g64, u64, s64 = (x.double() for x in (q, k, v, g, u, s0))
-    for (o, s), (o_ref, s_ref) in [(gla_chunked(q, k, v, g, s0), gla_naive(q64, k64, v64, g64, s64)),
-                                   (rwkv6_chunked(q, k, v, g, u, s0, chunk_size=64),
-                                    rwkv6_naive(q64, k64, v64, g64, u64, s64))]:
-        torch.testing.assert_close(o, o_ref.float(), atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(s, s_ref.float(), atol=1e-4, rtol=1e-4)
-        (grad_g,) = torch.autograd.grad(o.sum() + s.sum(), g)
-        assert torch.isfinite(grad_g).all()
+@pytest.mark.parametrize("name", ["gla", "rwkv6"])
+def test_chunked_float32_survives_decays_past_88_nats_per_chunk(name):
+    # -10 nats per step: a 64-token chunk decays by 640; exp(-cumsum(g)) would be inf and give nan.
+    inputs, kw = SCANS[name][3](torch.Generator().manual_seed(0), t=200)
+    inputs[3] = torch.full_like(inputs[3], -10.0)
+    y_ref, s_ref = call(SCANS[name][0], inputs, kw)
+    inputs = [v.float().requires_grad_() for v in inputs]
+    y, s = call(SCANS[name][1], inputs, {**kw, "chunk_size": 64})
+    close(y, y_ref, 1e-4)
+    close(s, s_ref, 1e-4)
+    (y.sum() + s.sum()).backward()
+    assert all(torch.isfinite(v.grad).all() for v in inputs)
 
 
 def test_gla_layer_and_mlp_are_sized_and_initialised_as_fla():

@@ -1,15 +1,12 @@
 """Fine-tuning on the long-context tasks (train.py --task): the loss is on answer tokens only, resume is exact.
 (Their scoring is tested in test_evaluate.py.)"""
-import json
-import os
-
 import pytest
 import torch
 
 import model
 import tasks
 import train
-from test_evaluate import checkpoint
+from conftest import checkpoint, logged
 
 # --task -> flags of a tiny run; passkey needs >= 124 tokens, a bAbI story up to ~470 (bytes tokenizer)
 TASK_FLAGS = {
@@ -17,11 +14,6 @@ TASK_FLAGS = {
     "copy": ["--copy-len", "3,12", "--init-state", "sp"],
     "babilong": ["--seq-len", "512", "--babi-tasks", "qa1,qa6", "--init-state", "zero"],
 }
-
-
-def logged(out, key="loss"):
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        return {r["step"]: r.get(key) for r in map(json.loads, f)}
 
 
 @pytest.mark.parametrize("task", ["passkey", "copy", "babilong"])
