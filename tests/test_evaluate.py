@@ -68,17 +68,14 @@ def tokens(n, T, vocab=11, seed=0):
 
 
 # --- perplexity -------------------------------------------------------------------------------------
-
-def test_streamed_nll_equals_the_definition():
+def test_streamed_nll_equals_the_definition_and_averages_over_sequences():
     lm, x = ToyLM(), tokens(5, 21)
     want = ev.position_nll_naive(lm, x)
     for chunk_len, batch_size in [(1, 2), (3, 8), (7, 1), (64, 5)]:
         torch.testing.assert_close(ev.sequence_nll(lm, x, chunk_len, batch_size), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ev.position_nll(lm, x, chunk_len=4), want.double().mean(0), atol=1e-5, rtol=1e-5)
-
-
-def test_mean_over_sequences_then_exp():
-    # p = (1/2, 1/4, 1/4) at every position: sequence [0, 0] costs ln 2, sequence [0, 1] ln 4
+    # perplexity is exp of the mean NLL over sequences. p = (1/2, 1/4, 1/4) at every position: sequence
+    # [0, 0] costs ln 2, sequence [0, 1] ln 4
     lm = CurveLM(vocab=3)
     lm.forward = lambda idx, state=None, last_only=False: (torch.tensor([0.5, 0.25, 0.25]).log().expand(
         len(idx), idx.shape[1], 3), lm.zero_state(len(idx)))
@@ -94,13 +91,9 @@ def test_bucketize_by_hand():
 
 
 # --- Definition 3.2 -----------------------------------------------------------------------------------
-
-def test_naive_verdict_on_hand_made_curves():
+def test_verdict_on_hand_made_curves_and_a_matrix_is_paired():
     assert ev.length_generalization_naive([5.0, 4.0, 3.0, 3.0, 2.9, 2.95, 2.9, 2.8], t_train=4) == 8
     assert ev.length_generalization_naive([5.0, 4.0, 3.0, 2.9, 2.95, 3.5, 4.0], t_train=4) == 4
-
-
-def test_verdict_on_a_hand_made_matrix_is_paired():
     # 40 sequences whose levels differ a lot (offsets 0..2 nats), sharing one profile: falls within
     # t_train = 8, flat to 32, then rises by 0.1 nats. Unpaired error bars (~0.1) would hide the rise.
     lo, hi = [0, 2, 4, 8, 16, 32, 64], [2, 4, 8, 16, 32, 64, 128]
@@ -130,8 +123,7 @@ def test_verdict_is_stable_across_evaluation_seeds():
 
 
 # --- Effective Remembrance ----------------------------------------------------------------------------
-
-def test_distances_of_known_distributions():
+def test_distances_of_known_distributions_and_the_default_cuts():
     p, q = torch.tensor([0.9, 0.1]), torch.tensor([0.6, 0.4])
     one, other, half = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]), torch.tensor([0.5, 0.5])
     assert ev.DISTANCES["tv"](p, q).item() == pytest.approx(0.3)
@@ -140,6 +132,9 @@ def test_distances_of_known_distributions():
     assert ev.DISTANCES["cos"](one, other).item() == pytest.approx(1.0)
     assert ev.DISTANCES["cos"](half, one).item() == pytest.approx(1 - 1 / math.sqrt(2))
     assert all(d(p, p).item() == 0.0 for d in ev.DISTANCES.values())
+    c = ev.default_cuts(256, 32)   # the cuts Effective Remembrance is measured at by default
+    assert c[0] == 0 and c.max() == 255 and (c.diff() > 0).all() and 20 <= len(c) <= 32
+    assert {1, 2, 254}.issubset(set(c.tolist()))
 
 
 @pytest.mark.parametrize("distance", ["tv", "js", "cos"])
@@ -155,14 +150,7 @@ def test_effrem_in_one_pass_equals_one_forward_per_cut(distance):
     torch.testing.assert_close(without_zero, want[[3, 5]], atol=1e-6, rtol=1e-5)
 
 
-def test_default_cuts():
-    c = ev.default_cuts(256, 32)
-    assert c[0] == 0 and c.max() == 255 and (c.diff() > 0).all() and 20 <= len(c) <= 32
-    assert {1, 2, 254}.issubset(set(c.tolist()))
-
-
 # --- state statistics ---------------------------------------------------------------------------------
-
 def test_state_statistics_of_a_linearly_growing_state():
     # a = 1, one token everywhere: h_t = (t + 1) U in every row, so std and RMS grow as t + 1
     lm, x = ToyLM(a=(1.0, 1.0)), torch.full((3, 40), 4)
@@ -179,7 +167,6 @@ def test_state_statistics_of_a_linearly_growing_state():
 
 
 # --- command line -------------------------------------------------------------------------------------
-
 def cli(capsys, *argv):
     try:
         rc = ev.main(list(argv))
@@ -257,7 +244,6 @@ def test_real_models_stream_and_reset_every_state_key(arch):
 
 
 # --- tasks: greedy decoding from the zero state, scoring, the CLI ------------------------------------
-
 def test_streamed_greedy_answer_equals_argmax_of_full_forwards():
     lm = tiny_lm().eval()
     prompts, seq = tokens(3, 41, vocab=257, seed=1), tokens(3, 41, vocab=257, seed=1)

@@ -36,13 +36,8 @@ def test_random_has_the_asked_sigma_and_zero_conv_or_shift(arch):
 def test_fitted_follows_the_ema_rule_on_known_states():
     lm = tiny_lm()
     s = interventions.make_strategy("fitted", lm, 2)
-
-    def obs1(i, j, shape):  # head j of layer i holds {j+i-1, j+i+1}: mean j+i, variance 1
-        v = torch.full(shape, float(j + i))
-        v[0] -= 1
-        v[1] += 1
-        return v
-    s.observe(known_states(lm, 2, obs1))
+    pair = torch.tensor([-1.0, 1.0]).view(2, 1, 1)   # head j of layer i: rows i+j-1, i+j+1 (mean i+j, var 1)
+    s.observe(known_states(lm, 2, lambda i, j, shape: (i + j + pair).expand(shape)))
     s.observe(known_states(lm, 2, lambda i, j, shape: torch.full(shape, 2.0 * j)))  # mean 2j, variance 0
     for i in range(2):
         for j in range(lm.zero_state(1)[0]["h"].shape[1]):
