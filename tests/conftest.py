@@ -44,9 +44,9 @@ def tiny_lm(arch="mamba2", vocab_size=257, seed=0, **overrides):
     return model.LM(model.make_config(arch, "tiny", vocab_size=vocab_size, **overrides))
 
 
-def checkpoint(path, init_seed=0, **train_config):
-    """A run directory as train.py writes it (ckpt.pt) holding a tiny Mamba-2; returns (path, lm)."""
-    lm = tiny_lm(seed=init_seed)
+def checkpoint(path, init_seed=0, lm=None, **train_config):
+    """A run directory as train.py writes it (ckpt.pt) holding lm (a tiny Mamba-2); returns (path, lm)."""
+    lm = tiny_lm(seed=init_seed) if lm is None else lm
     path.mkdir()
     torch.save({"model_config": asdict(lm.cfg), "model": lm.state_dict(), "train_config": train_config},
                path / "ckpt.pt")

@@ -18,12 +18,9 @@ def test_bench_scans_table(capsys, monkeypatch):
     assert "speed-up" in capsys.readouterr().out
 
 
-def train_args(presets):
-    return argparse.Namespace(presets=presets, forms="auto", seq_len=32, batch_size=2, repeats=1)
-
-
 def test_bench_train_row(capsys):
-    (r,) = bench.bench_train(train_args("mamba2:tiny"), torch.device("cpu"), vocab_size=257)
+    args = argparse.Namespace(presets="mamba2:tiny", forms="auto", seq_len=32, batch_size=2, repeats=1)
+    (r,) = bench.bench_train(args, torch.device("cpu"), vocab_size=257)
     lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=257))
     # the embedding and the head are tied: counted once, as parameters() does
     assert r["params"] == lm.num_params() == sum(p.numel() for p in lm.parameters())

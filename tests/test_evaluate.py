@@ -232,17 +232,6 @@ def test_a_model_that_outputs_nan_is_reported_not_a_crash(tmp_path, monkeypatch,
     assert (tmp_path / "eval" / "ppl.png").exists()
 
 
-@pytest.mark.parametrize("arch", ["mamba2", "mamba1", "gla", "rwkv6"])
-def test_real_models_stream_and_reset_every_state_key(arch):
-    lm = tiny_lm(arch)
-    x, cuts = tokens(3, 41, vocab=257), [0, 1, 9, 33, 39]
-    torch.testing.assert_close(ev.sequence_nll(lm, x, chunk_len=13), ev.position_nll_naive(lm, x), atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(ev.effective_remembrance(lm, x, 40, cuts, chunk_len=16),
-                               ev.effective_remembrance_naive(lm, x, 40, cuts).double(), atol=1e-5, rtol=1e-4)
-    st = ev.state_statistics(lm, x, [0, 7, 39], chunk_len=5)
-    assert len(st["std"]) == 2 and st["std"][0].shape[0] == 3 and (st["std"][0] > 0).all()
-
-
 # --- tasks: greedy decoding from the zero state, scoring, the CLI ------------------------------------
 def test_streamed_greedy_answer_equals_argmax_of_full_forwards():
     lm = tiny_lm().eval()

@@ -25,7 +25,7 @@ def split_docs(tokens, eot=EOT):   # stream -> documents (tuples between eots, e
 
 def write_docs(folder, n=20):   # n UTF-8 text files: path -> text
     folder.mkdir()
-    texts = {folder / f"doc{i:02d}.txt": f"document {i}: " + "héllo wörld ✓ " * (i + 1) + "\n" for i in range(n)}
+    texts = {folder / f"doc{i:02d}.txt": f"document {i}: {'héllo wörld ✓ ' * (i + 1)}\n" for i in range(n)}
     for path, text in texts.items():
         path.write_text(text, encoding="utf-8")
     return texts
@@ -61,7 +61,7 @@ def test_bytes_tokenizer():
     assert BYTES.decode([EOT, 65]) == "<|endoftext|>A" and BYTES.encode_single_token(b"<|endoftext|>") == EOT
 
 
-def test_tokenizer_json_encodes_exactly_as_the_tokenizers_library(tok_json, tmp_path):
+def test_tokenizer_json_encodes_exactly_as_the_tokenizers_library(tok_json, tmp_path, monkeypatch):
     import tokenizers
     enc, ref = tasks.get_tokenizer(tok_json), tokenizers.Tokenizer.from_file(tok_json)
     assert enc.eot_token == ref.token_to_id("<|endoftext|>") == 1 and enc.n_vocab == ref.get_vocab_size() == 300
@@ -81,6 +81,10 @@ def test_tokenizer_json_encodes_exactly_as_the_tokenizers_library(tok_json, tmp_
     whole.tofile(tmp_path / "c.bin")
     b = tasks.load_data(str(tmp_path / "c.bin"), tokenizer=tok_json)
     assert b.vocab_size == 300 and b.eot_token == 1 and np.array_equal(np.concatenate([b.train, b.val]), whole)
+    monkeypatch.setitem(sys.modules, "tokenizers", None)   # the library is not installed
+    (tmp_path / "other.json").write_text(open(tok_json).read())
+    with pytest.raises(tasks.TokenizerUnavailableError, match="pip install tokenizers"):
+        tasks.get_tokenizer(str(tmp_path / "other.json"))
 
 
 def test_directory_split_cache_and_skipped_files(tmp_path, monkeypatch, capsys):
@@ -210,7 +214,7 @@ def test_markov_data_and_sampler():
     assert np.array_equal(tasks.sample_markov(5, 0.2, 300, 10, seed=1)[0], tokens[:10])   # independent of the count
 
 
-def test_markov_floor_by_hand_and_brute_force():
+def test_markov_floor_by_hand_by_brute_force_in_context_and_shared():
     # k = 2, eot = 2, prior pseudo-counts [[1, 3], [2, 2]]; tokens eot 0 1 0 0:
     # eot->0: 1/2 (first token uniform); 0->1: 3/4; 1->0: 2/4; 0->0: row 0 is now [1, 3+1] -> 1/5
     nll = tasks.markov_bayes_nll(np.array([[2, 0, 1, 0, 0]]), k=2, alpha=0.3, prior=[[1, 3], [2, 2]])
@@ -227,9 +231,7 @@ def test_markov_floor_by_hand_and_brute_force():
             counts[a, b] += 1
         np.testing.assert_allclose(nll, want)
     np.testing.assert_allclose(tasks.markov_bayes_nll(w.numpy()[:, 1:], k, alpha), got.numpy()[:, 1:])
-
-
-def test_markov_floor_learns_in_context_and_shared_documents():
+    # long documents: the floor learns each one's matrix P in context; documents drawn around a shared G
     k, alpha, doc_len = 8, 0.3, 1024
     tokens, P = tasks.sample_markov(k, alpha, doc_len, 64, seed=0, split="val")
     nll = tasks.markov_bayes_nll(torch.from_numpy(tokens), k, alpha).numpy()
@@ -471,10 +473,3 @@ def test_bad_inputs_are_one_line_errors(case, bad):
     with pytest.raises(DataError) as info:
         case[0](bad)
     assert "\n" not in str(info.value) and all(w in str(info.value) for w in case[1:]), str(info.value)
-
-
-def test_missing_tokenizers_library(tok_json, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tokenizers", None)   # the library is not installed
-    (tmp_path / "other.json").write_text(open(tok_json).read())
-    with pytest.raises(tasks.TokenizerUnavailableError, match="pip install tokenizers"):
-        tasks.get_tokenizer(str(tmp_path / "other.json"))

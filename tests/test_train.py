@@ -64,7 +64,8 @@ def test_post_training_an_official_checkpoint_on_a_tokenizer_json_corpus(tok_jso
     # an official directory of the tiny preset's dimensions, its vocabulary padded (300 -> 304), post-trained
     # on a corpus read with a Hugging Face tokenizer.json: a tenth of that preset's peak lr; both evaluate
     config = dict(OFFICIAL_CONFIG, vocab_size=300, ssm_cfg={"layer": "Mamba2", "d_state": 16, "headdim": 16})
-    official = official_dir(tmp_path / "official", official_state_dict(OFFICIAL_MAMBA2_LAYER, vocab=304), **config)
+    sd = official_state_dict(OFFICIAL_MAMBA2_LAYER, vocab=304)
+    official = official_dir(tmp_path / "official", sd, **config)
     post, eval_out = str(tmp_path / "post"), tmp_path / "eval"
     (tmp_path / "long.txt").write_text(CORPUS_TEXT * 3)
     monkeypatch.setattr(tasks, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
