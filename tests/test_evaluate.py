@@ -68,7 +68,7 @@ def tokens(n, T, vocab=11, seed=0):
 
 
 # --- perplexity -------------------------------------------------------------------------------------
-def test_streamed_nll_equals_the_definition_and_averages_over_sequences():
+def test_position_nll_streamed_averaged_and_bucketed_as_defined():
     lm, x = ToyLM(), tokens(5, 21)
     want = ev.position_nll_naive(lm, x)
     for chunk_len, batch_size in [(1, 2), (3, 8), (7, 1), (64, 5)]:
@@ -80,9 +80,7 @@ def test_streamed_nll_equals_the_definition_and_averages_over_sequences():
     lm.forward = lambda idx, state=None, last_only=False: (torch.tensor([0.5, 0.25, 0.25]).log().expand(
         len(idx), idx.shape[1], 3), lm.zero_state(len(idx)))
     assert ev.position_nll(lm, torch.tensor([[0, 0], [0, 1]])).exp().item() == pytest.approx(2 ** 1.5)  # not 3
-
-
-def test_bucketize_by_hand():
+    # buckets of positions between log-spaced edges
     assert ev.log_edges(32, include=[10]) == [0, 1, 2, 3, 4, 6, 8, 10, 11, 16, 23, 32]
     b = ev.bucketize(torch.tensor([[1.0, 2.0, 3.0, 5.0], [3.0, 2.0, 1.0, 1.0]]), [0, 1, 4])
     # per sequence: bucket 0 (1, 3), bucket 1 (10/3, 4/3); means 2 and 7/3, standard errors 1 and 1

@@ -33,7 +33,7 @@ def test_random_has_the_asked_sigma_and_zero_conv_or_shift(arch):
         assert all(v.abs().sum() == 0 for k, v in layer.items() if k != "h"), "conv / token shift stay zero"
 
 
-def test_fitted_follows_the_ema_rule_on_known_states():
+def test_fitted_follows_the_ema_rule_and_samples_its_moments():
     lm = tiny_lm()
     s = interventions.make_strategy("fitted", lm, 2)
     pair = torch.tensor([-1.0, 1.0]).view(2, 1, 1)   # head j of layer i: rows i+j-1, i+j+1 (mean i+j, var 1)
@@ -43,11 +43,7 @@ def test_fitted_follows_the_ema_rule_on_known_states():
     for i in range(2):   # from mu = var = 0: first 0.9 (i + j) and 0.9, then 0.9 * 2j + 10% of those
         torch.testing.assert_close(s.mu[i], 0.9 * 2 * j + 0.1 * 0.9 * (i + j))
         torch.testing.assert_close(s.var[i], torch.full_like(j, 0.1 * 0.9))
-
-
-def test_fitted_samples_have_the_fitted_moments():
-    lm = tiny_lm()
-    s = interventions.make_strategy("fitted", lm, 256, seed=3)
+    s = interventions.make_strategy("fitted", lm, 256, seed=3)   # samples have the fitted moments
     s.observe(known_states(lm, 256, lambda i, j, shape: (j - 3.0) + (0.5 + j) * torch.randn(shape)))
     for i, layer in enumerate(s.initial_state({})):
         h = layer["h"].transpose(0, 1).flatten(1)
@@ -73,7 +69,7 @@ def test_sp_passes_the_previous_final_state_except_reset_rows():
     assert 0.06 < reset.float().mean().item() < 0.14
 
 
-def test_tbtt_row_starting_a_new_document_starts_from_zero():
+def test_tbtt_row_starting_a_new_document_starts_from_zero_the_others_continue():
     lm = tiny_lm("rwkv6")
     s = interventions.make_strategy("tbtt", lm, 3)
     s.observe([{k: torch.randn_like(v) + 5 for k, v in layer.items()} for layer in lm.zero_state(3)])
@@ -81,9 +77,6 @@ def test_tbtt_row_starting_a_new_document_starts_from_zero():
     for layer in init:
         for v in layer.values():
             assert v[1].abs().sum() == 0 and (v[[0, 2]] != 0).all()
-
-
-def test_tbtt_continues_each_rows_document_as_one_forward_would():
     # two documents read in chunks of 9 (tasks.DocumentStreams): with TBTT's carried state, the chunks' logits
     # equal those of each row's chunks run at once
     lm = tiny_lm("gla").eval()
@@ -101,3 +94,5 @@ def test_tbtt_continues_each_rows_document_as_one_forward_would():
         logits.append(out.detach())
     with torch.no_grad():
         torch.testing.assert_close(torch.cat(logits, 1), lm(torch.cat(xs, 1))[0], atol=1e-5, rtol=1e-5)
+
+

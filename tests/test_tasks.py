@@ -87,7 +87,7 @@ def test_tokenizer_json_encodes_exactly_as_the_tokenizers_library(tok_json, tmp_
         tasks.get_tokenizer(str(tmp_path / "other.json"))
 
 
-def test_directory_split_cache_and_skipped_files(tmp_path, monkeypatch, capsys):
+def test_directory_corpora_split_cache_and_skipped_files(tmp_path, monkeypatch, capsys):
     texts = write_docs(tmp_path / "corpus")
     (tmp_path / "corpus" / "blob.dat").write_bytes(b"\xff\xfe\x00binary")   # skipped: not UTF-8
     (tmp_path / "corpus" / ".hidden").write_text("never read")
@@ -107,6 +107,10 @@ def test_directory_split_cache_and_skipped_files(tmp_path, monkeypatch, capsys):
     vals = {tuple(tasks.load_data(str(tmp_path / "corpus"), seed=s, val_fraction=0.2, cache_dir=cache).val)
             for s in range(4)}
     assert len(vals) > 1                                              # the split depends on the seed
+    # "stdlib": the Python standard library's sources, read as a directory corpus
+    d = tasks.load_data("stdlib", cache_dir=str(tmp_path / "stdlib"))
+    assert len(d.train) > 1_000_000 and len(d.val) > 10_000 and d.info["docs_train"] > 10 * d.info["docs_val"]
+    assert d.tokenizer.decode(np.asarray(d.val[:100]).tolist()).startswith("<|endoftext|>")
 
 
 def test_single_file_bin_and_wide_vocabulary(tmp_path):
@@ -121,12 +125,6 @@ def test_single_file_bin_and_wide_vocabulary(tmp_path):
     ids.tofile(tmp_path / "train.bin")                                # nanoGPT's .bin: val is the tail
     d = tasks.load_data(str(tmp_path / "train.bin"), val_fraction=0.1)
     assert isinstance(d.train, np.memmap) and np.array_equal(d.train, ids[:900]) and np.array_equal(d.val, ids[900:])
-
-
-def test_stdlib_corpus(tmp_path):
-    d = tasks.load_data("stdlib", cache_dir=str(tmp_path))
-    assert len(d.train) > 1_000_000 and len(d.val) > 10_000 and d.info["docs_train"] > 10 * d.info["docs_val"]
-    assert d.tokenizer.decode(np.asarray(d.val[:100]).tolist()).startswith("<|endoftext|>")
 
 
 def test_failed_cache_builds_leave_nothing_behind(tmp_path, monkeypatch):
@@ -257,7 +255,7 @@ def check_sample(s, length, answer_text, enc):
     return enc.decode(tokens.tolist())
 
 
-def test_passkey_and_copy_structure(enc):
+def test_passkey_copy_and_babi_sample_structure(enc):
     n = lambda text: len(enc.encode_ordinary(text))   # noqa: E731
     for length, depth in [(200, 0.0), (1000, 0.25), (4097, 0.5), (4097, 1.0)]:
         s = tasks.passkey_sample(enc, length, depth, seed=length)
@@ -276,6 +274,17 @@ def test_passkey_and_copy_structure(enc):
         assert s.tokens[L + 1] == sep and s.tokens[-1] == eos and s.answer_mask.sum() == L + 1
         assert np.array_equal(s.tokens[1:L + 1], s.meta["target"]) and enc.decode(s.meta["target"]) == s.meta["answer"]
     assert set(tasks.copy_sample(enc, 3000, seed=0).meta["answer"]) == set(tasks.COPY_ALPHABET)
+    corpus = corpus_stream(enc)
+    for i, task in enumerate(BABI_TASKS):
+        for length, filler in [(400, None), (3000, corpus)]:
+            s = tasks.babi_sample(task, enc, length, seed=i, filler_tokens=filler)
+            text = check_sample(s, length, f" {s.meta['answer']}.", enc)
+            assert text.endswith(f"\nQuestion: {s.meta['question']}\nAnswer: {s.meta['answer']}.")
+            assert s.meta["fact_starts"] == sorted(s.meta["fact_starts"])
+            for e, start in zip(s.meta["events"], s.meta["fact_starts"]):
+                piece = enc.encode_ordinary(f" {e['text']}" if filler is None else f"{e['text']}\n")
+                assert s.tokens[start:start + len(piece)].tolist() == piece
+                assert filler is None or start == 1 or enc.decode([int(s.tokens[start - 1])]).endswith("\n")
 
 
 def test_generators_are_pure_functions_of_their_seed():
@@ -366,20 +375,6 @@ def test_babi_answers_follow_from_the_event_log(task):
     assert len(answers) >= 2 and (task not in ("qa6", "qa9") or answers == {"yes", "no"})
     assert task != "qa10" or answers == {"yes", "no", "maybe"}
     assert task != "qa5" or kinds == {"who_gave", "what_given", "given_to", "who_received"}
-
-
-def test_babi_sample_structure(enc):
-    corpus = corpus_stream(enc)
-    for i, task in enumerate(BABI_TASKS):
-        for length, filler in [(400, None), (3000, corpus)]:
-            s = tasks.babi_sample(task, enc, length, seed=i, filler_tokens=filler)
-            text = check_sample(s, length, f" {s.meta['answer']}.", enc)
-            assert text.endswith(f"\nQuestion: {s.meta['question']}\nAnswer: {s.meta['answer']}.")
-            assert s.meta["fact_starts"] == sorted(s.meta["fact_starts"])
-            for e, start in zip(s.meta["events"], s.meta["fact_starts"]):
-                piece = enc.encode_ordinary(f" {e['text']}" if filler is None else f"{e['text']}\n")
-                assert s.tokens[start:start + len(piece)].tolist() == piece
-                assert filler is None or start == 1 or enc.decode([int(s.tokens[start - 1])]).endswith("\n")
 
 
 def test_task_sampler_batches_left_padded_with_the_loss_on_the_answer():
