@@ -18,7 +18,6 @@ import train
 from conftest import ROOT, TRAIN, official_dir, tiny_lm
 
 
-
 @pytest.fixture(scope="module")
 def user(tmp_path_factory):
     """What a user has: finished runs (one as if saved by 2 processes), official-layout directories, a file."""
