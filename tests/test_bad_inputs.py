@@ -3,7 +3,6 @@ and the check that no file the user had changed. Plus: a divergent run's checkpo
 import argparse
 import fcntl
 import hashlib
-import json
 import os
 import pathlib
 import shutil
@@ -16,20 +15,17 @@ import torch
 import interventions
 import model
 import train
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BASE = ["--data", "markov:k=4,alpha=0.5,doc_len=200,docs=40", "--seq-len", "16", "--batch-size", "4", "--quiet",
-        "--eval-interval", "1000"]
+from conftest import ROOT, TRAIN, official_dir, tiny_lm
 
 
 @pytest.fixture(scope="module")
 def user(tmp_path_factory):
     """What a user has: finished runs (one as if saved by 2 processes), official-layout directories, a file."""
     d = tmp_path_factory.mktemp("user")
-    train.main(BASE + ["--init-state", "zero", "--steps", "2", "--out", str(d / "run")])
+    train.main(TRAIN + ["--init-state", "zero", "--steps", "2", "--out", str(d / "run")])
     ckpt = torch.load(shutil.copytree(d / "run", d / "two-ranks") / "ckpt.pt", weights_only=True)
     torch.save({**ckpt, "sampler": ckpt["sampler"] * 2, "strategy": ckpt["strategy"] * 2}, d / "two-ranks/ckpt.pt")
-    lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=257))
+    lm = tiny_lm()
     config = dict(d_model=64, n_layer=2, vocab_size=257, ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2"), rms_norm=True)
     head = lm.state_dict()["backbone.embedding.weight"] + 1
     damaged = {"no-d-model": ({"d_model": None}, {}), "unknown-key": ({"n_head": 4}, {}),
@@ -37,12 +33,9 @@ def user(tmp_path_factory):
                "int-weights": ({}, {"backbone.norm_f.weight": torch.ones(64, dtype=torch.int64)}),
                "nan-weights": ({}, {"backbone.norm_f.weight": torch.full((64,), float("nan"))}),
                "missing-weight": ({}, {"backbone.layers.1.mixer.D": None}), "good": ({}, {})}
-    for name, (cfg_edit, sd_edit) in damaged.items():
-        (d / name).mkdir()
-        cfg = {k: v for k, v in {**config, **cfg_edit}.items() if v is not None}
-        (d / name / "config.json").write_text(json.dumps(cfg))
-        sd = {k: v for k, v in {**lm.state_dict(), **sd_edit}.items() if v is not None}
-        torch.save(sd, d / name / "pytorch_model.bin")
+    for name, (cfg_edit, sd_edit) in damaged.items():   # None: the key removed
+        official_dir(d / name, {k: v for k, v in {**lm.state_dict(), **sd_edit}.items() if v is not None},
+                     **{k: v for k, v in {**config, **cfg_edit}.items() if v is not None})
     (d / "bad-json").mkdir()
     (d / "bad-json" / "config.json").write_text("{d_model: 64,")
     (d / "a-file").write_text("not a directory")
@@ -123,7 +116,7 @@ ROWS = [  # (flags of train.py, or a callable of the user dir; exit code; key wo
 def test_bad_input_is_one_line_and_changes_nothing(user, tmp_path, command, code, word):
     before = snapshot(user)
     got, message = outcome(lambda: command(user)) if callable(command) else \
-        train_main(BASE + ["--steps", "1", "--out", str(tmp_path / "new")] + [c.replace(U, str(user)) for c in command])
+        train_main(TRAIN + ["--steps", "1", "--out", str(tmp_path / "new")] + [c.replace(U, str(user)) for c in command])
     assert (got, word in message) == (code, True), message
     assert "\n" not in message and "weights_only=False" not in message
     assert snapshot(user) == before
@@ -140,15 +133,15 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_not(user, tmp_path):
     with open(out / "train.lock", "w") as held:  # another train.py holds the directory
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         print(12345, file=held, flush=True)
-        code, message = train_main(BASE + ["--steps", "1", "--out", str(out)])
+        code, message = train_main(TRAIN + ["--steps", "1", "--out", str(out)])
         assert code == 1 and "12345" in message and not (out / "ckpt.pt").exists()
-    assert train_main(BASE + ["--steps", "1", "--out", str(out)]) == (0, "")  # released: the lock file is no bar
+    assert train_main(TRAIN + ["--steps", "1", "--out", str(out)]) == (0, "")  # released: the lock file is no bar
 
 
 @pytest.mark.parametrize("flags", [["--lr", "1e3", "--warmup", "0.9"], ["--lr", "30", "--grad-clip", "1e30"]])
 def test_a_divergent_run_stops_and_its_checkpoint_is_finite_and_resumable(tmp_path, flags):
     out = str(tmp_path / "div")
-    code, message = train_main(BASE + ["--init-state", "zero", "--steps", "30", "--ckpt-interval", "1", "--out", out]
+    code, message = train_main(TRAIN + ["--init-state", "zero", "--steps", "30", "--ckpt-interval", "1", "--out", out]
                                + flags)
     assert code == 1 and "diverged" in message and "ckpt.pt" in message
     ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)

@@ -8,7 +8,7 @@ import bench
 import model
 
 
-def test_bench_scans_table(capsys, monkeypatch):
+def test_bench_scans_and_eval_time_agreeing_forms(capsys, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # (conftest's, for the scan tests): no Triton column
     args = argparse.Namespace(lengths=[37], repeats=1, bf16=False, scan_batch=1, paper_shapes=False)
     rows = bench.bench_scans(args, torch.device("cpu"))
@@ -16,14 +16,15 @@ def test_bench_scans_table(capsys, monkeypatch):
     assert all(r["naive_ms"] > 0 and r["chunked_ms"] > 0 and r["triton_ms"] is None for r in rows)
     assert all(r["diff"] < 1e-4 for r in rows)  # the chunked form agrees with the loop
     assert "speed-up" in capsys.readouterr().out
-
-
-def train_args(presets):
-    return argparse.Namespace(presets=presets, forms="auto", seq_len=32, batch_size=2, repeats=1)
+    r = bench.bench_eval(argparse.Namespace(repeats=1), torch.device("cpu"), lengths=(64, 32), T=24)
+    assert r["max_abs_diff"] < 1e-6 and all(s > 0 for s in r["effrem_s"])
+    assert [row["tokens"] for row in r["ppl"]] == [32, 64]  # shortest first: a flat peak means no growth
+    assert "one forward per cut" in capsys.readouterr().out
 
 
 def test_bench_train_row(capsys):
-    (r,) = bench.bench_train(train_args("mamba2:tiny"), torch.device("cpu"), vocab_size=257)
+    args = argparse.Namespace(presets="mamba2:tiny", forms="auto", seq_len=32, batch_size=2, repeats=1)
+    (r,) = bench.bench_train(args, torch.device("cpu"), vocab_size=257)
     lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=257))
     # the embedding and the head are tied: counted once, as parameters() does
     assert r["params"] == lm.num_params() == sum(p.numel() for p in lm.parameters())
@@ -40,8 +41,3 @@ def test_bench_train_bad_preset_is_one_line(preset, capsys):
     assert "tokens/s" not in capsys.readouterr().out  # checked before anything was timed
 
 
-def test_bench_eval_times_agreeing_forms(capsys):
-    r = bench.bench_eval(argparse.Namespace(repeats=1), torch.device("cpu"), lengths=(64, 32), T=24)
-    assert r["max_abs_diff"] < 1e-6 and all(s > 0 for s in r["effrem_s"])
-    assert [row["tokens"] for row in r["ppl"]] == [32, 64]  # shortest first: a flat peak means no growth
-    assert "one forward per cut" in capsys.readouterr().out

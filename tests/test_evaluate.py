@@ -2,7 +2,6 @@
 import json
 import math
 import types
-from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -10,8 +9,8 @@ import torch
 import torch.nn as nn
 
 import evaluate as ev
-import model
 import tasks
+from conftest import checkpoint, official_dir, tiny_lm
 
 MARKOV = "markov:k=4,alpha=0.3,doc_len=128,docs=4,val_docs=24"
 
@@ -69,24 +68,19 @@ def tokens(n, T, vocab=11, seed=0):
 
 
 # --- perplexity -------------------------------------------------------------------------------------
-
-def test_streamed_nll_equals_the_definition():
+def test_position_nll_streamed_averaged_and_bucketed_as_defined():
     lm, x = ToyLM(), tokens(5, 21)
     want = ev.position_nll_naive(lm, x)
     for chunk_len, batch_size in [(1, 2), (3, 8), (7, 1), (64, 5)]:
         torch.testing.assert_close(ev.sequence_nll(lm, x, chunk_len, batch_size), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ev.position_nll(lm, x, chunk_len=4), want.double().mean(0), atol=1e-5, rtol=1e-5)
-
-
-def test_mean_over_sequences_then_exp():
-    # p = (1/2, 1/4, 1/4) at every position: sequence [0, 0] costs ln 2, sequence [0, 1] ln 4
+    # perplexity is exp of the mean NLL over sequences. p = (1/2, 1/4, 1/4) at every position: sequence
+    # [0, 0] costs ln 2, sequence [0, 1] ln 4
     lm = CurveLM(vocab=3)
     lm.forward = lambda idx, state=None, last_only=False: (torch.tensor([0.5, 0.25, 0.25]).log().expand(
         len(idx), idx.shape[1], 3), lm.zero_state(len(idx)))
     assert ev.position_nll(lm, torch.tensor([[0, 0], [0, 1]])).exp().item() == pytest.approx(2 ** 1.5)  # not 3
-
-
-def test_bucketize_by_hand():
+    # buckets of positions between log-spaced edges
     assert ev.log_edges(32, include=[10]) == [0, 1, 2, 3, 4, 6, 8, 10, 11, 16, 23, 32]
     b = ev.bucketize(torch.tensor([[1.0, 2.0, 3.0, 5.0], [3.0, 2.0, 1.0, 1.0]]), [0, 1, 4])
     # per sequence: bucket 0 (1, 3), bucket 1 (10/3, 4/3); means 2 and 7/3, standard errors 1 and 1
@@ -95,13 +89,9 @@ def test_bucketize_by_hand():
 
 
 # --- Definition 3.2 -----------------------------------------------------------------------------------
-
-def test_naive_verdict_on_hand_made_curves():
+def test_verdict_on_hand_made_curves_and_a_matrix_is_paired():
     assert ev.length_generalization_naive([5.0, 4.0, 3.0, 3.0, 2.9, 2.95, 2.9, 2.8], t_train=4) == 8
     assert ev.length_generalization_naive([5.0, 4.0, 3.0, 2.9, 2.95, 3.5, 4.0], t_train=4) == 4
-
-
-def test_verdict_on_a_hand_made_matrix_is_paired():
     # 40 sequences whose levels differ a lot (offsets 0..2 nats), sharing one profile: falls within
     # t_train = 8, flat to 32, then rises by 0.1 nats. Unpaired error bars (~0.1) would hide the rise.
     lo, hi = [0, 2, 4, 8, 16, 32, 64], [2, 4, 8, 16, 32, 64, 128]
@@ -131,8 +121,7 @@ def test_verdict_is_stable_across_evaluation_seeds():
 
 
 # --- Effective Remembrance ----------------------------------------------------------------------------
-
-def test_distances_of_known_distributions():
+def test_distances_of_known_distributions_and_the_default_cuts():
     p, q = torch.tensor([0.9, 0.1]), torch.tensor([0.6, 0.4])
     one, other, half = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]), torch.tensor([0.5, 0.5])
     assert ev.DISTANCES["tv"](p, q).item() == pytest.approx(0.3)
@@ -141,6 +130,9 @@ def test_distances_of_known_distributions():
     assert ev.DISTANCES["cos"](one, other).item() == pytest.approx(1.0)
     assert ev.DISTANCES["cos"](half, one).item() == pytest.approx(1 - 1 / math.sqrt(2))
     assert all(d(p, p).item() == 0.0 for d in ev.DISTANCES.values())
+    c = ev.default_cuts(256, 32)   # the cuts Effective Remembrance is measured at by default
+    assert c[0] == 0 and c.max() == 255 and (c.diff() > 0).all() and 20 <= len(c) <= 32
+    assert {1, 2, 254}.issubset(set(c.tolist()))
 
 
 @pytest.mark.parametrize("distance", ["tv", "js", "cos"])
@@ -156,14 +148,7 @@ def test_effrem_in_one_pass_equals_one_forward_per_cut(distance):
     torch.testing.assert_close(without_zero, want[[3, 5]], atol=1e-6, rtol=1e-5)
 
 
-def test_default_cuts():
-    c = ev.default_cuts(256, 32)
-    assert c[0] == 0 and c.max() == 255 and (c.diff() > 0).all() and 20 <= len(c) <= 32
-    assert {1, 2, 254}.issubset(set(c.tolist()))
-
-
 # --- state statistics ---------------------------------------------------------------------------------
-
 def test_state_statistics_of_a_linearly_growing_state():
     # a = 1, one token everywhere: h_t = (t + 1) U in every row, so std and RMS grow as t + 1
     lm, x = ToyLM(a=(1.0, 1.0)), torch.full((3, 40), 4)
@@ -180,16 +165,6 @@ def test_state_statistics_of_a_linearly_growing_state():
 
 
 # --- command line -------------------------------------------------------------------------------------
-
-def checkpoint(path, init_seed=0, **train_config):
-    torch.manual_seed(init_seed)
-    lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=257))
-    path.mkdir()
-    torch.save({"model_config": asdict(lm.cfg), "model": lm.state_dict(), "train_config": train_config},
-               path / "ckpt.pt")
-    return str(path), lm
-
-
 def cli(capsys, *argv):
     try:
         rc = ev.main(list(argv))
@@ -197,14 +172,6 @@ def cli(capsys, *argv):
         rc = e.code
     out = capsys.readouterr()
     return rc, out.out, out.err
-
-
-def official_dir(path, lm):
-    path.mkdir()
-    (path / "config.json").write_text(json.dumps(dict(d_model=64, n_layer=2, vocab_size=257, ssm_cfg=dict(
-        layer="Mamba2", d_state=16, headdim=16, expand=2, chunk_size=64))))
-    torch.save(lm.state_dict(), path / "pytorch_model.bin")
-    return str(path)
 
 
 X = tokens(2, 10)
@@ -229,7 +196,8 @@ def test_bad_inputs_get_one_line_naming_the_problem(call, word, tmp_path, capsys
     ck, lm = checkpoint(tmp_path / "run", seq_len=16, data="stdlib", tokenizer="bytes", seed=0)
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
     paths = dict(CK=ck, NOPE=str(tmp_path / "nope.pt"), BAD=str(tmp_path / "bad.pt"),
-                 OFFICIAL=official_dir(tmp_path / "official", lm),
+                 OFFICIAL=official_dir(tmp_path / "official", lm.state_dict(), d_model=64, n_layer=2, vocab_size=257,
+                                       ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2")),
                  SYNTH=checkpoint(tmp_path / "synth", seq_len=16, data=MARKOV, tokenizer="bytes")[0])
     rc, _, err = cli(capsys, *[paths.get(a, a) for a in call], "--out", str(tmp_path / "eval"))
     assert rc == 2 and word in err and len(err.strip().splitlines()) == 1, (call, err)
@@ -262,23 +230,9 @@ def test_a_model_that_outputs_nan_is_reported_not_a_crash(tmp_path, monkeypatch,
     assert (tmp_path / "eval" / "ppl.png").exists()
 
 
-@pytest.mark.parametrize("arch", ["mamba2", "mamba1", "gla", "rwkv6"])
-def test_real_models_stream_and_reset_every_state_key(arch):
-    torch.manual_seed(0)
-    lm = model.LM(model.make_config(arch, "tiny", vocab_size=257))
-    x, cuts = tokens(3, 41, vocab=257), [0, 1, 9, 33, 39]
-    torch.testing.assert_close(ev.sequence_nll(lm, x, chunk_len=13), ev.position_nll_naive(lm, x), atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(ev.effective_remembrance(lm, x, 40, cuts, chunk_len=16),
-                               ev.effective_remembrance_naive(lm, x, 40, cuts).double(), atol=1e-5, rtol=1e-4)
-    st = ev.state_statistics(lm, x, [0, 7, 39], chunk_len=5)
-    assert len(st["std"]) == 2 and st["std"][0].shape[0] == 3 and (st["std"][0] > 0).all()
-
-
 # --- tasks: greedy decoding from the zero state, scoring, the CLI ------------------------------------
-
 def test_streamed_greedy_answer_equals_argmax_of_full_forwards():
-    torch.manual_seed(0)
-    lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=257)).eval()
+    lm = tiny_lm().eval()
     prompts, seq = tokens(3, 41, vocab=257, seed=1), tokens(3, 41, vocab=257, seed=1)
     with torch.no_grad():
         for _ in range(9):   # the definition: re-read everything, take the argmax of the last position

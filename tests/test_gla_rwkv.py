@@ -1,53 +1,44 @@
 """What is specific to gla.py / rwkv.py (test_scans.py checks that the three forms of every scan agree):
 the stable bisection of the shared chunked form in every decay regime, the layers' sizes and init, and
 RWKV-6's per-layer init schedule (BlinkDL's rwkv_v6_demo.py) with the parameters its optimizer sets apart."""
-import dataclasses
 import math
 
 import pytest
 import torch
 
 import model
-from gla import GLA, SwiGLU, gla_chunked, gla_naive
-from rwkv import RWKV6ChannelMix, RWKV6TimeMix, rwkv6_chunked, rwkv6_naive
-
-
-def inputs(decay, dtype, b=2, t=75, h=2, dk=8, dv=6, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    x = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
-    g = -decay * torch.rand(b, t, h, dk, generator=gen, dtype=torch.float64)
-    q, k, v, u, s0 = x(b, t, h, dk), x(b, t, h, dk), x(b, t, h, dv), x(h, dk), x(b, h, dk, dv)
-    return [y.to(dtype) for y in (q, k, v, g, u, s0)]
+from gla import GLA, SwiGLU
+from rwkv import RWKV6ChannelMix, RWKV6TimeMix
+from conftest import checkpoint, tiny_lm
+from test_scans import SCANS, call, close
 
 
 # Per-step log decay: leaves of a whole chunk (0.01), a few bisection levels (0.3, 2), down to
 # two-token leaves (10: a 32-token chunk decays by ~160 nats) and one-token leaves (40).
 @pytest.mark.parametrize("decay", [0.01, 0.3, 2.0, 10.0, 40.0])
-def test_chunked_bisection_is_exact_in_every_decay_regime(decay):
-    q, k, v, g, u, s0 = inputs(decay, torch.float64)
-    gla_ref, rwkv_ref = gla_naive(q, k, v, g, s0), rwkv6_naive(q, k, v, g, u, s0)
+@pytest.mark.parametrize("name", ["gla", "rwkv6"])
+def test_chunked_bisection_is_exact_in_every_decay_regime(name, decay):
+    inputs, kw = SCANS[name][3](torch.Generator().manual_seed(0), t=75)   # the log decay (g, w): U(-decay, 0)
+    inputs[3] = -decay * torch.rand(inputs[3].shape, generator=torch.Generator().manual_seed(1)).double()
+    ref = call(SCANS[name][0], inputs, kw)
     for chunk_size in (8, 32):
-        torch.testing.assert_close(gla_chunked(q, k, v, g, s0, chunk_size=chunk_size), gla_ref,
-                                   atol=1e-10, rtol=1e-10)
-        torch.testing.assert_close(rwkv6_chunked(q, k, v, g, u, s0, chunk_size=chunk_size), rwkv_ref,
-                                   atol=1e-10, rtol=1e-10)
+        close(call(SCANS[name][1], inputs, {**kw, "chunk_size": chunk_size}), ref, 1e-10)
 
 
-def test_chunked_float32_survives_decays_past_88_nats_per_chunk():
-    # g = -10 per step: a 64-token chunk decays by 640 nats; exp(-cumsum(g)) would be inf and give nan.
-    q, k, v, g, u, s0 = inputs(10.0, torch.float32, t=200)
-    g = torch.full_like(g, -10.0).requires_grad_()
-    q64, k64, v64, g64, u64, s64 = (x.double() for x in (q, k, v, g, u, s0))
-    for (o, s), (o_ref, s_ref) in [(gla_chunked(q, k, v, g, s0), gla_naive(q64, k64, v64, g64, s64)),
-                                   (rwkv6_chunked(q, k, v, g, u, s0, chunk_size=64),
-                                    rwkv6_naive(q64, k64, v64, g64, u64, s64))]:
-        torch.testing.assert_close(o, o_ref.float(), atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(s, s_ref.float(), atol=1e-4, rtol=1e-4)
-        (grad_g,) = torch.autograd.grad(o.sum() + s.sum(), g)
-        assert torch.isfinite(grad_g).all()
+@pytest.mark.parametrize("name", ["gla", "rwkv6"])
+def test_chunked_float32_survives_decays_past_88_nats_per_chunk(name):
+    # -10 nats per step: a 64-token chunk decays by 640; exp(-cumsum(g)) would be inf and give nan.
+    inputs, kw = SCANS[name][3](torch.Generator().manual_seed(0), t=200)
+    inputs[3] = torch.full_like(inputs[3], -10.0)
+    ref = call(SCANS[name][0], inputs, kw)
+    inputs = [v.float().requires_grad_() for v in inputs]
+    y, s = call(SCANS[name][1], inputs, {**kw, "chunk_size": 64})
+    close((y, s), ref, 1e-4)
+    (y.sum() + s.sum()).backward()
+    assert all(torch.isfinite(v.grad).all() for v in inputs)
 
 
-def test_gla_layer_and_mlp_are_sized_and_initialised_as_fla():
+def test_gla_layer_mlp_and_lm_are_sized_and_initialised_as_fla(tmp_path):
     layer = GLA(64, num_heads=4)
     assert (layer.head_k_dim, layer.head_v_dim, layer.norm_eps) == (8, 16, 1e-6)  # fla's GLAConfig.norm_eps
     assert [n for n, _ in layer.named_parameters() if n.endswith("bias")] == ["gk_proj.1.bias"]
@@ -56,6 +47,15 @@ def test_gla_layer_and_mlp_are_sized_and_initialised_as_fla():
     assert y.shape == (3, 10, 64) and state["h"].shape == (3, 4, 8, 16)
     assert SwiGLU(64).intermediate_size == 256 and SwiGLU(384).intermediate_size == 1024  # 8/3 d, 256s
     assert SwiGLU(64).zero_state(2, "cpu") == {}
+    # the LM unties its head as fla does (Mamba's ties it) and loads back
+    gla_lm = tiny_lm("gla")
+    assert gla_lm.lm_head.weight is not gla_lm.backbone.embedding.weight  # fla's GLAConfig: untied
+    assert {m.eps for m in gla_lm.modules() if isinstance(m, torch.nn.RMSNorm)} == {1e-6}
+    x = torch.randint(0, 257, (2, 9))
+    loaded = model.from_pretrained(checkpoint(tmp_path / "run", lm=gla_lm)[0])
+    torch.testing.assert_close(loaded(x)[0], gla_lm(x)[0], rtol=0, atol=0)
+    m = tiny_lm("mamba2")
+    assert m.lm_head.weight is m.backbone.embedding.weight and m.cfg.norm_eps == 1e-5
 
 
 def test_rwkv6_init_follows_the_official_per_layer_schedule():
@@ -77,29 +77,13 @@ def test_rwkv6_init_follows_the_official_per_layer_schedule():
     torch.testing.assert_close(RWKV6ChannelMix(d, layer_idx=L - 1, num_layers=L).mu_k.data, last.mu_x.data)
     assert first.norm_weight[0].item() == pytest.approx((1 / L) ** 0.7) and last.norm_weight[0] == 1.0
     assert first.norm_eps == 6.4e-4                                           # BlinkDL's ln_x
+    lm = tiny_lm("rwkv6", n_layer=3)   # the LM gives each layer its depth
+    assert [block.mixer.bonus[0, 0].item() for block in lm.backbone.layers] == pytest.approx([0.0, 0.5, 1.0])
+    ffn_mix = [block.mlp.mu_k[1].item() for block in lm.backbone.layers]
+    assert ffn_mix[0] > ffn_mix[1] > ffn_mix[2]
     # the official optimizer: no weight decay on mixes, decay, bonus, LoRAs; the decay at 2x lr
     exempt = {n for n, p in first.named_parameters() if getattr(p, "_no_weight_decay", False)}
     assert exempt == {"mu_x", "mu", "mix_lora_down", "mix_lora_up", "w0", "decay_lora_down",
                       "decay_lora_up", "bonus"}
     assert first.w0._lr_scale == 2.0 and not hasattr(first.bonus, "_lr_scale")
     assert RWKV6ChannelMix(d).mu_r._no_weight_decay
-
-
-def test_the_lm_gives_each_rwkv6_layer_its_depth():
-    lm = model.LM(model.make_config("rwkv6", "tiny", vocab_size=50, n_layer=3))
-    bonus = [block.mixer.bonus[0, 0].item() for block in lm.backbone.layers]
-    assert bonus == pytest.approx([0.0, 0.5, 1.0])
-    ffn_mix = [block.mlp.mu_k[1].item() for block in lm.backbone.layers]
-    assert ffn_mix[0] > ffn_mix[1] > ffn_mix[2]
-
-
-def test_gla_lm_unties_its_head_as_fla_and_mamba_ties(tmp_path):
-    gla_lm = model.LM(model.make_config("gla", "tiny"))
-    assert gla_lm.lm_head.weight is not gla_lm.backbone.embedding.weight  # fla's GLAConfig: untied
-    assert {m.eps for m in gla_lm.modules() if isinstance(m, torch.nn.RMSNorm)} == {1e-6}
-    ckpt = {"model_config": dataclasses.asdict(gla_lm.cfg), "model": gla_lm.state_dict()}
-    torch.save(ckpt, tmp_path / "ckpt.pt")
-    x = torch.randint(0, 257, (2, 9))
-    torch.testing.assert_close(model.from_pretrained(str(tmp_path))(x)[0], gla_lm(x)[0], rtol=0, atol=0)
-    m = model.LM(model.make_config("mamba2", "tiny"))
-    assert m.lm_head.weight is m.backbone.embedding.weight and m.cfg.norm_eps == 1e-5

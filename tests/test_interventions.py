@@ -4,13 +4,8 @@ import pytest
 import torch
 
 import interventions
-import model
 import tasks
-
-
-def tiny_lm(arch="mamba2", seed=0):
-    torch.manual_seed(seed)
-    return model.LM(model.make_config(arch, "tiny", vocab_size=20))
+from conftest import tiny_lm
 
 
 def known_states(lm, batch, value_fn):
@@ -38,27 +33,17 @@ def test_random_has_the_asked_sigma_and_zero_conv_or_shift(arch):
         assert all(v.abs().sum() == 0 for k, v in layer.items() if k != "h"), "conv / token shift stay zero"
 
 
-def test_fitted_follows_the_ema_rule_on_known_states():
+def test_fitted_follows_the_ema_rule_and_samples_its_moments():
     lm = tiny_lm()
     s = interventions.make_strategy("fitted", lm, 2)
-
-    def obs1(i, j, shape):  # head j of layer i holds {j+i-1, j+i+1}: mean j+i, variance 1
-        v = torch.full(shape, float(j + i))
-        v[0] -= 1
-        v[1] += 1
-        return v
-    s.observe(known_states(lm, 2, obs1))
+    pair = torch.tensor([-1.0, 1.0]).view(2, 1, 1)   # head j of layer i: rows i+j-1, i+j+1 (mean i+j, var 1)
+    s.observe(known_states(lm, 2, lambda i, j, shape: (i + j + pair).expand(shape)))
     s.observe(known_states(lm, 2, lambda i, j, shape: torch.full(shape, 2.0 * j)))  # mean 2j, variance 0
-    for i in range(2):
-        for j in range(lm.zero_state(1)[0]["h"].shape[1]):
-            mu1, var1 = 0.9 * (j + i), 0.9 * 1.0  # from mu = var = 0
-            assert abs(s.mu[i][j].item() - (0.9 * 2 * j + 0.1 * mu1)) < 1e-5
-            assert abs(s.var[i][j].item() - 0.1 * var1) < 1e-5
-
-
-def test_fitted_samples_have_the_fitted_moments():
-    lm = tiny_lm()
-    s = interventions.make_strategy("fitted", lm, 256, seed=3)
+    j = torch.arange(len(s.mu[0]), dtype=s.mu[0].dtype)
+    for i in range(2):   # from mu = var = 0: first 0.9 (i + j) and 0.9, then 0.9 * 2j + 10% of those
+        torch.testing.assert_close(s.mu[i], 0.9 * 2 * j + 0.1 * 0.9 * (i + j))
+        torch.testing.assert_close(s.var[i], torch.full_like(j, 0.1 * 0.9))
+    s = interventions.make_strategy("fitted", lm, 256, seed=3)   # samples have the fitted moments
     s.observe(known_states(lm, 256, lambda i, j, shape: (j - 3.0) + (0.5 + j) * torch.randn(shape)))
     for i, layer in enumerate(s.initial_state({})):
         h = layer["h"].transpose(0, 1).flatten(1)
@@ -84,7 +69,7 @@ def test_sp_passes_the_previous_final_state_except_reset_rows():
     assert 0.06 < reset.float().mean().item() < 0.14
 
 
-def test_tbtt_row_starting_a_new_document_starts_from_zero():
+def test_tbtt_row_starting_a_new_document_starts_from_zero_the_others_continue():
     lm = tiny_lm("rwkv6")
     s = interventions.make_strategy("tbtt", lm, 3)
     s.observe([{k: torch.randn_like(v) + 5 for k, v in layer.items()} for layer in lm.zero_state(3)])
@@ -92,9 +77,6 @@ def test_tbtt_row_starting_a_new_document_starts_from_zero():
     for layer in init:
         for v in layer.values():
             assert v[1].abs().sum() == 0 and (v[[0, 2]] != 0).all()
-
-
-def test_tbtt_continues_each_rows_document_as_one_forward_would():
     # two documents read in chunks of 9 (tasks.DocumentStreams): with TBTT's carried state, the chunks' logits
     # equal those of each row's chunks run at once
     lm = tiny_lm("gla").eval()
@@ -112,3 +94,5 @@ def test_tbtt_continues_each_rows_document_as_one_forward_would():
         logits.append(out.detach())
     with torch.no_grad():
         torch.testing.assert_close(torch.cat(logits, 1), lm(torch.cat(xs, 1))[0], atol=1e-5, rtol=1e-5)
+
+

@@ -1,32 +1,28 @@
 """The one LM: state plumbing (split and step equivalence) for every architecture, and loading."""
-import json
-
 import pytest
 import torch
 
 import model
+from conftest import official_dir, tiny_lm
 
 ARCHS = ["mamba1", "mamba2", "gla", "rwkv6"]
 
 
-def tiny_lm(arch, seed=0, **overrides):
-    torch.manual_seed(seed)
-    return model.LM(model.make_config(arch, "tiny", vocab_size=50, **overrides)).eval()
-
-
 @pytest.mark.parametrize("arch", ARCHS)
-def test_split_equivalence(arch):
-    # lm(idx) == lm(idx[:, :a]) then lm(idx[:, a:], state): the whole recurrent state is carried,
-    # including conv windows and token shifts (a=2 is shorter than Mamba's conv window).
-    lm = tiny_lm(arch)
+def test_split_and_step_equivalence(arch):
+    # lm(idx) == lm(idx[:, :a]) then lm(idx[:, a:], state), cut in two (a = 2 is shorter than Mamba's conv
+    # window) or token by token: the whole recurrent state is carried, conv windows and token shifts too.
+    lm = tiny_lm(arch, vocab_size=50)
     idx = torch.randint(0, 50, (2, 75))
     with torch.no_grad():
         full, s_full = lm(idx)
-        for a in (2, 33):
-            l1, s1 = lm(idx[:, :a])
-            l2, s2 = lm(idx[:, a:], state=s1)
-            torch.testing.assert_close(torch.cat([l1, l2], 1), full, atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(s2, s_full, atol=1e-4, rtol=1e-4)  # list of per-layer dicts
+        for cuts in ([0, 2, 75], [0, 33, 75], [*range(20), 75]):
+            state, outs = None, []
+            for a, b in zip(cuts, cuts[1:]):
+                logits, state = lm(idx[:, a:b], state=state)
+                outs.append(logits)
+            torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(state, s_full, atol=1e-4, rtol=1e-4)  # list of per-layer dicts
         # last_only=True (decoding, Effective Remembrance): the last position's logits, the same state
         last, s_last = lm(idx, last_only=True)
     assert last.shape == (2, 1, 50)
@@ -35,24 +31,9 @@ def test_split_equivalence(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_step_equivalence(arch):
-    # token-by-token recurrence == the parallel forward
-    lm = tiny_lm(arch, seed=1)
-    idx = torch.randint(0, 50, (2, 19))
-    with torch.no_grad():
-        full, s_full = lm(idx)
-        state, outs = None, []
-        for t in range(idx.shape[1]):
-            logits, state = lm(idx[:, t:t + 1], state=state)
-            outs.append(logits)
-    torch.testing.assert_close(torch.cat(outs, 1), full, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(state, s_full, atol=1e-4, rtol=1e-4)
-
-
-@pytest.mark.parametrize("arch", ARCHS)
 def test_gradient_reaches_the_initial_state_even_after_an_inference_mode_call(arch):
     # evaluation runs under torch.inference_mode: nothing it caches may break a later backward
-    lm = tiny_lm(arch, seed=3)
+    lm = tiny_lm(arch, vocab_size=50, seed=3)
     idx = torch.randint(0, 50, (2, 10))
     with torch.inference_mode():
         lm(idx)
@@ -64,13 +45,12 @@ def test_gradient_reaches_the_initial_state_even_after_an_inference_mode_call(ar
 
 
 def test_zero_state_shape():
-    lm = tiny_lm("mamba2")
+    lm = tiny_lm("mamba2", vocab_size=50)
     assert lm.zero_state(3)[0]["h"].shape == (3, 8, 16, 16)  # [b, heads = 2*64/16, headdim, d_state]
     assert f"params={lm.num_params():,}" in repr(lm)
 
 
 # --- official state-spaces/mamba checkpoints --------------------------------------------------------
-
 # key -> shape in mamba_ssm's layout. Mamba-2: d_model=64, expand=2, headdim=16 (8 heads), d_state=16, d_conv=4
 OFFICIAL_MAMBA2_LAYER = {
     "norm.weight": [64], "mixer.in_proj.weight": [2 * 128 + 2 * 16 + 8, 64],  # [z, x, B, C, dt]
@@ -80,6 +60,10 @@ OFFICIAL_MAMBA1_LAYER = {  # d_model=64, expand=2, d_state=16, dt_rank=ceil(64/1
     "norm.weight": [64], "mixer.in_proj.weight": [256, 64], "mixer.conv1d.weight": [128, 1, 4],
     "mixer.conv1d.bias": [128], "mixer.x_proj.weight": [4 + 32, 128], "mixer.dt_proj.weight": [128, 4],
     "mixer.dt_proj.bias": [128], "mixer.A_log": [128, 16], "mixer.D": [128], "mixer.out_proj.weight": [64, 128]}
+
+
+OFFICIAL_CONFIG = dict(d_model=64, n_layer=2, vocab_size=50, rms_norm=True, residual_in_fp32=True,
+                       fused_add_norm=True, pad_vocab_size_multiple=8, tie_embeddings=True)
 
 
 def official_state_dict(layer_shapes, n_layer=2, vocab=56, d=64, seed=0):
@@ -98,12 +82,8 @@ def official_state_dict(layer_shapes, n_layer=2, vocab=56, d=64, seed=0):
     ("mamba1", OFFICIAL_MAMBA1_LAYER, {"d_state": 16}),
 ])
 def test_official_mamba_directory_loads_and_runs(tmp_path, arch, layer_shapes, ssm_cfg):
-    sd = {k: v.clone() for k, v in official_state_dict(layer_shapes).items()}
-    torch.save(sd, tmp_path / "pytorch_model.bin")
-    (tmp_path / "config.json").write_text(json.dumps(dict(
-        d_model=64, n_layer=2, vocab_size=50, ssm_cfg=ssm_cfg, rms_norm=True, residual_in_fp32=True,
-        fused_add_norm=True, pad_vocab_size_multiple=8, tie_embeddings=True)))
-    lm = model.from_pretrained(str(tmp_path))
+    sd = {k: v.clone() for k, v in official_state_dict(layer_shapes).items()}   # the head stored, untied
+    lm = model.from_pretrained(official_dir(tmp_path / "official", sd, **OFFICIAL_CONFIG, ssm_cfg=ssm_cfg))
     assert lm.cfg.arch == arch
     torch.testing.assert_close(lm.state_dict()["backbone.layers.1.mixer.in_proj.weight"],
                                sd["backbone.layers.1.mixer.in_proj.weight"])

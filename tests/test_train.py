@@ -5,42 +5,35 @@ import subprocess
 import sys
 import types
 
+import numpy as np
 import pytest
 import torch
 
+import evaluate
 import interventions
 import model
+import tasks
 import train
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = "markov:k=4,alpha=0.5,doc_len=200,docs=40"
-BASE = ["--data", DATA, "--seq-len", "16", "--batch-size", "4", "--eval-interval", "1000", "--quiet"]
-
-
-def losses(out):
-    """step -> loss of metrics.jsonl, which must hold each step once, in order."""
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
-    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
-    return {r["step"]: r["loss"] for r in rows}
+from conftest import CORPUS_TEXT, ROOT, TRAIN, logged, official_dir, tiny_lm
+from test_model import OFFICIAL_CONFIG, OFFICIAL_MAMBA2_LAYER, official_state_dict
 
 
 @pytest.mark.parametrize("flags", [["--init-state", "sp", "--grad-accum", "2"], ["--init-state", "fitted"],
                                    ["--init-state", "tbtt"], ["--init-state", "zero", "--streams"]])
 def test_resume_after_interrupt_reproduces_the_loss_trajectory(tmp_path, flags):
-    common = BASE + flags + ["--steps", "8", "--ckpt-interval", "3"]
+    common = TRAIN + flags + ["--steps", "8", "--ckpt-interval", "3"]
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     train.main(common + ["--out", a])
     train.main(common + ["--out", b, "--stop-at", "4"])  # "killed" after step 4; last checkpoint at step 3
     assert torch.load(os.path.join(b, "ckpt.pt"), weights_only=True)["step"] == 3
     train.main(["--out", b, "--resume", "--quiet"])       # the configuration comes from the checkpoint
-    assert losses(a) == losses(b) and len(losses(a)) == 8  # step 4's row is dropped, then redone
+    assert logged(a) == logged(b) and len(logged(a)) == 8  # step 4's row is dropped, then redone
 
 
 def test_two_process_gloo_ddp_resumes_exactly(tmp_path):
     def torchrun(*flags):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-               os.path.join(ROOT, "train.py"), *BASE, "--steps", "4", "--ckpt-interval", "2", "--device", "cpu", *flags]
+               os.path.join(ROOT, "train.py"), *TRAIN, "--steps", "4", "--ckpt-interval", "2", "--device", "cpu", *flags]
         r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
@@ -49,14 +42,14 @@ def test_two_process_gloo_ddp_resumes_exactly(tmp_path):
     torchrun("--out", b, "--resume")
     ckpt = torch.load(os.path.join(b, "ckpt.pt"), weights_only=True)
     assert ckpt["step"] == 4 and len(ckpt["sampler"]) == len(ckpt["strategy"]) == 2
-    assert losses(a) == losses(b)
+    assert logged(a) == logged(b)
 
 
 def test_post_training_inherits_data_seq_len_and_a_tenth_of_the_peak_lr(tmp_path):
     # a base trained at --lr 1e-3 (not the tiny preset's 3e-3): post-training defaults to 1e-4, its data and
     # T_train; a second post-training still to 1e-4 (peak_lr is inherited); each checkpoint loads back
     base, post, post2 = (str(tmp_path / n) for n in ("base", "post", "post2"))
-    lm = train.main(BASE + ["--arch", "rwkv6", "--init-state", "zero", "--steps", "1", "--lr", "1e-3", "--out", base])
+    lm = train.main(TRAIN + ["--arch", "rwkv6", "--init-state", "zero", "--steps", "1", "--lr", "1e-3", "--out", base])
     x = torch.randint(0, 5, (1, 6))
     with torch.no_grad():
         torch.testing.assert_close(lm.eval()(x)[0], model.from_pretrained(base).eval()(x)[0])
@@ -64,26 +57,32 @@ def test_post_training_inherits_data_seq_len_and_a_tenth_of_the_peak_lr(tmp_path
         train.main(["--quiet", "--steps", "1", "--batch-size", "4", "--init-from", parent, "--out", out])
         a = json.load(open(os.path.join(out, "args.json")))
         assert a["lr"] == pytest.approx(1e-4) and a["peak_lr"] == pytest.approx(1e-3)
-        assert a["seq_len"] == 16 and a["data"] == DATA and a["arch"] == "rwkv6"
+        assert a["seq_len"] == 16 and a["data"] == TRAIN[1] and a["arch"] == "rwkv6"
 
 
-def test_post_training_an_official_checkpoint_with_a_tenth_of_the_papers_lr(tmp_path):
-    # an official-layout directory of the tiny preset's dimensions: a tenth of that preset's peak lr
-    lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=257))
-    (tmp_path / "official").mkdir()
-    torch.save(lm.state_dict(), tmp_path / "official" / "pytorch_model.bin")
-    (tmp_path / "official" / "config.json").write_text(json.dumps(dict(
-        d_model=64, n_layer=2, vocab_size=257, ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2"))))
-    out = str(tmp_path / "post")
-    train.main(BASE + ["--init-from", str(tmp_path / "official"), "--init-state", "sp", "--steps", "2", "--out", out])
-    assert json.load(open(os.path.join(out, "args.json")))["lr"] == pytest.approx(train.PEAK_LR["tiny"] / 10)
-    assert model.from_pretrained(out).cfg == lm.cfg
+def test_post_training_an_official_checkpoint_on_a_tokenizer_json_corpus(tok_json, tmp_path, monkeypatch):
+    # an official directory of the tiny preset's dimensions, its vocabulary padded (300 -> 304), post-trained
+    # on a corpus read with a Hugging Face tokenizer.json: a tenth of that preset's peak lr; both evaluate
+    config = dict(OFFICIAL_CONFIG, vocab_size=300, ssm_cfg={"layer": "Mamba2", "d_state": 16, "headdim": 16})
+    sd = official_state_dict(OFFICIAL_MAMBA2_LAYER, vocab=304)
+    official = official_dir(tmp_path / "official", sd, **config)
+    post, eval_out = str(tmp_path / "post"), tmp_path / "eval"
+    (tmp_path / "long.txt").write_text(CORPUS_TEXT * 3)
+    monkeypatch.setattr(tasks, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
+    data = ["--data", str(tmp_path / "long.txt"), "--tokenizer", tok_json]
+    train.main(TRAIN + data + ["--init-from", official, "--init-state", "sp", "--steps", "2", "--out", post])
+    assert json.load(open(os.path.join(post, "args.json")))["lr"] == pytest.approx(train.PEAK_LR["tiny"] / 10)
+    assert model.from_pretrained(post).cfg == model.from_pretrained(official).cfg
+    for path in (official, post):
+        argv = [path, "--t-train", "16", "--eval-len", "64", "--n-seqs", "2", "--metrics", "ppl"]
+        assert evaluate.main(argv + data + ["--out", str(eval_out)]) == 0
+        report = json.load(open(eval_out / "eval.json"))
+        assert report["args"]["tokenizer"] == tok_json and np.isfinite(report["models"][0]["ppl"]["nll"]).all()
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "rwkv6"])
 def test_two_micro_batches_give_the_gradient_of_one_batch_twice_as_large(arch):
-    torch.manual_seed(0)
-    lm = model.LM(model.make_config(arch, "tiny", vocab_size=11))
+    lm = tiny_lm(arch, vocab_size=11)
     x, y = torch.randint(0, 11, (8, 13)), torch.randint(0, 11, (8, 13))
     grads = {}
     for n_micro, batches in ((1, [(x, y)]), (2, [(x[:4], y[:4]), (x[4:], y[4:])])):
@@ -99,7 +98,7 @@ def test_two_micro_batches_give_the_gradient_of_one_batch_twice_as_large(arch):
 
 
 def test_optimizer_groups_honour_no_weight_decay_and_lr_scale_and_the_schedule():
-    lm = model.LM(model.make_config("rwkv6", "tiny", vocab_size=11))
+    lm = tiny_lm("rwkv6", vocab_size=11)
     opt = train.make_optimizer(lm, 1e-3, 0.01, torch.device("cpu"))
     group_of = lambda p: next(g for g in opt.param_groups if any(q is p for q in g["params"]))
     decay = group_of(lm.backbone.layers[0].mixer.w0)  # RWKV-6's decay: twice the lr, no weight decay
