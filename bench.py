@@ -1,5 +1,4 @@
-"""
-Timings as tables: the scans' three forms (on the CPU Triton only under TRITON_INTERPRET=1, a correctness
+"""Timings as tables: the scans' three forms (on the CPU Triton only under TRITON_INTERPRET=1, a correctness
 tool far slower than the loop), streaming evaluation, training steps of the paper's presets.
 
     python bench.py                    # scans at T = 1k, 4k, 16k
