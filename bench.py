@@ -1,5 +1,4 @@
-"""
-Timings as tables: the scans' three forms (on the CPU Triton only under TRITON_INTERPRET=1, a correctness
+"""Timings as tables: the scans' three forms (on the CPU Triton only under TRITON_INTERPRET=1, a correctness
 tool far slower than the loop), streaming evaluation, training steps of the paper's presets.
 
     python bench.py                    # scans at T = 1k, 4k, 16k
@@ -33,15 +32,20 @@ def print_row(*cells):  # the first cell left-aligned, the others right-aligned;
     print(f"{text[0]:<20}" + "".join(f"{c:>12}" for c in text[1:]), flush=True)
 
 
-def times(fn, repeats, device):  # seconds of `repeats` calls after a warm-up (allocation, compilation)
-    sync, out = torch.cuda.synchronize if device.type == "cuda" else (lambda: None), []
+def times(fn, repeats, device):
+    """Sorted seconds of `repeats` calls after a warm-up (allocation, compilation), and the peak memory in
+    bytes: on CUDA allocated by torch, on the CPU the process's resident peak (Linux's ru_maxrss: kB)."""
+    cuda = device.type == "cuda"
+    sync, out = torch.cuda.synchronize if cuda else (lambda: None), []
+    torch.cuda.reset_peak_memory_stats() if cuda else None
     for _ in range(repeats + 1):
         sync()
         t = time.perf_counter()
         fn()
         sync()
         out.append(time.perf_counter() - t)
-    return out[1:]
+    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return sorted(out[1:]), peak * (1 if cuda else 1024)
 
 
 def scan_inputs(name, T, b=1, seed=0, paper=False):
@@ -73,7 +77,7 @@ def bench_scans(args, device):
             ms, ys = [None] * 3, []
             for i, f in enumerate(forms[:forms_timed]):
                 run = torch.no_grad()(lambda: ys.append(f(*inputs, initial_state=h0)[0].float()))
-                ms[i] = 1e3 * min(times(run, args.repeats, device))
+                ms[i] = 1e3 * times(run, args.repeats, device)[0][0]
             diff = max(float((y - ys[0]).abs().max() / ys[0].abs().max()) for y in ys[1:])
             rows.append(dict(scan=name, T=T, naive_ms=ms[0], chunked_ms=ms[1], triton_ms=ms[2], diff=diff))
             print_row(name, T, ms[0], ms[1], f"{ms[0] / ms[1]:.0f}x", ms[2], f"{diff:.1e}")
@@ -82,22 +86,19 @@ def bench_scans(args, device):
 
 def bench_eval(args, device, lengths=(8192, 131072), T=1024):
     """position_nll per length, shortest first (flat peak memory: no growth); EffRem vs its definition."""
-    lm, cuda = model.LM(model.make_config("mamba2", "tiny", vocab_size=257)).to(device), device.type == "cuda"
+    lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=257)).to(device)
     x, rows = torch.randint(0, 257, (2, max(lengths) + 1), device=device), []
     print_row("position_nll tokens", "peak MB", "seconds", "tokens/s")
     for L in sorted(lengths):
-        torch.cuda.reset_peak_memory_stats() if cuda else None
-        s = min(times(lambda: evaluate.position_nll(lm, x[:, :L + 1], chunk_len=1024), args.repeats, device))
-        peak = (torch.cuda.max_memory_allocated() if cuda else  # Linux's ru_maxrss: kB
-                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2 ** 20
-        rows.append(dict(tokens=L, peak_mb=peak, seconds=s))
-        print_row(L, peak, s, 2 * L / s)
+        (s, *_), peak = times(lambda: evaluate.position_nll(lm, x[:, :L + 1], 1024), args.repeats, device)
+        rows.append(dict(tokens=L, peak_mb=peak / 2 ** 20, seconds=s))
+        print_row(L, peak / 2 ** 20, s, 2 * L / s)
     xe = x[:, :T].repeat(4, 1)  # 8 sequences
     cuts, out = evaluate.default_cuts(T, 32), []
     forms = {"one pass": lambda: out.append(evaluate.effective_remembrance(lm, xe, T, cuts)),
              "one forward per cut": lambda: out.append(evaluate.effective_remembrance_naive(lm, xe, T, cuts))}
     print_row(f"EffRem_{T}, 8 seqs", "seconds")
-    secs = [min(times(f, args.repeats, device)) for f in forms.values()]
+    secs = [times(f, args.repeats, device)[0][0] for f in forms.values()]
     for name, s in zip(forms, secs):
         print_row(name, s)
     diff = float((out[0] - out[-1].double()).abs().max())
@@ -115,7 +116,6 @@ def bench_train(args, device, vocab_size=50280):
     print_row(f"preset (T {args.seq_len})", "form", "params", "best s", "median s", "tokens/s", "peak GB")
     rows, cuda = [], device.type == "cuda"
     for name, form in [(p, f) for p in names for f in args.forms.split(",")]:
-        torch.cuda.reset_peak_memory_stats() if cuda else None
         lm = model.LM(cfgs[name]).to(device)
         model.set_scan_impl(lm, form)
         optimizer = train.make_optimizer(lm, lr=1e-4, weight_decay=0.01, device=device)  # lr: no cost
@@ -129,10 +129,10 @@ def bench_train(args, device, vocab_size=50280):
             train.accumulate_gradients(lm, sampler, strategy, 1, device, autocast)
             torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
             optimizer.step()
-        secs = sorted(times(step, args.repeats, device))
+        secs, peak = times(step, args.repeats, device)
         rows.append(dict(preset=name, form=form, params=lm.num_params(), best_s=secs[0],
                          median_s=secs[len(secs) // 2], tokens_per_s=args.batch_size * args.seq_len / secs[0],
-                         peak_gb=torch.cuda.max_memory_allocated(device) / 1e9 if cuda else None))
+                         peak_gb=peak / 1e9 if cuda else None))
         print_row(*rows[-1].values())
     return rows
 
@@ -154,9 +154,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if min([args.repeats, args.scan_batch, args.seq_len, args.batch_size] + args.lengths) < 1:
         raise SystemExit("error: every number (--repeats, --lengths, --seq-len, ...) must be positive")
-    device = torch.device(args.device.replace("auto", "cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but no CUDA device is available: use --device cpu")
+    device = torch.device(args.device.replace("auto", "cuda" if torch.cuda.is_available() else "cpu"))
     print(f"device: {device}" + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads"))
     for what, bench in [("scans", bench_scans), ("eval", bench_eval), ("train", bench_train)]:
         if args.what == what or args.what == "all" and what != "train":

@@ -17,14 +17,12 @@ import matplotlib
 import numpy as np
 import torch
 import torch.nn.functional as F
+from matplotlib.figure import Figure  # no pyplot: figures written to files, no backend to choose
 from tqdm import tqdm
 
 import model
 import tasks
 from tasks import check
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the file-only backend)
 
 MIN_SEQS = 16  # below this many sequences the verdict's bootstrap means nothing: warn
 
@@ -329,8 +327,9 @@ def _curves(m):
     return out
 
 
-def print_report(report):
-    """Per model the verdict, then every curve at 8 columns, the models together."""
+def show(report, out):
+    """Per model the verdict; each curve printed (8 columns, the models together) and drawn in its PANELS
+    PNG; each model's passkey grid (Fig. 7). Writes the PNGs and prints every file written."""
     for m in report["models"]:
         print(f"[{m['label']}] {m['arch']}, {m['params']:,} params, t_train {m['t_train']}")
         v = m.get("verdict")
@@ -339,43 +338,37 @@ def print_report(report):
                   f"{v['generalizes_to']}{'+' * v['censored']} ({v['ratio']:.1f}x t_train)")
         if v and "warning" in v:
             print(f"warning: {m['label']}: {v['warning']}", file=sys.stderr)
-    curves = [_curves(m) for m in report["models"]]
-    for name, (_, title, xlabel, ylabel, _) in PANELS.items():
-        rows = [curve for c in curves for curve in c.get(name, [])]
-        print(f"\n{title}: {ylabel}" if rows else "", end="")
-        for i, (x, y, _, legend, _) in enumerate(rows):
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    panels = {name: [(colors[i % len(colors)], *c) for i, m in enumerate(report["models"])
+                     for c in _curves(m).get(name, [])] for name in PANELS}
+    panels = {name: rows for name, rows in panels.items() if rows}
+    for name, rows in panels.items():
+        _, title, xlabel, ylabel, _ = PANELS[name]
+        print(f"\n{title}: {ylabel}", end="")
+        for i, (_, x, y, _, legend, _) in enumerate(rows):
             cols = sorted({round(k * (len(x) - 1) / 7) for k in range(8)})  # log-spaced where x is
-            if i == 0 or list(x) != list(rows[i - 1][0]):
+            if i == 0 or list(x) != list(rows[i - 1][1]):
                 print(f"\n  {xlabel.split(' (')[0]:<26}" + "".join(f"{round(x[j]):>11}" for j in cols))
             cells = ["n/a" if y[j] is None else f"{y[j]:.4g}" for j in cols]
             print(f"  {legend:<26}" + "".join(f"{v:>11}" for v in cells))
-    print("\nwrote " + ", ".join(report["files"]))
-
-
-def plot_report(report, out):
-    """Each PNG of PANELS the models have curves for, each model's passkey grid (Fig. 7); -> their paths."""
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    runs, figs = [(colors[i % len(colors)], m, _curves(m)) for i, m in enumerate(report["models"])], {}
-    for file in dict.fromkeys(p[0] for p in PANELS.values() if p[0]):
-        names = [n for n, p in PANELS.items() if p[0] == file and any(n in curves for *_, curves in runs)]
-        if not names:
-            continue
-        figs[file], axes = plt.subplots(1, len(names), figsize=(1 + 6 * len(names), 4.5), squeeze=False)
-        for ax, name in zip(axes[0], names):
+    figs = {}
+    for file in dict.fromkeys(PANELS[name][0] for name in panels if PANELS[name][0]):
+        names = [name for name in panels if PANELS[name][0] == file]
+        figs[file] = Figure(figsize=(1 + 6 * len(names), 4.5), layout="tight")
+        for ax, name in zip(figs[file].subplots(1, len(names), squeeze=False)[0], names):
             _, title, xlabel, ylabel, scale = PANELS[name]
             ax.set(title=title, xlabel=xlabel, ylabel=ylabel, xscale="log" if scale else "linear",
                    yscale="log" if scale == "loglog" else "linear")
-            for color, _, curves in runs:
-                for x, y, sem, label, line_at in curves.get(name, []):
-                    y = np.array(y, dtype=float)  # None (NaN in the JSON) -> nan: a gap in the curve
-                    if not np.isfinite(y).any():
-                        print(f"warning: {label}: no finite value to plot (NaN or inf)", file=sys.stderr)
-                        continue
-                    sem = np.nan_to_num(np.array(y * 0 if sem is None else sem, dtype=float))
-                    ax.plot(x, y, color=color, label=label)
-                    ax.fill_between(x, y - sem, y + sem, color=color, alpha=0.25)
-                    if line_at:
-                        ax.axvline(line_at, color=color, ls=":", lw=1)
+            for color, x, y, sem, label, line_at in panels[name]:
+                y = np.array(y, dtype=float)  # None (NaN in the JSON) -> nan: a gap in the curve
+                if not np.isfinite(y).any():
+                    print(f"warning: {label}: no finite value to plot (NaN or inf)", file=sys.stderr)
+                    continue
+                sem = np.nan_to_num(np.array(y * 0 if sem is None else sem, dtype=float))
+                ax.plot(x, y, color=color, label=label)
+                ax.fill_between(x, y - sem, y + sem, color=color, alpha=0.25)
+                if line_at:
+                    ax.axvline(line_at, color=color, ls=":", lw=1)
             if name == "ppl" and "optimal" in report:
                 b = report["optimal"]
                 ax.plot([math.sqrt((lo + 1) * hi) for lo, hi in zip(b["lo"], b["hi"])], b["ppl"], "k--", lw=1,
@@ -383,8 +376,8 @@ def plot_report(report, out):
             ax.legend(fontsize=8)
     pk = [m for m in report["models"] if "passkey" in m]
     if pk:  # the paper's Fig. 7: total length x insertion depth, exact match as colour
-        figs["passkey.png"], axes = plt.subplots(1, len(pk), figsize=(1 + 4.5 * len(pk), 4.2), squeeze=False)
-        for ax, m in zip(axes[0], pk):
+        figs["passkey.png"] = Figure(figsize=(1 + 4.5 * len(pk), 4.2), layout="tight")
+        for ax, m in zip(figs["passkey.png"].subplots(1, len(pk), squeeze=False)[0], pk):
             p = m["passkey"]
             ax.imshow(np.array(p["exact"]).T, aspect="auto", cmap="RdYlGn", vmin=0, vmax=1)
             ax.axvline(sum(L <= (m["t_train"] or 0) for L in p["lengths"]) - 0.5, color="k", ls=":")
@@ -392,10 +385,8 @@ def plot_report(report, out):
                    ylabel="insertion depth", xticks=range(len(p["lengths"])), xticklabels=p["lengths"],
                    yticks=range(len(p["depths"])), yticklabels=[f"{d:.2f}" for d in p["depths"]])
     for file, fig in figs.items():
-        fig.tight_layout()
         fig.savefig(os.path.join(out, file), dpi=120)
-        plt.close(fig)
-    return [os.path.join(out, file) for file in figs]
+    print("\nwrote " + ", ".join(os.path.join(out, file) for file in ["eval.json", *figs]))
 
 
 # ==== 7. Command line ====
@@ -403,17 +394,6 @@ LM_METRICS, TASK_METRICS = ("ppl", "effrem", "state"), ("passkey", "copy", "babi
 
 
 def main(argv=None):
-    args = _parse_args(argv)
-    try:
-        report = run(args)
-    except (ValueError, OSError, RuntimeError) as e:  # bad input: one line naming the problem and the fix
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print_report(report)
-    return 0
-
-
-def _parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     ap.error = lambda message: ap.exit(2, f"error: {message}\n")  # one line, as every other bad input
     a, positive = ap.add_argument, lambda text: _ints(text, one=True)
@@ -439,7 +419,13 @@ def _parse_args(argv):
     a("--copy-lengths", type=_ints, default="50,100,300", help="string lengths")
     a("--babi-lengths", type=_ints, default="512,1024,2048,4096", help="total lengths (stories: ~470 tokens)")
     a("--babi-tasks", help="comma-separated bAbI tasks (default: train_config babi_tasks, else all)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    try:
+        show(run(args), args.out)
+    except (ValueError, OSError, RuntimeError) as e:  # bad input: one line naming the problem and the fix
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _ints(text, one=False):  # an argparse type: "128,256" -> [128, 256]; one=True: "128" -> 128
@@ -449,20 +435,22 @@ def _ints(text, one=False):  # an argparse type: "128,256" -> [128, 256]; one=Tr
     return int(text) if one else [int(v) for v in text.split(",")]
 
 
-def _check_args(args):
-    """What argparse cannot check; defaults from the checkpoints' train_config. -> train_configs, t_trains."""
+def run(args):
+    """Checks the flags (defaults: the checkpoints' train_config), measures every checkpoint on the same
+    windows and tasks, writes eval.json. -> the report."""
     check(not args.labels or len(args.labels) == len(args.ckpts),
           f"--labels has {len(args.labels or [])} names for {len(args.ckpts)} checkpoints: give one each")
     for p in args.ckpts:
         check(os.path.exists(p), f"no checkpoint at {p}: check the path (train.py writes OUT/ckpt.pt)")
     cfgs = [model.train_config(p) for p in args.ckpts]  # a corrupt checkpoint is reported as corrupt
     args.metrics, known = args.metrics.split(","), LM_METRICS + TASK_METRICS
+    lm_metrics = bool(set(args.metrics) & set(LM_METRICS))
     check(set(args.metrics) <= set(known), f"unknown metric in --metrics {','.join(args.metrics)}: "
                                            f"use a subset of {','.join(known)}")
     check(args.device != "cuda" or torch.cuda.is_available(), "no CUDA device: use --device cpu")
     args.device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     t_trains = [args.t_train or c.get("seq_len") for c in cfgs]
-    if set(args.metrics) & set(LM_METRICS):
+    if lm_metrics:
         missing = ", ".join(p for p, t in zip(args.ckpts, t_trains) if not t)
         check(not missing, f"{missing}: no train_config seq_len (an official checkpoint?): pass --t-train N "
                            "(the official Mamba-2 checkpoints: 2048)")
@@ -481,14 +469,7 @@ def _check_args(args):
                                   for p in args.ckpts]
     check(not args.reference or args.reference in args.labels and "ppl" in args.metrics,
           f"--reference {args.reference} must be one of the labels {args.labels} and needs --metrics ppl")
-    return cfgs, t_trains
-
-
-def run(args):
-    """Measures every checkpoint on the same windows and tasks; writes eval.json and the PNGs."""
-    cfgs, t_trains = _check_args(args)
     report = dict(args=dict(vars(args)), tokenizer=args.tokenizer, models=[])
-    lm_metrics = bool(set(args.metrics) & set(LM_METRICS))
     args.windows = args.optimal = args.filler = None
     if lm_metrics or "babilong" in args.metrics:
         data = tasks.load_data(_agree(args, cfgs, "data", required=lm_metrics) or "stdlib",
@@ -524,7 +505,7 @@ def run(args):
     report = json.loads(json.dumps(report, default=lambda t: t.tolist()), parse_constant=lambda _: None)
     with open(os.path.join(args.out, "eval.json"), "w") as f:
         json.dump(report, f, indent=1)
-    return dict(report, files=[os.path.join(args.out, "eval.json")] + plot_report(report, args.out))
+    return report
 
 
 def measure(lm, t_train, args, **out):

@@ -1,5 +1,4 @@
-"""
-The one language model around any recurrent mixer (Mamba-1, Mamba-2, GLA, RWKV-6).
+"""The one language model around any recurrent mixer (Mamba-1, Mamba-2, GLA, RWKV-6).
 
     logits, final_state = lm(idx, state=None)
 
@@ -37,8 +36,7 @@ class ModelConfig:
     tie_embeddings: bool = True  # the head shares the embedding matrix (official Mamba LMs; fla's GLA unties)
 
 
-# Each architecture: the mixer and, where the architecture has one, the MLP (channel mix) of a block.
-# Official Mamba blocks have the mixer only; GLA and RWKV-6 blocks have both.
+# arch -> (mixer, MLP or None) of block i: official Mamba blocks have no MLP, GLA and RWKV-6 a channel mix.
 ARCHS = {
     "mamba2": lambda cfg, i: (ssm.Mamba2(cfg.d_model, layer_idx=i, **cfg.mixer), None),
     "mamba1": lambda cfg, i: (ssm.Mamba(cfg.d_model, layer_idx=i, **cfg.mixer), None),
@@ -47,33 +45,35 @@ ARCHS = {
                              rwkv.RWKV6ChannelMix(cfg.d_model, layer_idx=i, num_layers=cfg.n_layer)),
 }
 
+
+def _size(d_model, n_layer, **mixer):  # a preset
+    return dict(d_model=d_model, n_layer=n_layer, mixer=mixer)
+
+
 # Presets: dimensions only; vocab_size comes from the data. "tiny": CPU-sized, for demos and tests.
 # "45m/85m/125m" (Mamba-2), "70m" (GLA, RWKV-6): the paper's from-scratch sizes (our dimensions, near
 # those counts with the GPT-NeoX vocabulary). "130m".."1.3b": the official state-spaces checkpoints.
 _M2 = dict(d_state=128, headdim=64)
 PRESETS = {
-    "mamba2": {"tiny": dict(d_model=64, n_layer=2, mixer=dict(d_state=16, headdim=16, expand=2, chunk_size=64)),
-               "45m": dict(d_model=512, n_layer=12, mixer=_M2), "85m": dict(d_model=768, n_layer=12, mixer=_M2),
-               "125m": dict(d_model=768, n_layer=24, mixer=_M2), "130m": dict(d_model=768, n_layer=24, mixer=_M2),
-               "370m": dict(d_model=1024, n_layer=48, mixer=_M2), "780m": dict(d_model=1536, n_layer=48, mixer=_M2),
-               "1.3b": dict(d_model=2048, n_layer=48, mixer=_M2)},
+    "mamba2": {"tiny": _size(64, 2, d_state=16, headdim=16, expand=2, chunk_size=64),
+               "45m": _size(512, 12, **_M2), "85m": _size(768, 12, **_M2), "125m": _size(768, 24, **_M2),
+               "130m": _size(768, 24, **_M2), "370m": _size(1024, 48, **_M2), "780m": _size(1536, 48, **_M2),
+               "1.3b": _size(2048, 48, **_M2)},
     # tiny-slow: state channels that barely decay within a short T_train (dt log-uniform in [1e-5, 1e-3],
     # floored at 1e-4, instead of [1e-3, 1e-1]), so the state keeps growing past T_train: the demo's breakdown
-    "mamba1": {"tiny": dict(d_model=64, n_layer=2, mixer=dict(d_state=16)),
-               "tiny-slow": dict(d_model=64, n_layer=2, mixer=dict(d_state=16, dt_min=1e-5, dt_max=1e-3)),
-               "130m": dict(d_model=768, n_layer=24, mixer=dict(d_state=16)),
-               "370m": dict(d_model=1024, n_layer=48, mixer=dict(d_state=16))},
-    "gla": {"tiny": dict(d_model=64, n_layer=2, mixer=dict(num_heads=2)),
-            "70m": dict(d_model=512, n_layer=12, mixer=dict(num_heads=4))},
-    "rwkv6": {"tiny": dict(d_model=64, n_layer=2, mixer=dict(num_heads=2)),
-              "70m": dict(d_model=512, n_layer=12, mixer=dict(num_heads=8))},
+    "mamba1": {"tiny": _size(64, 2, d_state=16),
+               "tiny-slow": _size(64, 2, d_state=16, dt_min=1e-5, dt_max=1e-3),
+               "130m": _size(768, 24, d_state=16), "370m": _size(1024, 48, d_state=16)},
+    "gla": {"tiny": _size(64, 2, num_heads=2), "70m": _size(512, 12, num_heads=4)},
+    "rwkv6": {"tiny": _size(64, 2, num_heads=2), "70m": _size(512, 12, num_heads=8)},
 }
 
 
 def make_config(arch, size="tiny", vocab_size=257, **overrides):
     """The ModelConfig of a preset, e.g. make_config("mamba2", "tiny", vocab_size=257)."""
     if size not in PRESETS.get(arch, {}):
-        raise ValueError(f"unknown arch or size {arch}:{size}: choose from { {a: list(s) for a, s in PRESETS.items()} }")
+        known = {a: list(sizes) for a, sizes in PRESETS.items()}
+        raise ValueError(f"unknown arch or size {arch}:{size}: choose from {known}")
     p = PRESETS[arch][size]
     # GLA as fla's GLAConfig: an untied head and RMSNorm eps 1e-6 (the Mamba LMs and RWKV-6: tied, 1e-5)
     own = dict(tie_embeddings=False, norm_eps=1e-6) if arch == "gla" else {}
@@ -88,7 +88,6 @@ class RMSNorm(nn.RMSNorm):
 
 class Block(nn.Module):
     """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm2(x)) where there is an MLP."""
-
     def __init__(self, cfg, layer_idx):
         super().__init__()
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -110,17 +109,12 @@ class LM(nn.Module):
         super().__init__()
         self.cfg = cfg
         padded_vocab = math.ceil(cfg.vocab_size / cfg.pad_vocab_size_multiple) * cfg.pad_vocab_size_multiple
-        self.backbone = nn.ModuleDict(dict(
-            embedding=nn.Embedding(padded_vocab, cfg.d_model),
-            layers=nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layer)]),
-            norm_f=RMSNorm(cfg.d_model, cfg.norm_eps),
-        ))
+        self.backbone = nn.ModuleDict(dict(embedding=nn.Embedding(padded_vocab, cfg.d_model),
+                                           layers=nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layer)]),
+                                           norm_f=RMSNorm(cfg.d_model, cfg.norm_eps)))
         self.lm_head = nn.Linear(cfg.d_model, padded_vocab, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.backbone.embedding.weight
-        self._init_weights()
-
-    def _init_weights(self):
         # The mixers initialise their own parameters (dt, A, decays...). Here, as mamba_ssm: embeddings
         # ~ N(0, 0.02), and each projection into the residual stream is scaled by 1/sqrt(residual branches)
         nn.init.normal_(self.backbone.embedding.weight, std=0.02)
@@ -129,16 +123,14 @@ class LM(nn.Module):
         n_branches = self.cfg.n_layer * (2 if self.backbone.layers[0].mlp is not None else 1)
         for name, p in self.named_parameters():
             if name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight", "value.weight")):
-                with torch.no_grad():
-                    p.div_(math.sqrt(n_branches))
+                p.data.div_(math.sqrt(n_branches))
 
     def forward(self, idx, state=None, last_only=False):
-        """idx [b, t], state None (zeros) or one dict per layer -> logits [b, t, vocab_size], final state (not
-        detached). last_only: logits [b, 1, vocab_size] of the last position only, skipping the costly head."""
+        """idx [b, t], state None (zeros) or one dict per layer -> logits [b, t, vocab_size], final state
+        (not detached). last_only: logits [b, 1, vocab_size] of the last position only (a cheaper head)."""
         state = [None] * len(self.backbone.layers) if state is None else state
         assert len(state) == len(self.backbone.layers), "one state dict per layer"
-        x = self.backbone.embedding(idx)
-        final_state = []
+        x, final_state = self.backbone.embedding(idx), []
         for block, s in zip(self.backbone.layers, state):
             x, s = block(x, s)
             final_state.append(s)
@@ -147,8 +139,8 @@ class LM(nn.Module):
         return logits, final_state
 
     def zero_state(self, batch_size, device=None):
-        device = device or self.backbone.embedding.weight.device
-        return [{**b.mixer.zero_state(batch_size, device), **(b.mlp.zero_state(batch_size, device) if b.mlp else {})}
+        device, n = device or self.backbone.embedding.weight.device, batch_size
+        return [{**b.mixer.zero_state(n, device), **(b.mlp.zero_state(n, device) if b.mlp else {})}
                 for b in self.backbone.layers]
 
     def num_params(self):
@@ -168,11 +160,10 @@ def set_scan_impl(lm, impl):
     return lm
 
 
-# --- loading and saving -------------------------------------------------------------------------
-
+# --- loading -------------------------------------------------------------------------------------
 # The keys of mamba_ssm's MambaConfig (config.json of the state-spaces/mamba* checkpoints).
-OFFICIAL_KEYS = {"d_model", "n_layer", "vocab_size", "ssm_cfg", "d_intermediate", "attn_layer_idx", "attn_cfg",
-                 "rms_norm", "residual_in_fp32", "fused_add_norm", "pad_vocab_size_multiple", "tie_embeddings"}
+OFFICIAL_KEYS = set("d_model n_layer vocab_size ssm_cfg d_intermediate attn_layer_idx attn_cfg rms_norm "
+                    "residual_in_fp32 fused_add_norm pad_vocab_size_multiple tie_embeddings".split())
 
 
 def from_pretrained(path, device="cpu"):
@@ -187,16 +178,15 @@ def from_pretrained(path, device="cpu"):
         cfg, state_dict = (cfg, ckpt) if official else (ModelConfig(**ckpt["model_config"]), ckpt["model"])
         lm = LM(cfg)
     except (TypeError, KeyError, IndexError) as e:
-        raise ValueError(f"{path}: not a model checkpoint this repo reads ({type(e).__name__}: {e})") from None
+        raise ValueError(f"{path}: not a model checkpoint of this repo ({type(e).__name__}: {e})") from None
     own, emb = lm.state_dict(), state_dict.get("backbone.embedding.weight")
     # a tied head (every official Mamba LM) may be stored or not, but must equal the embedding
     if cfg.tie_embeddings and emb is not None and not torch.equal(state_dict.get("lm_head.weight", emb), emb):
-        raise ValueError(f"{path}: lm_head.weight differs from the embedding; this LM ties them, so an untied "
-                         f"head cannot be loaded faithfully")
+        raise ValueError(f"{path}: lm_head.weight differs from the embedding it is tied to: not loadable")
     state_dict = {**state_dict, "lm_head.weight": emb} if cfg.tie_embeddings else state_dict
     missing, unknown = sorted(set(own) - set(state_dict)), sorted(set(state_dict) - set(own))
     if missing or unknown:
-        raise ValueError(f"{path}: weights do not match the model: missing {missing[:5]}, unknown {unknown[:5]}")
+        raise ValueError(f"{path}: weights not of this model: missing {missing[:5]}, unknown {unknown[:5]}")
     for k, v in state_dict.items():
         problem = (v.shape != own[k].shape and f"shape {list(v.shape)}, not {list(own[k].shape)}"
                    or not v.is_floating_point() and f"{v.dtype} values, not floating point"
@@ -211,17 +201,18 @@ def official_config(path):
     """The ModelConfig of a state-spaces/mamba directory's config.json (Mamba-1 or Mamba-2 LMs only)."""
     file = os.path.join(path, "config.json")
     if not os.path.isfile(file):
-        raise FileNotFoundError(f"{path}: no ckpt.pt (ours) nor config.json + pytorch_model.bin (official Mamba)")
+        raise FileNotFoundError(f"{path}: no ckpt.pt (ours), no config.json + pytorch_model.bin (official)")
     with open(file) as f:
         try:
             c = json.load(f)
         except ValueError:
             raise ValueError(f"{file} is not valid JSON: re-download it") from None
-    bad = sorted(set(c) - OFFICIAL_KEYS) + [f"no {k}" for k in ("d_model", "n_layer", "vocab_size") if k not in c]
-    if bad or c.get("d_intermediate") or c.get("attn_layer_idx") or not c.get("rms_norm", True) \
-            or not c.get("tie_embeddings", True):
-        raise ValueError(f"{file}: not a Mamba LM this repo loads faithfully (keys {bad}; hybrid MLP/attention "
-                         f"layers, LayerNorm and untied embeddings are not supported)")
+    bad = sorted(set(c) - OFFICIAL_KEYS) + [f"no {k}" for k in ("d_model", "n_layer", "vocab_size")
+                                            if k not in c]
+    unsupported = c.get("d_intermediate") or c.get("attn_layer_idx") or not c.get("rms_norm", True)
+    if bad or unsupported or not c.get("tie_embeddings", True):
+        raise ValueError(f"{file}: not a Mamba LM this repo loads faithfully (keys {bad}; hybrid "
+                         "MLP/attention layers, LayerNorm and untied embeddings are not supported)")
     mixer = dict(c.get("ssm_cfg") or {})
     arch = "mamba2" if mixer.pop("layer", "Mamba1") == "Mamba2" else "mamba1"
     return ModelConfig(arch=arch, vocab_size=c["vocab_size"], d_model=c["d_model"], n_layer=c["n_layer"],

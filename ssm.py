@@ -1,5 +1,4 @@
-"""
-State space mixers of the paper: Mamba-2 (SSD) and Mamba-1 (selective scan), each as three scan
+"""State space mixers of the paper: Mamba-2 (SSD) and Mamba-1 (selective scan), each as three scan
 forms (a naive loop, a chunked PyTorch form, a Triton kernel) and the layer around them.
 
 The paper's recurrence (PAPER.md) is h_t = A_t h_{t-1} + B_t x_t, y_t = C_t^T h_t, h_{-1} the initial
@@ -54,7 +53,10 @@ def check_triton(name, x):
         raise RuntimeError(f"{name} needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is imported")
 
 
-class _TritonForward(torch.autograd.Function):  # see triton_scan
+class _TritonForward(torch.autograd.Function):
+    """(y, final_state) = kernel_forward(*inputs), a Triton kernel; backward by recomputing the chunked
+    PyTorch form chunked(*inputs) under autograd: the same function, so the same gradients, with no
+    backward kernel to keep in sync. Non-tensor arguments (scale, chunk size): functools.partial."""
     @staticmethod
     def forward(ctx, kernel_forward, chunked, *inputs):
         ctx.chunked = chunked
@@ -73,11 +75,7 @@ class _TritonForward(torch.autograd.Function):  # see triton_scan
         return (None, None) + tuple(next(grads) if need else None for need in needs)
 
 
-def triton_scan(kernel_forward, chunked, *inputs):
-    """(y, final_state) = kernel_forward(*inputs), a Triton kernel; backward by recomputing the chunked
-    PyTorch form chunked(*inputs) under autograd: the same function, so the same gradients, with no
-    backward kernel to keep in sync. Non-tensor arguments (scale, chunk size): functools.partial."""
-    return _TritonForward.apply(kernel_forward, chunked, *inputs)
+triton_scan = _TritonForward.apply  # triton_scan(kernel_forward, chunked, *inputs) -> (y, final_state)
 
 
 def causal_conv1d(x, weight, bias, conv_state):
@@ -148,12 +146,10 @@ def ssd_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
     # 2. The state each chunk leaves at its end when started from zero.
     decay_to_end = torch.exp(cs[..., -1:] - cs)  # [b, c, g, r, L]
     chunk_states = (xdt * decay_to_end[..., None]).transpose(-1, -2) @ B  # [b, c, g, r, p, n]
-    # 3. Pass the state across chunk boundaries from initial_state: a loop of t / L small steps keeps
-    # memory linear in t for long evaluations.
+    # 3. Pass the state across chunk boundaries from initial_state: t / L small steps, memory linear in t.
     decay_from_start = torch.exp(cs)  # [b, c, g, r, L]
     chunk_decay = decay_from_start[..., -1, None, None]  # whole-chunk decay [b, c, g, r, 1, 1]
-    state = state.reshape(b, g, r, p, n)
-    states_in = []
+    state, states_in = state.reshape(b, g, r, p, n), []
     for c in range(nc):
         states_in.append(state)
         state = chunk_decay[:, c] * state + chunk_states[:, c]
@@ -224,7 +220,6 @@ class Mamba2(nn.Module):
     load as they are). in_proj -> [z, xBC, dt]; causal conv + SiLU over xBC -> [x, B, C]; SSD scan with
     dt = softplus(dt + dt_bias), A = -exp(A_log); y + D x; gated RMSNorm(y * silu(z)); out_proj.
     state = {"h": [b, nheads, headdim, d_state], "conv": [b, d_conv - 1, conv_dim]}."""
-
     def __init__(self, d_model, d_state=128, d_conv=4, expand=2, headdim=64, ngroups=1, A_init_range=(1, 16),
                  dt_min=0.001, dt_max=0.1, dt_init_floor=1e-4, chunk_size=64, layer_idx=None,
                  scan_impl="auto"):
@@ -273,7 +268,6 @@ class Mamba2(nn.Module):
 
 class RMSNormGated(nn.Module):
     """RMSNorm of y * silu(z) per group of channels, as mamba_ssm (norm_before_gate=False)."""
-
     def __init__(self, d, group_size, eps=1e-5):
         super().__init__()
         self.group_size, self.eps = group_size, eps
@@ -324,8 +318,7 @@ def selective_scan_chunked(u, delta, A, B, C, initial_state=None, chunk_size=64)
         v is not None and v.requires_grad for v in (u, delta, A, B, C, initial_state))
     # 1. Every chunk runs its L steps from a zero state, keeping its end state. (torch.addcmul(x, a, b)
     # = x + a * b in one pass: the passes over [b, nc, d, n] are the cost.)
-    decays = []
-    h = u.new_zeros(b, nc, d, n)
+    decays, h = [], u.new_zeros(b, nc, d, n)
     for j in range(L):
         decay = torch.exp(delta_j[j][..., None] * A)
         decays.append(decay if keep_decays else None)
@@ -333,14 +326,12 @@ def selective_scan_chunked(u, delta, A, B, C, initial_state=None, chunk_size=64)
     # 2. The state walks along the chunk boundaries from initial_state: into chunk c + 1 = (chunk c's
     # total decay, exp(A * the sum of its deltas)) * (into chunk c) + (chunk c's end state from step 1).
     chunk_decay = torch.exp(delta.view(b, nc, L, d).sum(2)[..., None] * A).unbind(1)  # [b, d, n] each
-    carry = u.new_zeros(b, d, n) if initial_state is None else initial_state.to(dtype)
-    carried_in = []
+    carry, carried_in = u.new_zeros(b, d, n) if initial_state is None else initial_state.to(dtype), []
     for c, end_state in enumerate(h.unbind(1)):
         carried_in.append(carry)
         carry = torch.addcmul(end_state, chunk_decay[c], carry)
     # 3. Every chunk reruns its steps from its true incoming state and reads out y.
-    h = torch.stack(carried_in, dim=1)
-    ys = []
+    h, ys = torch.stack(carried_in, dim=1), []
     for j in range(L):
         decay = decays[j] if keep_decays else torch.exp(delta_j[j][..., None] * A)
         h = torch.addcmul(du_j[j][..., None] * B_j[j][:, :, None, :], decay, h)
@@ -404,7 +395,6 @@ class Mamba(nn.Module):
     load as they are). in_proj -> (x, z); causal conv + SiLU over x; x_proj(x) -> (dt, B, C); selective
     scan with delta = softplus(dt_proj(dt)), A = -exp(A_log); y + D x; out_proj(y * silu(z)).
     state = {"h": [b, d_inner, d_state], "conv": [b, d_conv - 1, d_inner]}."""
-
     def __init__(self, d_model, d_state=16, d_conv=4, expand=2, dt_rank="auto", dt_min=0.001,
                  dt_max=0.1, dt_init="random", dt_scale=1.0, dt_init_floor=1e-4, conv_bias=True,
                  bias=False, layer_idx=None, scan_impl="auto"):
