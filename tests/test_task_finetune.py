@@ -1,8 +1,12 @@
-"""Fine-tuning on the long-context tasks (train.py --task): the loss is on answer tokens only, resume is exact.
-(Their scoring is tested in test_evaluate.py.)"""
+"""Fine-tuning on the long-context tasks (train.py --task): the loss is on answer tokens only, the paper's
+pipeline (LM -> post-training -> task fine-tune -> longer lengths) chains, resume is exact. (Scoring:
+test_evaluate.py.)"""
+import json
+
 import pytest
 import torch
 
+import evaluate
 import model
 import tasks
 import train
@@ -16,9 +20,17 @@ TASK_FLAGS = {
 }
 
 
+def lm_then_sp(tmp_path):
+    """Fig. 6's pipeline before the task: an LM base from the zero state, then State Passing post-training."""
+    lm, sp, fast = str(tmp_path / "lm"), str(tmp_path / "sp"), ["--steps", "1", "--batch-size", "2", "--quiet"]
+    train.main(["--init-state", "zero", "--seq-len", "16", "--eval-batches", "1", "--out", lm] + fast)
+    train.main(["--init-from", lm, "--init-state", "sp", "--eval-batches", "1", "--out", sp] + fast)
+    return sp
+
+
 @pytest.mark.parametrize("task", ["passkey", "copy", "babilong"])
 def test_task_loss_is_the_mean_cross_entropy_over_answer_tokens(tmp_path, task):
-    init, _ = checkpoint(tmp_path / "init")
+    init = lm_then_sp(tmp_path) if task == "babilong" else checkpoint(tmp_path / "init")[0]
     argv = ["--task", task, "--init-from", init, "--steps", "1", "--batch-size", "2" if task == "babilong" else "3",
             "--eval-batches", "1", "--quiet"] + TASK_FLAGS[task]
     train.main(argv + ["--out", str(tmp_path / "run")])
@@ -34,8 +46,13 @@ def test_task_loss_is_the_mean_cross_entropy_over_answer_tokens(tmp_path, task):
     if task == "copy":                                        # answers of different lengths: not the row mean
         per_row = torch.stack([-logp[r][mask[r]].gather(-1, y[r][mask[r]][:, None]).mean() for r in range(len(y))])
         assert len(set(mask.sum(1).tolist())) > 1 and per_row.mean().item() != pytest.approx(want.item(), rel=1e-4)
-    ckpt = torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)
-    assert ckpt["train_config"]["task"] == task and logged(str(tmp_path / "run"), "val_loss")[1] > 0
+    cfg = model.train_config(str(tmp_path / "run"))
+    assert cfg["task"] == task and logged(str(tmp_path / "run"), "val_loss")[1] > 0
+    if task == "babilong":   # a plain fine-tune of the SP-post-trained LM, on stories hidden in the LM's corpus
+        assert (cfg["init_from"], cfg["init_state"], cfg["data"]) == (init, "zero", "stdlib")
+        evaluate.main([str(tmp_path / "run"), "--metrics", "babilong", "--babi-lengths", "512,1024",
+                       "--task-samples", "1", "--out", str(tmp_path / "eval")])   # and past T_train = 512
+        assert json.load(open(tmp_path / "eval" / "eval.json"))["models"][0]["babilong"]["lengths"] == [512, 1024]
 
 
 def test_task_resume_is_exact(tmp_path):
