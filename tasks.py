@@ -552,17 +552,17 @@ BABI_PLACES = ("kitchen", "garden", "hallway", "bedroom", "office", "cellar", "a
 BABI_OBJECTS = ("apple", "ball", "milk", "key", "book", "lamp")
 BABI_DIRECTIONS = {"north": (0, 1), "south": (0, -1), "east": (1, 0), "west": (-1, 0)}
 BABI_NUMBERS = ("none", "one", "two", "three", "four", "five", "six")
-BABI_TEMPLATES = {
+BABI_TEMPLATES = {   # event kind -> its sentences (one is drawn)
     "move": ("{person} went to the {place}.", "{person} walked into the {place}.",
              "{person} headed for the {place}.", "{person} ran to the {place}."),
     "grab": ("{person} picked up the {obj}.", "{person} took the {obj}.", "{person} got the {obj}."),
-    "drop": ("{person} put down the {obj}.", "{person} dropped the {obj}.", "{person} left the {obj} behind."),
+    "drop": ("{person} put down the {obj}.", "{person} dropped the {obj}.",
+             "{person} left the {obj} behind."),
     "give": ("{person} gave the {obj} to {other}.", "{person} handed the {obj} to {other}.",
              "{person} passed the {obj} to {other}."),
     "not_in": ("{person} is not in the {place}.", "{person} is no longer in the {place}."),
     "either": ("{person} is either in the {place} or the {place2}.",),
-    "relation": ("The {place} is {direction} of the {place2}.",),
-}
+    "relation": ("The {place} is {direction} of the {place2}.",)}
 BABI_QUESTIONS = {   # asked["kind"] -> the question, filled from `asked`
     "where_person": "Where is {person}?", "where_object": "Where is the {obj}?",
     "where_before": "Where was the {obj} before the {place}?", "is_in": "Is {person} in the {place}?",
@@ -571,9 +571,10 @@ BABI_QUESTIONS = {   # asked["kind"] -> the question, filled from `asked`
     "count_carried": "How many objects is {person} carrying?", "list_carried": "What is {person} carrying?",
     "who_gave": "Who gave the {obj} to {other}?", "what_given": "What did {person} give to {other}?",
     "given_to": "Who did {person} give the {obj} to?", "who_received": "Who received the {obj}?"}
-BABI_GIVE_ASKS = {"who_gave": (("obj", "other"), "person"), "what_given": (("person", "other"), "obj"),
-                  "given_to": (("person", "obj"), "other"), "who_received": (("obj",), "other")}  # named, asked
-BABI_TASKS = {   # task -> world: event kinds (repeats weight them), events in [lo, hi), people, places, objects
+BABI_GIVE_ASKS = {   # qa5's question kinds: (what the question names, what it asks)
+    "who_gave": (("obj", "other"), "person"), "what_given": (("person", "other"), "obj"),
+    "given_to": (("person", "obj"), "other"), "who_received": (("obj",), "other")}
+BABI_TASKS = {   # task -> event kinds (repeats weight them), events in [lo, hi), people, places, objects
     "qa1": ("move", (4, 9), 3, 5, 0), "qa2": ("move move grab drop", (6, 11), 3, 4, 3),
     "qa3": ("move move grab drop", (8, 15), 2, 4, 2), "qa4": ("relation", (2, 4), 0, 0, 0),
     "qa5": ("move move grab grab give give drop", (8, 14), 3, 3, 3),
@@ -587,41 +588,37 @@ MAX_CARRIED = 3
 def _simulate(rng, kinds, n_events, n_people, n_places, n_objects):
     """A random valid story: to pick up or give, a person must be somewhere known; a lying object is picked up
     only where it lies; give needs both people in one place; nobody carries more than MAX_CARRIED."""
-    people, places, objects = ([str(x) for x in rng.choice(pool, n, replace=False)] if n else [] for pool, n in
-                               ((BABI_PEOPLE, n_people), (BABI_PLACES, n_places), (BABI_OBJECTS, n_objects)))
-    loc, last_fact = dict.fromkeys(people), dict.fromkeys(people)      # loc None: unknown ("not in", "either")
-    holder, lies_at = dict.fromkeys(objects), dict.fromkeys(objects)   # lies_at: a free object's place
-    history, events = {o: [] for o in objects}, []                     # history: each object's places
+    people, places, objects = ([str(x) for x in rng.choice(pool, n, replace=False)] if n else [] for pool, n
+                               in ((BABI_PEOPLE, n_people), (BABI_PLACES, n_places), (BABI_OBJECTS, n_objects)))
+    loc, last_fact = dict.fromkeys(people), dict.fromkeys(people)     # loc None: unknown ("not in", "either")
+    holder, lies_at = dict.fromkeys(objects), dict.fromkeys(objects)  # lies_at: a free object's place
+    history, events = {o: [] for o in objects}, []                    # history: each object's places
     while len(events) < n_events:
-        kind = kinds[rng.integers(len(kinds))]
-        carried = {p: sum(holder[o] == p for o in objects) for p in people}
+        kind = _pick(rng, kinds)
+        free = [p for p in people if list(holder.values()).count(p) < MAX_CARRIED]   # can carry one more
         elsewhere = [dict(person=p, place=x) for p in people for x in places if x != loc[p]]
-        options = {"move": elsewhere, "not_in": elsewhere,
-                   "grab": [dict(person=p, obj=o) for p in people for o in objects if loc[p] is not None and
-                            holder[o] is None and lies_at[o] in (None, loc[p]) and carried[p] < MAX_CARRIED],
-                   "drop": [dict(person=holder[o], obj=o) for o in objects if holder[o] is not None],
-                   "give": [dict(person=holder[o], obj=o, other=q) for o in objects for q in people if holder[o]
-                            not in (None, q) and loc[q] == loc[holder[o]] and carried[q] < MAX_CARRIED],
-                   "either": [dict(person=p, place=a, place2=b) for p in people for a in places for b in places
-                              if a != b]}[kind]
-        if not options:
+        event = _pick(rng, {"move": elsewhere, "not_in": elsewhere,
+                            "grab": [dict(person=p, obj=o) for p in free for o in objects
+                                     if loc[p] and holder[o] is None and lies_at[o] in (None, loc[p])],
+                            "drop": [dict(person=holder[o], obj=o) for o in objects if holder[o] is not None],
+                            "give": [dict(person=holder[o], obj=o, other=q) for o in objects for q in free
+                                     if holder[o] not in (None, q) and loc[q] == loc[holder[o]]],
+                            "either": [dict(person=p, place=a, place2=b) for p in people for a in places
+                                       for b in places if a != b]}[kind])
+        if event is None:
             continue
-        event = dict(kind=kind, **options[rng.integers(len(options))])
-        p, o = event["person"], event.get("obj")
-        if kind == "move":
-            loc[p] = event["place"]
-            for x in objects:
-                history[x] += [loc[p]] if holder[x] == p else []
-        elif kind == "grab":
-            holder[o], lies_at[o], history[o] = p, None, history[o] or [loc[p]]
-        elif kind == "drop":
-            holder[o], lies_at[o] = None, loc[p]
-        elif kind == "give":
+        event, p, o = dict(kind=kind, **event), event["person"], event.get("obj")
+        if kind == "give":
             holder[o] = event["other"]
-        else:
-            loc[p] = None
+        elif o:   # grab, drop: a dropped object lies where it was dropped
+            holder[o], lies_at[o] = (p, None) if kind == "grab" else (None, loc[p])
+            history[o] = history[o] or [loc[p]]   # where it was first picked up
+        else:     # move; "not in" and "either" leave the place unknown
+            loc[p] = event["place"] if kind == "move" else None
+            for x in objects:   # what p carries goes along
+                history[x] += [loc[p]] if holder[x] == p and kind == "move" else []
         last_fact[p] = event
-        event["text"] = BABI_TEMPLATES[kind][rng.integers(len(BABI_TEMPLATES[kind]))].format(**event)
+        event["text"] = _pick(rng, BABI_TEMPLATES[kind]).format(**event)
         events.append(event)
     return events, dict(loc=loc, holder=holder, lies_at=lies_at, history=history, last_fact=last_fact,
                         people=people, places=places, objects=objects)
@@ -653,23 +650,18 @@ def _ask(task, rng, events, w):
     loc, holder, objects, h = w["loc"], w["holder"], w["objects"], w["history"]
     known = [p for p in w["people"] if loc[p]]
     if task == "qa1":   # single supporting fact
-        p = _pick(rng, known)
-        return loc[p], dict(kind="where_person", person=p)
+        return _pick(rng, [(loc[p], dict(kind="where_person", person=p)) for p in known])
     if task == "qa2":   # two supporting facts
         place = {o: loc[holder[o]] if holder[o] else w["lies_at"][o] for o in objects}
-        o = _pick(rng, [o for o in objects if place[o]])
-        return o and (place[o], dict(kind="where_object", obj=o))
-    if task == "qa3":   # three supporting facts; "before the X" is clear if the object was in X once, not first
-        o, i = _pick(rng, [(o, i) for o in objects for i, x in enumerate(h[o]) if i and h[o].count(x) == 1]) \
-            or (None, 0)
-        return o and (h[o][i - 1], dict(kind="where_before", obj=o, place=h[o][i]))
+        return _pick(rng, [(place[o], dict(kind="where_object", obj=o)) for o in objects if place[o]])
+    if task == "qa3":   # three supporting facts; "before the X" is clear if it was in X once, not first
+        return _pick(rng, [(h[o][i - 1], dict(kind="where_before", obj=o, place=x)) for o in objects
+                           for i, x in enumerate(h[o]) if i and h[o].count(x) == 1])
     if task == "qa5":   # three argument relations; only questions with one answer
         gives = [e for e in events if e["kind"] == "give"]
-        kind, g = _pick(rng, [(kind, g) for g in gives for kind, (named, asked) in BABI_GIVE_ASKS.items()
-                              if len({e[asked] for e in gives if all(e[k] == g[k] for k in named)}) == 1]) \
-            or (None, None)
-        named, asked = BABI_GIVE_ASKS.get(kind, ((), None))
-        return kind and (g[asked], dict(kind=kind, **{k: g[k] for k in named}))
+        return _pick(rng, [(g[asked], dict(kind=kind, **{k: g[k] for k in named})) for g in gives
+                           for kind, (named, asked) in BABI_GIVE_ASKS.items()
+                           if len({e[asked] for e in gives if all(e[k] == g[k] for k in named)}) == 1])
     if task == "qa6":   # yes/no questions
         p = _pick(rng, known)
         place = loc[p] if rng.random() < 0.5 else _pick(rng, [x for x in w["places"] if x != loc[p]])
@@ -678,9 +670,8 @@ def _ask(task, rng, events, w):
         carrying = [p for p in known if p in holder.values()]
         p = _pick(rng, carrying if carrying and rng.random() < 0.5 else known)   # fewer "none" answers
         held = sorted(o for o in objects if holder[o] == p)
-        if task == "qa7":
-            return BABI_NUMBERS[len(held)], dict(kind="count_carried", person=p)
-        return ",".join(held) or "nothing", dict(kind="list_carried", person=p)
+        answer = BABI_NUMBERS[len(held)] if task == "qa7" else ",".join(held) or "nothing"
+        return answer, dict(kind="count_carried" if task == "qa7" else "list_carried", person=p)
     p = _pick(rng, [p for p in w["people"] if w["last_fact"][p]])   # qa9: "not in" facts; qa10: "either"
     last = w["last_fact"][p]
     named = [last["place"]] + ([last["place2"]] if last["kind"] == "either" else [])
@@ -711,7 +702,7 @@ def babi_sample(task, tokenizer, length, seed=0, filler_tokens=None):
     """A bAbI story (task "qa1".."qa10", None: drawn uniformly) in order at random boundaries of our filler or
     of a window of filler_tokens (a stream of the same tokenizer), "Question: ...\nAnswer:", " {answer}."."""
     enc, (task_rng, story_rng, layout_rng) = get_tokenizer(tokenizer), _rngs(seed, 3)
-    task = list(BABI_TASKS)[task_rng.integers(len(BABI_TASKS))] if task is None else task   # babi_story checks
+    task = _pick(task_rng, list(BABI_TASKS)) if task is None else task   # babi_story checks it
     events, question, answer, asked = babi_story(task, int(story_rng.integers(2**63)))
     facts = [_encode(enc, f" {e['text']}" if filler_tokens is None else f"{e['text']}\n") for e in events]
     qa = _encode(enc, f"\nQuestion: {question}\nAnswer:"), _encode(enc, f" {answer}.")
