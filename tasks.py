@@ -104,7 +104,7 @@ def get_tokenizer(name="bytes"):
     if hasattr(name, "encode_ordinary"):
         return name
     check(name == "bytes" or isinstance(name, str) and name.endswith(".json"), f"unknown tokenizer {name!r}: "
-           f"use bytes or a path to a tokenizer.json (e.g. GPT-NeoX's, as the paper's models)")
+          f"use bytes or a path to a tokenizer.json (e.g. GPT-NeoX's, as the paper's models)")
     return _load_tokenizer(name if name == "bytes" else os.path.abspath(name))
 
 
@@ -120,55 +120,43 @@ Data = collections.namedtuple("Data", "name train val vocab_size eot_token token
 
 def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache_dir=None):
     """data: "stdlib" (the standard library's .py files: offline text), "markov:k=8,..." (MARKOV_DEFAULTS),
-    a text file or a directory of them (split train/val by document with `seed`), or a nanoGPT uint16 .bin."""
-    check(isinstance(data, str) and data and _is_int(seed, 0) and isinstance(val_fraction, (int, float)) and
-           0 <= val_fraction < 1, f"load_data: need data a name or path, seed an integer >= 0 and val_fraction "
-                                  f"in [0, 1), got {data!r}, {seed!r}, {val_fraction!r}")
+    a text file or a directory of them (split train/val by document with `seed`), or a nanoGPT uint16 .bin.
+    Text is tokenized once into a cache keyed by all it depends on: the files (size and mtime stand for
+    their versions), the tokenizer and the split; later loads memory-map it."""
+    check(isinstance(data, str) and data and _is_int(seed, 0) and isinstance(val_fraction, (int, float))
+          and 0 <= val_fraction < 1, f"load_data: need data a name or path, seed an integer >= 0 and "
+          f"val_fraction in [0, 1), got {data!r}, {seed!r}, {val_fraction!r}")
     if data == "markov" or data.startswith("markov:"):
         return _load_markov(data[7:], int(seed))
     enc = get_tokenizer(tokenizer)
     if data.endswith(".bin"):
         return _load_bin(data, enc, val_fraction)
-    if data == "stdlib":   # not site-packages (per machine) nor test folders (some distributions strip them)
-        skip = {"site-packages", "dist-packages", "test", "tests", "idle_test"}
-        files = _walk(sysconfig.get_paths()["stdlib"], skip, ".py")
-    elif os.path.isdir(data):
-        files = _walk(data)
-    else:
-        check(os.path.isfile(data), f"no such file or directory {data!r}: pass a directory or a text file "
-                                     f"(patterns are not expanded), a .bin, stdlib or markov:k=8,...")
-        files = [data]
-    return _load_text(data, files, enc, int(seed), val_fraction, cache_dir or DEFAULT_CACHE_DIR)
-
-
-def _walk(root, skip_dirs=frozenset(), suffix=""):   # every file under root, hidden ones skipped
-    files = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in skip_dirs | {"__pycache__"} and not d.startswith(".")]
-        files += [os.path.join(dirpath, f) for f in filenames if f.endswith(suffix) and not f.startswith(".")]
+    stdlib = data == "stdlib"   # its .py files, not site-packages (per machine) nor tests (often stripped)
+    root = sysconfig.get_paths()["stdlib"] if stdlib else data
+    check(os.path.isdir(root) or os.path.isfile(root), f"no such file or directory {data!r}: pass a "
+          f"directory or a text file (patterns are not expanded), a .bin, stdlib or markov:k=8,...")
+    skip = {"site-packages", "dist-packages", "test", "tests", "idle_test"} if stdlib else set()
+    files = [] if os.path.isdir(root) else [root]
+    for path, dirs, names in os.walk(root):   # hidden files and folders skipped
+        dirs[:] = [d for d in dirs if d not in skip | {"__pycache__"} and not d.startswith(".")]
+        files += [os.path.join(path, f) for f in names if f.endswith(".py" if stdlib else "") and f[0] != "."]
     check(files, f"{root!r} holds no files: point --data at a folder of text files")
-    return sorted(files)
-
-
-def _load_text(label, files, enc, seed, val_fraction, cache_dir):
-    """Text files (one document each) -> the token stream, memory-mapped from a cache keyed by all it depends
-    on: the files (size and mtime stand for their versions), the tokenizer and the split."""
+    files, seed, cache_dir = sorted(files), int(seed), cache_dir or DEFAULT_CACHE_DIR
     stats = [(os.path.abspath(f), st.st_size, st.st_mtime_ns) for f in files for st in [os.stat(f)]]
     key = hashlib.sha1(json.dumps([CACHE_VERSION, enc.name, seed, val_fraction, stats]).encode()).hexdigest()
-    stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.path.basename(label.rstrip("/")))
+    stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.path.basename(data.rstrip("/")))
     base = os.path.join(cache_dir, f"{stem or 'data'}-{enc.name}-{key[:16]}")
     if not os.path.exists(base + ".json"):   # written last: it marks a complete cache
-        _build_cache(base, label, files, enc, seed, val_fraction)
+        _build_cache(base, data, files, enc, seed, val_fraction)
     with open(base + ".json") as f:
         meta = json.load(f)
-    tokens = np.memmap(base + ".bin", dtype=meta["dtype"], mode="r")
-    return Data(label, tokens[:meta["n_train"]], tokens[meta["n_train"]:], enc.n_vocab, enc.eot_token, enc,
-                info=meta)
+    tokens, n = np.memmap(base + ".bin", dtype=meta["dtype"], mode="r"), meta["n_train"]
+    return Data(data, tokens[:n], tokens[n:], enc.n_vocab, enc.eot_token, enc, info=meta)
 
 
 def _build_cache(base, label, files, enc, seed, val_fraction):
-    """Tokenize the files as eot + text, train documents then a seeded val_fraction of them (at least one,
-    never all), into base.bin and base.json via a temporary name: a crash or full disk leaves no half cache."""
+    """Tokenize the files as eot + text, train documents then a seeded val_fraction of them (at least
+    one, never all), into base.bin and base.json via a temporary name: a crash leaves no half cache."""
     t0, tmp, is_val = time.time(), f"{base}.{os.getpid()}.tmp", np.zeros(len(files), dtype=int)
     if len(files) >= 2 and val_fraction > 0:
         n_val = min(len(files) - 1, max(1, round(val_fraction * len(files))))
@@ -190,8 +178,8 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
                     out.write(ids.tobytes())
                     n[is_val[i]], docs[is_val[i]] = n[is_val[i]] + len(ids), docs[is_val[i]] + 1
         check(docs[0] and (docs[1] or not is_val.any()), f"{label!r}: no UTF-8 text documents for the "
-               f"{'val' if docs[0] else 'train'} split ({skipped} of {len(files)} files skipped as binary, not "
-               f"UTF-8 or empty): point --data at text files")
+              f"{'val' if docs[0] else 'train'} split ({skipped} of {len(files)} files skipped as binary, "
+              f"not UTF-8 or empty): point --data at text files")
         if not docs[1]:   # one document: split its tokens
             n = [n[0] - round(n[0] * val_fraction), round(n[0] * val_fraction)]
         meta = dict(source=label, tokenizer=enc.name, dtype=np.dtype(dtype).name, n_train=n[0], n_val=n[1],
@@ -210,14 +198,14 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
 
 def _load_bin(path, enc, val_fraction):   # nanoGPT's prepare.py output: memory-mapped as is, val is its tail
     check(enc.n_vocab <= 1 << 16, f"a .bin holds uint16 ids but tokenizer {enc.name!r} has {enc.n_vocab} "
-                                   f"tokens: pass the text instead (its cache keeps uint32 ids)")
+          f"tokens: pass the text instead (its cache keeps uint32 ids)")
     size = os.path.getsize(path) if os.path.isfile(path) else -1
     check(size > 0 and size % 2 == 0, f"{path!r} is missing or not a whole number of uint16 tokens: pass "
-                                       f"an existing nanoGPT .bin (flat uint16 ids)")
+          f"an existing nanoGPT .bin (flat uint16 ids)")
     tokens = np.memmap(path, dtype=np.uint16, mode="r")
     top = int(tokens.max())   # the whole file: an id past the vocabulary would fail mid-training
     check(top < enc.n_vocab, f"{path!r} holds token id {top}, beyond tokenizer {enc.name!r} "
-                              f"(vocab {enc.n_vocab}): pass the --tokenizer that made the file")
+          f"(vocab {enc.n_vocab}): pass the --tokenizer that made the file")
     n_train = len(tokens) - round(len(tokens) * val_fraction)
     return Data(path, tokens[:n_train], tokens[n_train:], enc.n_vocab, enc.eot_token, enc)
 
