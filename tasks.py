@@ -70,8 +70,7 @@ class JsonTokenizer:
         try:
             import tokenizers
         except ImportError:
-            raise TokenizerUnavailableError(f"{path} needs the tokenizers library: pip install tokenizers") \
-                from None
+            raise TokenizerUnavailableError(f"reading {path} needs: pip install tokenizers") from None
         check(os.path.isfile(path), f"no such tokenizer file {path!r}: pass a Hugging Face tokenizer.json")
         with open(path, "rb") as f:
             raw = f.read()
@@ -121,8 +120,7 @@ Data = collections.namedtuple("Data", "name train val vocab_size eot_token token
 def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache_dir=None):
     """data: "stdlib" (the standard library's .py files: offline text), "markov:k=8,..." (MARKOV_DEFAULTS),
     a text file or a directory of them (split train/val by document with `seed`), or a nanoGPT uint16 .bin.
-    Text is tokenized once into a cache keyed by all it depends on: the files (size and mtime stand for
-    their versions), the tokenizer and the split; later loads memory-map it."""
+    Text is tokenized once, into a cache keyed by the files (size and mtime), the tokenizer and the split."""
     check(isinstance(data, str) and data and _is_int(seed, 0) and isinstance(val_fraction, (int, float))
           and 0 <= val_fraction < 1, f"load_data: need data a name or path, seed an integer >= 0 and "
           f"val_fraction in [0, 1), got {data!r}, {seed!r}, {val_fraction!r}")
@@ -191,21 +189,19 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
     finally:   # a full disk: the CLI prints the OSError's one line, and no partial file is left
         if os.path.exists(tmp):
             os.remove(tmp)
-    note = f" ({skipped} files skipped: binary, not UTF-8 or empty)" if skipped else ""
-    print(f"tasks: cached {label} with {enc.name}: {docs[0]}+{docs[1]} docs{note}, {n[0]}+{n[1]} tokens, "
-          f"{os.path.getsize(base + '.bin') / 1e6:.1f} MB, {time.time() - t0:.1f}s -> {base}.bin")
+    print(f"tasks: cached {label}: {docs[0]}+{docs[1]} docs, {n[0]}+{n[1]} tokens ({skipped} files skipped: "
+          f"binary, not UTF-8 or empty), {time.time() - t0:.1f}s -> {base}.bin")
 
 
 def _load_bin(path, enc, val_fraction):   # nanoGPT's prepare.py output: memory-mapped as is, val is its tail
-    check(enc.n_vocab <= 1 << 16, f"a .bin holds uint16 ids but tokenizer {enc.name!r} has {enc.n_vocab} "
-          f"tokens: pass the text instead (its cache keeps uint32 ids)")
     size = os.path.getsize(path) if os.path.isfile(path) else -1
-    check(size > 0 and size % 2 == 0, f"{path!r} is missing or not a whole number of uint16 tokens: pass "
-          f"an existing nanoGPT .bin (flat uint16 ids)")
+    check(size > 0 and size % 2 == 0, f"{path!r} is missing or not whole uint16 ids: pass a nanoGPT .bin")
+    check(enc.n_vocab <= 1 << 16, f"{enc.name!r} has {enc.n_vocab} tokens, more than uint16 ids hold: pass "
+          f"the text instead (its cache keeps uint32 ids)")
     tokens = np.memmap(path, dtype=np.uint16, mode="r")
     top = int(tokens.max())   # the whole file: an id past the vocabulary would fail mid-training
-    check(top < enc.n_vocab, f"{path!r} holds token id {top}, beyond tokenizer {enc.name!r} "
-          f"(vocab {enc.n_vocab}): pass the --tokenizer that made the file")
+    check(top < enc.n_vocab, f"{path!r} holds id {top}, past {enc.name!r}'s {enc.n_vocab} tokens: pass the "
+          f"--tokenizer that made the file")
     n_train = len(tokens) - round(len(tokens) * val_fraction)
     return Data(path, tokens[:n_train], tokens[n_train:], enc.n_vocab, enc.eot_token, enc)
 
@@ -228,8 +224,8 @@ def sample_markov(k, alpha, doc_len, docs, seed=0, split="train", shared=0.0):
     """-> (tokens [docs, doc_len] int64 in 0..k-1, transitions [docs, k, k]); document d is a pure function
     of (seed, split, d), whatever the number of documents drawn."""
     check(_is_int(k, 2) and alpha > 0 and _is_int(doc_len) and _is_int(docs) and shared >= 0 and split in
-           ("train", "val"), f"sample_markov: need k >= 2, alpha > 0, doc_len >= 1, docs >= 1, shared >= 0, "
-                             f"split train or val; got {k}, {alpha}, {doc_len}, {docs}, {shared}, {split!r}")
+          ("train", "val"), f"sample_markov: need k >= 2, alpha > 0, doc_len >= 1, docs >= 1, shared >= 0, "
+          f"split train or val; got {k}, {alpha}, {doc_len}, {docs}, {shared}, {split!r}")
     prior = markov_prior(k, alpha, shared, seed)
     transitions, u = np.empty((docs, k, k)), np.empty((doc_len, docs))   # u: uniforms [time, doc]
     for doc in range(docs):
@@ -248,20 +244,18 @@ def sample_markov(k, alpha, doc_len, docs, seed=0, split="train", shared=0.0):
 def markov_bayes_nll(tokens, k, alpha, prior=None):
     """Exact Bayes-optimal NLL (nats) [n, T-1] of windows [n, T] (numpy or torch, returned alike) that start
     at a document start (eot = k, or its first token). With Dirichlet(alpha) rows, after bigram counts c:
-        p(j | i, c) = (c_ij + alpha) / (sum_j' c_ij' + K alpha);  a first token: 1/K.  prior: [k, k] alphas."""
+        p(j | i, c) = (c_ij + alpha) / (sum_j' c_ij' + K alpha);  a first token: 1/K.  prior: [k, k] alpha."""
     x = torch.as_tensor(np.asarray(tokens) if not torch.is_tensor(tokens) else tokens).long().cpu()
     check(x.dim() == 2 and x.shape[1] >= 2 and not ((x < 0) | (x > k)).any(), f"markov_bayes_nll: tokens "
-           f"must be [n, T >= 2] of ids in 0..{k} (k is eot), got shape {list(x.shape)}")
+          f"must be [n, T >= 2] of ids in 0..{k} (k is eot), got shape {list(x.shape)}")
     check(not (x[:, 1:] == k).any(), "markov_bayes_nll: a window crosses a document boundary (an eot after "
-                                      "its start): use windows from document starts of <= doc_len + 1 tokens")
+          "its start): use windows from document starts of <= doc_len + 1 tokens")
     (n, T), rows = x.shape, torch.arange(len(x))
     prior = torch.as_tensor(np.full((k, k), float(alpha)) if prior is None else prior, dtype=torch.float64)
     counts = torch.zeros(n, k, k, dtype=torch.float64)   # counts[r, i, j]: bigrams i -> j so far
     nll = torch.empty(n, T - 1, dtype=torch.float64)
     for t in range(T - 1):
-        prev, nxt = x[:, t], x[:, t + 1]
-        at_start = prev == k
-        prev = prev.clamp(max=k - 1)
+        prev, nxt, at_start = x[:, t].clamp(max=k - 1), x[:, t + 1], x[:, t] == k
         row = counts[rows, prev] + prior[prev]   # [n, k] posterior pseudo-counts
         nll[:, t] = torch.log(row.sum(-1)) - torch.log(row[rows, nxt])
         nll[at_start, t] = math.log(k)
@@ -270,25 +264,24 @@ def markov_bayes_nll(tokens, k, alpha, prior=None):
 
 
 def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): not cached on disk
-    cfg = dict(MARKOV_DEFAULTS)
+    cfg, usage = dict(MARKOV_DEFAULTS), ",".join(f"{k}={v}" for k, v in MARKOV_DEFAULTS.items())
+    items = [item.split("=") for item in spec.replace(" ", "").split(",") if item]
     try:   # an unknown key, a missing "=" or a value of the wrong type
-        cfg.update({k: type(cfg[k])(v) for k, v in (item.split("=") for item in spec.replace(" ", "").split(",")
-                                                     if item)})
+        cfg.update({k: type(cfg[k])(v) for k, v in items})
     except (KeyError, ValueError):
-        raise DataError(f"markov: bad options {spec!r}: use some of "
-                        f"{','.join(f'{k}={v}' for k, v in MARKOV_DEFAULTS.items())}") from None
+        raise DataError(f"markov: bad options {spec!r}: use some of {usage}") from None
     k, alpha, shared = cfg["k"], cfg["alpha"], cfg["shared"]
     check(2 <= k < 65535 and alpha > 0 and cfg["doc_len"] >= 2 and min(cfg["docs"], cfg["val_docs"]) >= 1
-           and shared >= 0, f"markov: need 2 <= k < 65535, alpha > 0, doc_len >= 2, docs >= 1, val_docs >= 1, "
-                            f"shared >= 0; got {spec!r}")
+          and shared >= 0, f"markov: need 2 <= k < 65535, alpha > 0, doc_len >= 2, docs >= 1, val_docs >= 1,"
+          f" shared >= 0; got {spec!r}")
 
-    def stream(docs, split):   # [eot d1 eot d2 ...]
+    def draw(docs, split):   # -> the stream [eot d1 eot d2 ...]
         tokens, _ = sample_markov(k, alpha, cfg["doc_len"], docs, seed, split, shared)
         return np.concatenate([np.full((docs, 1), k), tokens], axis=1).reshape(-1).astype(np.uint16)
 
     name = "markov:" + ",".join(f"{key}={value}" for key, value in cfg.items() if key != "shared" or shared)
     floor = functools.partial(markov_bayes_nll, k=k, alpha=alpha, prior=markov_prior(k, alpha, shared, seed))
-    return Data(name, stream(cfg["docs"], "train"), stream(cfg["val_docs"], "val"), k + 1, k, None, floor, cfg)
+    return Data(name, draw(cfg["docs"], "train"), draw(cfg["val_docs"], "val"), k + 1, k, None, floor, cfg)
 
 
 # --- 3. Samplers: each one's randomness is a pure function of (seed, counters), so a resume is exact ---
