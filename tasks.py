@@ -93,8 +93,7 @@ class JsonTokenizer:
 
     def encode_single_token(self, piece):
         ids = self.encode_ordinary(piece.decode())
-        if len(ids) != 1:
-            raise KeyError(f"{piece!r} is not one token of this tokenizer")
+        check(len(ids) == 1, f"{piece!r} is not one token of {self.name}: use a byte-level BPE")
         return ids[0]
 
 
@@ -285,20 +284,22 @@ def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): no
 
 
 # --- 3. Samplers: each one's randomness is a pure function of (seed, counters), so a resume is exact ---
+# next_batch() -> x, y: int64 [batch_size, seq_len], y = x shifted left by one token (and DocumentStreams:
+# new_doc, bool [batch_size]); state_dict() and load_state_dict() hold all that the next batches depend on.
 
 def _windows(tokens, starts, length):   # tokens[s : s+length] for each start -> int64 [len(starts), length]
     return torch.from_numpy(np.stack([np.asarray(tokens[s:s + length]) for s in starts]).astype(np.int64))
 
 
-def _xy(tokens, starts, seq_len):   # -> x, y: int64 [len(starts), seq_len], y = x shifted left by one
+def _xy(tokens, starts, seq_len):
     w = _windows(tokens, starts, seq_len + 1)
     return w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
 
 def _check_sampler(what, tokens, batch_size, seq_len):
     check(_is_int(batch_size) and _is_int(seq_len) and len(tokens) > seq_len, f"{what}: need batch_size >= 1 "
-           f"and 1 <= seq_len < {len(tokens)} (the tokens), got {batch_size!r}, {seq_len!r}: use a shorter "
-           f"seq_len or more data")
+          f"and 1 <= seq_len < {len(tokens)} (the tokens), got {batch_size!r}, {seq_len!r}: use a shorter "
+          f"seq_len or more data")
 
 
 class RandomWindows:
@@ -307,13 +308,14 @@ class RandomWindows:
 
     def __init__(self, tokens, batch_size, seq_len, seed=0):
         _check_sampler("RandomWindows", tokens, batch_size, seq_len)
-        self.tokens, self.batch_size, self.seq_len, self.seed, self.step = tokens, batch_size, seq_len, seed, 0
+        self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
+        self.seed, self.step = seed, 0
 
     def next_batch(self):
-        """-> x, y: int64 [batch_size, seq_len], y = x shifted left by one token."""
-        rng = np.random.default_rng([self.seed, self.step])
+        starts = np.random.default_rng([self.seed, self.step]).integers(0, len(self.tokens) - self.seq_len,
+                                                                        self.batch_size)
         self.step += 1
-        return _xy(self.tokens, rng.integers(0, len(self.tokens) - self.seq_len, self.batch_size), self.seq_len)
+        return _xy(self.tokens, starts, self.seq_len)
 
     def state_dict(self):
         return {"seed": self.seed, "step": self.step}
@@ -329,17 +331,16 @@ class DocumentStreams:
 
     def __init__(self, tokens, eot_token, batch_size, seq_len, seed=0):
         _check_sampler("DocumentStreams", tokens, batch_size, seq_len)
-        self.tokens, self.batch_size, self.seq_len, self.seed = tokens, batch_size, seq_len, seed
+        self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
         starts = np.union1d([0], np.flatnonzero(np.asarray(tokens) == eot_token))
         lengths = np.diff(np.append(starts, len(tokens)))
         self.doc_start, self.doc_len = starts[lengths > seq_len], lengths[lengths > seq_len]
         check(len(self.doc_start), f"DocumentStreams: no document has seq_len+1 = {seq_len + 1} tokens: "
-                                    f"use a shorter seq_len or longer documents")
+              f"use a shorter seq_len or longer documents")
         self.load_state_dict(dict(seed=seed, epoch=0, cursor=0, row_doc=[-1] * batch_size,   # -1: needs a doc
                                   row_pos=[0] * batch_size))
 
     def next_batch(self):
-        """-> x, y: int64 [batch_size, seq_len]; new_doc: bool [batch_size]."""
         new_doc, starts = torch.zeros(self.batch_size, dtype=torch.bool), []
         for r in range(self.batch_size):
             if self.row_doc[r] < 0 or self.row_pos[r] + self.seq_len >= self.doc_len[self.row_doc[r]]:
@@ -353,12 +354,13 @@ class DocumentStreams:
         return *_xy(self.tokens, starts, self.seq_len), new_doc
 
     def state_dict(self):
-        return {"seed": self.seed, "epoch": self.epoch, "cursor": self.cursor, "row_doc": list(self.row_doc),
-                "row_pos": list(self.row_pos)}
+        return dict(seed=self.seed, epoch=self.epoch, cursor=self.cursor, row_doc=list(self.row_doc),
+                    row_pos=list(self.row_pos))
 
     def load_state_dict(self, state):
-        check(len(state["row_doc"]) == self.batch_size, f"DocumentStreams: the saved state has "
-               f"{len(state['row_doc'])} rows, this sampler {self.batch_size}: resume with the same batch size")
+        rows = len(state["row_doc"])
+        check(rows == self.batch_size, f"DocumentStreams: the saved state has {rows} rows, this sampler "
+              f"{self.batch_size}: resume with the same batch size")
         self.seed, self.epoch, self.cursor = int(state["seed"]), int(state["epoch"]), int(state["cursor"])
         self.row_doc, self.row_pos = [int(d) for d in state["row_doc"]], [int(p) for p in state["row_pos"]]
         self._order = self._shuffled()
@@ -371,13 +373,13 @@ def eval_windows(tokens, n, length, seed=0, eot_token=None):
     """n deterministic windows of `length` tokens -> int64 [n, length]; with eot_token each starts at a
     distinct document's eot, as markov_bayes_nll needs (length <= doc_len + 1 keeps it in one document)."""
     check(_is_int(n) and _is_int(length, 2) and len(tokens) >= length, f"eval_windows: need n >= 1 and 2 <= "
-           f"length <= {len(tokens)} (the tokens), got {n!r}, {length!r}: use a shorter length or more data")
+          f"length <= {len(tokens)} (the tokens), got {n!r}, {length!r}: use a shorter length or more data")
     rng, last = np.random.default_rng(seed), len(tokens) - length   # the last start at which a window fits
     if eot_token is None:
         return _windows(tokens, rng.integers(0, last + 1, size=n), length)
     candidates = np.flatnonzero(np.asarray(tokens[: last + 1]) == eot_token)
-    check(len(candidates) >= n, f"eval_windows: only {len(candidates)} documents start a window of "
-                                 f"{length} tokens, {n} asked: use fewer or shorter windows or more documents")
+    check(len(candidates) >= n, f"eval_windows: only {len(candidates)} documents start a window of {length} "
+          f"tokens, {n} asked: use fewer or shorter windows or more documents")
     return _windows(tokens, rng.choice(candidates, size=n, replace=False), length)
 
 
