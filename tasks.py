@@ -397,8 +397,10 @@ def split_answer(sample):
 
 
 class TaskSampler:
-    """Batches of task_fn(seed=[seed, step, row, 1], **task_kwargs) (never an int evaluation seed), used like
-    RandomWindows. A sample of `length` tokens gives x and y of length-1: pass length=seq_len + 1."""
+    """Batches of task_fn(seed=[seed, step, row, 1], **task_kwargs) (never an int evaluation seed) as x, y,
+    like RandomWindows (pass length=seq_len + 1), y -100 (ignored) outside the answer. Shorter samples are
+    padded with eot on the LEFT: a recurrent model carries what it reads, so nothing between prompt and
+    answer."""
 
     def __init__(self, task_fn, batch_size, seed=0, **task_kwargs):
         check(_is_int(batch_size), f"TaskSampler: batch_size must be an integer >= 1, got {batch_size!r}")
@@ -412,8 +414,6 @@ class TaskSampler:
         return samples
 
     def next_batch(self):
-        """-> x, y: int64 [batch_size, T-1], y -100 (ignored) outside the answer. Shorter examples are padded
-        with eot on the LEFT: a recurrent model carries what it reads, so nothing between prompt and answer."""
         samples = self.next_samples()
         pad = [max(len(s.tokens) for s in samples) - len(s.tokens) for s in samples]
         tokens = torch.tensor(np.stack([np.pad(s.tokens, (p, 0), constant_values=self.pad_id)
@@ -422,10 +422,6 @@ class TaskSampler:
         return tokens[:, :-1].contiguous(), tokens[:, 1:].masked_fill(~answer[:, 1:], -100)
 
     state_dict, load_state_dict = RandomWindows.state_dict, RandomWindows.load_state_dict
-
-
-def _encode(enc, text):
-    return np.array(enc.encode_ordinary(text), dtype=np.int64)
 
 
 def _rngs(seed, n):
@@ -437,13 +433,15 @@ FILLER_SENTENCES = (" The river runs down to the sea.", " The hills are quiet at
                     " The wind is soft today.", " On we walk.", " Up the path and down again.")
 
 
-def _hide(enc, what, length, pieces, question, answer, place, corpus=None, rng=None):
-    """eot, filler with the pieces spliced in at place(boundaries, n_filler), question, answer: `length` tokens
-    -> (tokens, answer_mask, each piece's start). Filler: ours, or a window of the token stream `corpus`."""
+def _hide(enc, what, length, facts, question, answer, place, corpus=None, rng=None):
+    """eot, filler with the facts spliced in at place(boundaries, n_filler), question, answer (texts), in
+    `length` tokens -> (tokens, answer_mask, each fact's start, n_filler). The filler is ours, or a window
+    of the token stream `corpus`."""
     check(_is_int(length), f"{what}: length must be an integer >= 1, got {length!r}")
+    *pieces, question, answer = (enc.encode_ordinary(text) for text in facts + [question, answer])
     n = length - 1 - sum(map(len, pieces + [question, answer]))
     check(n >= 0, f"{what}: length {length} is too short, its sentences and question alone take "
-                   f"{length - n} tokens: use a longer length (--seq-len)")
+          f"{length - n} tokens: use a longer length (--seq-len)")
     if corpus is None:   # the LAST n tokens of our sentences repeated; boundaries between whole sentences
         sentences = [enc.encode_ordinary(s) for s in FILLER_SENTENCES]
         sentences *= n // sum(map(len, sentences)) + 1
@@ -452,21 +450,21 @@ def _hide(enc, what, length, pieces, question, answer, place, corpus=None, rng=N
         filler, boundaries = np.concatenate(sentences).astype(np.int64)[cut:], ends[ends >= cut] - cut
     else:   # its eots become newlines (it must read as one text); boundaries at line starts
         check(len(corpus) >= n, f"{what}: the filler stream has {len(corpus)} tokens, {n} needed: pass a "
-                                 f"longer filler_tokens or a shorter length")
+              f"longer filler_tokens or a shorter length")
         start = int(rng.integers(0, len(corpus) - n + 1))
         filler = np.asarray(corpus[start:start + n]).astype(np.int64)
         check(n == 0 or filler.max() < enc.n_vocab, f"{what}: filler token id {filler.max()} is beyond "
-               f"tokenizer {enc.name!r} (vocab {enc.n_vocab}): the filler must come from the same tokenizer")
+              f"tokenizer {enc.name!r} (vocab {enc.n_vocab}): the filler must come from the same tokenizer")
         filler[filler == enc.eot_token] = enc.encode_ordinary("\n")[-1]
         ends_line = [enc.decode([t]).endswith("\n") for t in filler.tolist()]   # part of a character: U+FFFD
         boundaries = np.union1d(np.flatnonzero(ends_line) + 1, [0])
-    parts, piece_starts, cur, shift = [[enc.eot_token]], [], 0, 1
+    parts, starts, cur, shift = [[enc.eot_token]], [], 0, 1
     for pos, piece in zip(place(boundaries, n), pieces):
         parts += [filler[cur:pos], piece]
-        piece_starts.append(pos + shift)   # shift: the eot and the pieces before this one
+        starts.append(pos + shift)   # shift: the eot and the pieces before this one
         shift, cur = shift + len(piece), pos
     tokens = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts + [filler[cur:], question, answer]])
-    return tokens, np.arange(len(tokens)) >= len(tokens) - len(answer), piece_starts
+    return tokens, np.arange(len(tokens)) >= len(tokens) - len(answer), starts, n
 
 
 # --- Passkey retrieval (Fig. 7) ---------------------------------------------------------------
@@ -475,20 +473,17 @@ PASSKEY_QUESTION = " What is the pass key? The pass key is"
 
 
 def passkey_sample(tokenizer, length, depth=None, seed=0):
-    """A 5-digit key at `depth` (fraction of filler before it, at a sentence boundary; None: uniform) in filler,
-    then the question; `length` tokens. The answer " {key}." has the paper's period: the model learns to stop"""
+    """A 5-digit key at `depth` (fraction of filler before it, at a sentence boundary; None: uniform) in
+    filler, then the question; the answer " {key}." has the paper's period: the model learns to stop."""
     enc, (content_rng, layout_rng) = get_tokenizer(tokenizer), _rngs(seed, 2)
     key = str(int(content_rng.integers(10_000, 100_000)))
     depth = float(layout_rng.random()) if depth is None else depth
     check(0 <= depth <= 1, f"passkey_sample: depth must be in [0, 1], got {depth}")
-    needle, question, answer = (_encode(enc, s) for s in (PASSKEY_SENTENCE.format(key=key), PASSKEY_QUESTION,
-                                                          f" {key}."))
-    tokens, answer_mask, (key_start,) = _hide(enc, "passkey_sample", length, [needle], question, answer,
-                                              lambda b, n: [int(b[np.argmin(np.abs(b - depth * n))])])
-    n = length - 1 - len(needle) - len(question) - len(answer)   # the filler tokens
-    meta = dict(task="passkey", answer=key, key=key, depth=depth, key_start=key_start, seed=seed,
-                actual_depth=(key_start - 1) / n if n else 0.0)
-    return Sample(tokens, answer_mask, meta)
+    place = lambda b, n: [int(b[np.argmin(np.abs(b - depth * n))])]   # noqa: E731  the nearest boundary
+    tokens, mask, (start,), n = _hide(enc, "passkey_sample", length, [PASSKEY_SENTENCE.format(key=key)],
+                                      PASSKEY_QUESTION, f" {key}.", place)
+    return Sample(tokens, mask, dict(task="passkey", answer=key, key=key, depth=depth, key_start=start,
+                                     seed=seed, actual_depth=(start - 1) / n if n else 0.0))
 
 
 def passkey_digit_accuracy(pred_text, key):
@@ -510,7 +505,7 @@ def copy_sample(tokenizer, length, seed=0):
     drawn = isinstance(length, (tuple, list))
     lo, hi = tuple(length) if drawn and len(length) == 2 else (length, length)
     check(_is_int(lo) and _is_int(hi, lo), f"copy_sample: length must be >= 1 or a range (lo, hi) with "
-                                            f"1 <= lo <= hi, got {length!r}")
+          f"1 <= lo <= hi, got {length!r}")
     length = int(rng.integers(lo, hi + 1)) if drawn else length
     pick = rng.integers(0, len(COPY_ALPHABET), size=length)
     s = np.array([enc.encode_single_token(c.encode()) for c in COPY_ALPHABET], dtype=np.int64)[pick]
@@ -568,14 +563,17 @@ BABI_TASKS = {   # task -> event kinds (repeats weight them), events in [lo, hi)
 MAX_CARRIED = 3
 
 
+def _pick(rng, items):
+    return items[rng.integers(len(items))] if items else None
+
+
 def _simulate(rng, kinds, n_events, n_people, n_places, n_objects):
-    """A random valid story: to pick up or give, a person must be somewhere known; a lying object is picked up
-    only where it lies; give needs both people in one place; nobody carries more than MAX_CARRIED."""
-    people, places, objects = ([str(x) for x in rng.choice(pool, n, replace=False)] if n else [] for pool, n
-                               in ((BABI_PEOPLE, n_people), (BABI_PLACES, n_places), (BABI_OBJECTS, n_objects)))
-    loc, last_fact = dict.fromkeys(people), dict.fromkeys(people)     # loc None: unknown ("not in", "either")
-    holder, lies_at = dict.fromkeys(objects), dict.fromkeys(objects)  # lies_at: a free object's place
-    history, events = {o: [] for o in objects}, []                    # history: each object's places
+    """A random valid story: to pick up or give, a person must be somewhere known; a lying object is picked
+    up only where it lies; give needs both people in one place; nobody carries more than MAX_CARRIED."""
+    people, places, objects = ([str(x) for x in rng.choice(pool, n, replace=False)] if n else [] for pool, n in
+                               zip((BABI_PEOPLE, BABI_PLACES, BABI_OBJECTS), (n_people, n_places, n_objects)))
+    loc, holder, lies_at = dict.fromkeys(people), dict.fromkeys(objects), dict.fromkeys(objects)
+    history, events = {o: [] for o in objects}, []   # loc None: unknown; history: each object's places
     while len(events) < n_events:
         kind = _pick(rng, kinds)
         free = [p for p in people if list(holder.values()).count(p) < MAX_CARRIED]   # can carry one more
@@ -600,11 +598,10 @@ def _simulate(rng, kinds, n_events, n_people, n_places, n_objects):
             loc[p] = event["place"] if kind == "move" else None
             for x in objects:   # what p carries goes along
                 history[x] += [loc[p]] if holder[x] == p and kind == "move" else []
-        last_fact[p] = event
         event["text"] = _pick(rng, BABI_TEMPLATES[kind]).format(**event)
         events.append(event)
-    return events, dict(loc=loc, holder=holder, lies_at=lies_at, history=history, last_fact=last_fact,
-                        people=people, places=places, objects=objects)
+    return events, dict(loc=loc, holder=holder, lies_at=lies_at, history=history, people=people,
+                        places=places, objects=objects)
 
 
 def _relations(rng, n_places):   # qa4's story: places on a grid, each new one next to a placed one
@@ -617,10 +614,6 @@ def _relations(rng, n_places):   # qa4's story: places on a grid, each new one n
         e = dict(kind="relation", place=new, direction=d, place2=old)
         events.append(dict(e, text=BABI_TEMPLATES["relation"][0].format(**e)))
     return [events[i] for i in rng.permutation(len(events))]
-
-
-def _pick(rng, items):
-    return items[rng.integers(len(items))] if items else None
 
 
 def _ask(task, rng, events, w):
@@ -655,8 +648,9 @@ def _ask(task, rng, events, w):
         held = sorted(o for o in objects if holder[o] == p)
         answer = BABI_NUMBERS[len(held)] if task == "qa7" else ",".join(held) or "nothing"
         return answer, dict(kind="count_carried" if task == "qa7" else "list_carried", person=p)
-    p = _pick(rng, [p for p in w["people"] if w["last_fact"][p]])   # qa9: "not in" facts; qa10: "either"
-    last = w["last_fact"][p]
+    last_fact = {e["person"]: e for e in events}   # qa9: "not in" facts; qa10: "either" facts
+    p = _pick(rng, [p for p in w["people"] if p in last_fact])
+    last = last_fact[p]
     named = [last["place"]] + ([last["place2"]] if last["kind"] == "either" else [])
     if task == "qa10":
         others = [x for x in w["places"] if x not in named]
@@ -682,22 +676,22 @@ def babi_story(task, seed=0):
 
 
 def babi_sample(task, tokenizer, length, seed=0, filler_tokens=None):
-    """A bAbI story (task "qa1".."qa10", None: drawn uniformly) in order at random boundaries of our filler or
-    of a window of filler_tokens (a stream of the same tokenizer), "Question: ...\nAnswer:", " {answer}."."""
+    """A bAbI story (task "qa1".."qa10", None: drawn uniformly) in order at random boundaries of our
+    filler or of filler_tokens (a stream of the same tokenizer), "Question: ...\nAnswer:", " {answer}."."""
     enc, (task_rng, story_rng, layout_rng) = get_tokenizer(tokenizer), _rngs(seed, 3)
     task = _pick(task_rng, list(BABI_TASKS)) if task is None else task   # babi_story checks it
     events, question, answer, asked = babi_story(task, int(story_rng.integers(2**63)))
-    facts = [_encode(enc, f" {e['text']}" if filler_tokens is None else f"{e['text']}\n") for e in events]
-    qa = _encode(enc, f"\nQuestion: {question}\nAnswer:"), _encode(enc, f" {answer}.")
-    tokens, mask, starts = _hide(enc, f"babi_sample {task}", length, facts, *qa, lambda b, n: np.sort(
-        layout_rng.choice(b, size=len(facts))).tolist(), filler_tokens, layout_rng)
+    facts = [f" {e['text']}" if filler_tokens is None else f"{e['text']}\n" for e in events]
+    place = lambda b, n: np.sort(layout_rng.choice(b, size=len(facts))).tolist()   # noqa: E731
+    tokens, mask, starts, _ = _hide(enc, f"babi_sample {task}", length, facts, f"\nQuestion: {question}\n"
+                                    f"Answer:", f" {answer}.", place, filler_tokens, layout_rng)
     return Sample(tokens, mask, dict(task=task, answer=answer, question=question, asked=asked, events=events,
                                      fact_starts=starts, seed=seed))
 
 
 def babi_mixture(tokenizer, length, seed, babi_tasks, filler_tokens=None):
-    """A babi_sample of a task drawn uniformly from babi_tasks, a pure function of the seed. A story too long
-    for `length` is replaced by the one of seed + [retry] (at short lengths this favours shorter stories)."""
+    """A babi_sample of a task drawn uniformly from babi_tasks, a pure function of the seed. A story too
+    long for `length` is replaced by the one of seed + [retry] (at short lengths, shorter stories win)."""
     seed = list(np.atleast_1d(seed))
     task = babi_tasks[np.random.default_rng(seed + [7]).integers(len(babi_tasks))]
     for retry in range(100):
