@@ -3,8 +3,7 @@
 2. the in-context Markov process and its exact Bayes-optimal NLL (markov_bayes_nll), the floor;
 3. samplers: RandomWindows (zero state, noise, State Passing), DocumentStreams (TBTT), eval_windows;
 4. the paper's Sec. 5 tasks (passkey, copying, BABILong-style bAbI QA), TaskSampler and the scores.
-A stream is [eot d1 eot d2 ...], so a window that starts at an eot starts a document (nanoGPT's .bin
-files put the eot after each document; the samplers take both)."""
+A stream is [eot d1 eot d2 ...]: a window that starts at an eot starts a document."""
 import collections
 import functools
 import hashlib
@@ -13,7 +12,6 @@ import math
 import os
 import re
 import sysconfig
-import time
 
 import numpy as np
 import torch
@@ -152,10 +150,9 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
 
 
 def _build_cache(base, label, files, enc, seed, val_fraction):
-    """Tokenize the files as eot + text, train documents then a seeded val_fraction of them (at least
-    one, never all), into base.bin and base.json via a temporary name: a crash leaves no half cache."""
-    t0, tmp, is_val = time.time(), f"{base}.{os.getpid()}.tmp", np.zeros(len(files), dtype=int)
-    if len(files) >= 2 and val_fraction > 0:
+    """Files -> base.bin (eot + text each, train then a seeded val_fraction of them) and base.json."""
+    tmp, is_val = f"{base}.{os.getpid()}.tmp", np.zeros(len(files), dtype=int)   # no half cache is left
+    if len(files) >= 2 and val_fraction > 0:   # at least one val document, never all
         n_val = min(len(files) - 1, max(1, round(val_fraction * len(files))))
         is_val[np.random.default_rng(seed).permutation(len(files))[:n_val]] = 1
     dtype, n, docs, skipped = np.uint16 if enc.n_vocab <= 1 << 16 else np.uint32, [0, 0], [0, 0], 0
@@ -189,26 +186,24 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
         if os.path.exists(tmp):
             os.remove(tmp)
     print(f"tasks: cached {label}: {docs[0]}+{docs[1]} docs, {n[0]}+{n[1]} tokens ({skipped} files skipped: "
-          f"binary, not UTF-8 or empty), {time.time() - t0:.1f}s -> {base}.bin")
+          f"binary, not UTF-8 or empty) -> {base}.bin")
 
 
 def _load_bin(path, enc, val_fraction):   # nanoGPT's prepare.py output: memory-mapped as is, val is its tail
     size = os.path.getsize(path) if os.path.isfile(path) else -1
     check(size > 0 and size % 2 == 0, f"{path!r} is missing or not whole uint16 ids: pass a nanoGPT .bin")
-    check(enc.n_vocab <= 1 << 16, f"{enc.name!r} has {enc.n_vocab} tokens, more than uint16 ids hold: pass "
-          f"the text instead (its cache keeps uint32 ids)")
+    check(enc.n_vocab <= 1 << 16, f"{enc.name!r} has {enc.n_vocab} ids, past uint16: pass the text (uint32)")
     tokens = np.memmap(path, dtype=np.uint16, mode="r")
     top = int(tokens.max())   # the whole file: an id past the vocabulary would fail mid-training
-    check(top < enc.n_vocab, f"{path!r} holds id {top}, past {enc.name!r}'s {enc.n_vocab} tokens: pass the "
-          f"--tokenizer that made the file")
+    check(top < enc.n_vocab, f"{path!r} holds id {top}, past {enc.name!r}: pass its --tokenizer")
     n_train = len(tokens) - round(len(tokens) * val_fraction)
     return Data(path, tokens[:n_train], tokens[n_train:], enc.n_vocab, enc.eot_token, enc)
 
 
 # --- 2. The in-context Markov process and its exact Bayes floor -----------------------------------
 # Each document draws its OWN transition matrix P (K x K, rows ~ Dirichlet(alpha)), a uniform first token,
-# then doc_len tokens of the chain: predicting well means counting bigrams in context, the skill whose failure
-# past T_train the paper studies. shared=C > 0: RELATED documents, rows ~ Dirichlet(C * G_i), G per seed.
+# then doc_len tokens of the chain: predicting well means counting bigrams in context, the skill whose
+# failure past T_train the paper studies. shared=C > 0: RELATED documents, rows ~ Dirichlet(C * G_i).
 MARKOV_DEFAULTS = dict(k=8, alpha=0.3, doc_len=4096, docs=2048, val_docs=256, shared=0.0)
 
 
@@ -220,8 +215,7 @@ def markov_prior(k, alpha, shared=0.0, seed=0):
 
 
 def sample_markov(k, alpha, doc_len, docs, seed=0, split="train", shared=0.0):
-    """-> (tokens [docs, doc_len] int64 in 0..k-1, transitions [docs, k, k]); document d is a pure function
-    of (seed, split, d), whatever the number of documents drawn."""
+    """-> (tokens [docs, doc_len] int64 in 0..k-1, transitions [docs, k, k]); doc d: from (seed, split, d)."""
     check(_is_int(k, 2) and alpha > 0 and _is_int(doc_len) and _is_int(docs) and shared >= 0 and split in
           ("train", "val"), f"sample_markov: need k >= 2, alpha > 0, doc_len >= 1, docs >= 1, shared >= 0, "
           f"split train or val; got {k}, {alpha}, {doc_len}, {docs}, {shared}, {split!r}")
@@ -303,8 +297,7 @@ def _check_sampler(what, tokens, batch_size, seq_len):
 
 
 class RandomWindows:
-    """Independent windows of seq_len+1 tokens from anywhere in the stream (they may cross documents, as
-    in nanoGPT): the zero-state baseline, the noise interventions and State Passing train on these."""
+    """Windows from anywhere in the stream (across documents, as nanoGPT's): for zero, noise and SP states."""
 
     def __init__(self, tokens, batch_size, seq_len, seed=0):
         _check_sampler("RandomWindows", tokens, batch_size, seq_len)
@@ -325,9 +318,8 @@ class RandomWindows:
 
 
 class DocumentStreams:
-    """TBTT: row r reads a document (from an eot) in chunks of seq_len+1 tokens, each from its predecessor's
-    last token, so it starts from that chunk's final state; then the next of a seeded order, new_doc[r] True.
-    A tail shorter than a chunk is dropped; documents shorter than seq_len+1 tokens are skipped."""
+    """TBTT: row r reads a document in chunks, each from its predecessor's last token (and final state),
+    then the next of a seeded order, new_doc[r] True; tails and documents shorter than a chunk are skipped."""
 
     def __init__(self, tokens, eot_token, batch_size, seq_len, seed=0):
         _check_sampler("DocumentStreams", tokens, batch_size, seq_len)
@@ -370,11 +362,10 @@ class DocumentStreams:
 
 
 def eval_windows(tokens, n, length, seed=0, eot_token=None):
-    """n deterministic windows of `length` tokens -> int64 [n, length]; with eot_token each starts at a
-    distinct document's eot, as markov_bayes_nll needs (length <= doc_len + 1 keeps it in one document)."""
+    """n seeded windows -> int64 [n, length]; with eot_token each at a distinct document's start."""
     check(_is_int(n) and _is_int(length, 2) and len(tokens) >= length, f"eval_windows: need n >= 1 and 2 <= "
           f"length <= {len(tokens)} (the tokens), got {n!r}, {length!r}: use a shorter length or more data")
-    rng, last = np.random.default_rng(seed), len(tokens) - length   # the last start at which a window fits
+    rng, last = np.random.default_rng(seed), len(tokens) - length   # the last start that fits
     if eot_token is None:
         return _windows(tokens, rng.integers(0, last + 1, size=n), length)
     candidates = np.flatnonzero(np.asarray(tokens[: last + 1]) == eot_token)
@@ -397,10 +388,8 @@ def split_answer(sample):
 
 
 class TaskSampler:
-    """Batches of task_fn(seed=[seed, step, row, 1], **task_kwargs) (never an int evaluation seed) as x, y,
-    like RandomWindows (pass length=seq_len + 1), y -100 (ignored) outside the answer. Shorter samples are
-    padded with eot on the LEFT: a recurrent model carries what it reads, so nothing between prompt and
-    answer."""
+    """x, y of task_fn(seed=[seed, step, row, 1], length=seq_len + 1, ...), y -100 (ignored) but on the
+    answer; shorter samples padded with eot on the LEFT, so nothing comes between prompt and answer."""
 
     def __init__(self, task_fn, batch_size, seed=0, **task_kwargs):
         check(_is_int(batch_size), f"TaskSampler: batch_size must be an integer >= 1, got {batch_size!r}")
@@ -434,9 +423,8 @@ FILLER_SENTENCES = (" The river runs down to the sea.", " The hills are quiet at
 
 
 def _hide(enc, what, length, facts, question, answer, place, corpus=None, rng=None):
-    """eot, filler with the facts spliced in at place(boundaries, n_filler), question, answer (texts), in
-    `length` tokens -> (tokens, answer_mask, each fact's start, n_filler). The filler is ours, or a window
-    of the token stream `corpus`."""
+    """eot, filler (ours, or from the token stream `corpus`) with the facts at place(boundaries, n_filler),
+    question, answer: `length` tokens -> (tokens, answer_mask, each fact's start, n_filler)."""
     check(_is_int(length), f"{what}: length must be an integer >= 1, got {length!r}")
     *pieces, question, answer = (enc.encode_ordinary(text) for text in facts + [question, answer])
     n = length - 1 - sum(map(len, pieces + [question, answer]))
@@ -479,9 +467,9 @@ def passkey_sample(tokenizer, length, depth=None, seed=0):
     key = str(int(content_rng.integers(10_000, 100_000)))
     depth = float(layout_rng.random()) if depth is None else depth
     check(0 <= depth <= 1, f"passkey_sample: depth must be in [0, 1], got {depth}")
-    place = lambda b, n: [int(b[np.argmin(np.abs(b - depth * n))])]   # noqa: E731  the nearest boundary
     tokens, mask, (start,), n = _hide(enc, "passkey_sample", length, [PASSKEY_SENTENCE.format(key=key)],
-                                      PASSKEY_QUESTION, f" {key}.", place)
+                                      PASSKEY_QUESTION, f" {key}.", lambda b, n: [int(b[np.abs(b - depth * n)
+                                                                                          .argmin()])])
     return Sample(tokens, mask, dict(task="passkey", answer=key, key=key, depth=depth, key_start=start,
                                      seed=seed, actual_depth=(start - 1) / n if n else 0.0))
 
@@ -499,8 +487,7 @@ COPY_SEP, COPY_EOS = b"\x1d", b"\x03"
 
 
 def copy_sample(tokenizer, length, seed=0):
-    """A random string of `length` (or a length drawn from the inclusive range (lo, hi)) letters, each one
-    token, to be copied after the separator: 2 * length + 3 tokens."""
+    """A random string of `length` (or drawn from [lo, hi]) letters to copy: 2 * length + 3 tokens."""
     enc, (rng,) = get_tokenizer(tokenizer), _rngs(seed, 1)
     drawn = isinstance(length, (tuple, list))
     lo, hi = tuple(length) if drawn and len(length) == 2 else (length, length)
@@ -570,8 +557,8 @@ def _pick(rng, items):
 def _simulate(rng, kinds, n_events, n_people, n_places, n_objects):
     """A random valid story: to pick up or give, a person must be somewhere known; a lying object is picked
     up only where it lies; give needs both people in one place; nobody carries more than MAX_CARRIED."""
-    people, places, objects = ([str(x) for x in rng.choice(pool, n, replace=False)] if n else [] for pool, n in
-                               zip((BABI_PEOPLE, BABI_PLACES, BABI_OBJECTS), (n_people, n_places, n_objects)))
+    people, places, objects = ([str(x) for x in rng.choice(pool, n, replace=False)] if n else [] for pool, n
+                               in zip((BABI_PEOPLE, BABI_PLACES, BABI_OBJECTS), (n_people, n_places, n_objects)))
     loc, holder, lies_at = dict.fromkeys(people), dict.fromkeys(objects), dict.fromkeys(objects)
     history, events = {o: [] for o in objects}, []   # loc None: unknown; history: each object's places
     while len(events) < n_events:
