@@ -118,9 +118,8 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
     """data: "stdlib" (the standard library's .py files: offline text), "markov:k=8,..." (MARKOV_DEFAULTS),
     a text file or a directory of them (split train/val by document with `seed`), or a nanoGPT uint16 .bin.
     Text is tokenized once, into a cache keyed by the files (size and mtime), the tokenizer and the split."""
-    check(isinstance(data, str) and data and _is_int(seed, 0) and isinstance(val_fraction, (int, float))
-          and 0 <= val_fraction < 1, f"load_data: need data a name or path, seed an integer >= 0 and "
-          f"val_fraction in [0, 1), got {data!r}, {seed!r}, {val_fraction!r}")
+    check(isinstance(data, str) and data and _is_int(seed, 0) and isinstance(val_fraction, (int, float)) and
+          0 <= val_fraction < 1, f"load_data: need a data name, seed >= 0 and val_fraction in [0, 1)")
     if data == "markov" or data.startswith("markov:"):
         return _load_markov(data[7:], int(seed))
     enc = get_tokenizer(tokenizer)
@@ -172,8 +171,7 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
                     out.write(ids.tobytes())
                     n[is_val[i]], docs[is_val[i]] = n[is_val[i]] + len(ids), docs[is_val[i]] + 1
         check(docs[0] and (docs[1] or not is_val.any()), f"{label!r}: no UTF-8 text documents for the "
-              f"{'val' if docs[0] else 'train'} split ({skipped} of {len(files)} files skipped as binary, "
-              f"not UTF-8 or empty): point --data at text files")
+              f"{'val' if docs[0] else 'train'} split ({skipped} of {len(files)} skipped): pass text files")
         if not docs[1]:   # one document: split its tokens
             n = [n[0] - round(n[0] * val_fraction), round(n[0] * val_fraction)]
         meta = dict(source=label, tokenizer=enc.name, dtype=np.dtype(dtype).name, n_train=n[0], n_val=n[1],
@@ -216,9 +214,8 @@ def markov_prior(k, alpha, shared=0.0, seed=0):
 
 def sample_markov(k, alpha, doc_len, docs, seed=0, split="train", shared=0.0):
     """-> (tokens [docs, doc_len] int64 in 0..k-1, transitions [docs, k, k]); doc d: from (seed, split, d)."""
-    check(_is_int(k, 2) and alpha > 0 and _is_int(doc_len) and _is_int(docs) and shared >= 0 and split in
-          ("train", "val"), f"sample_markov: need k >= 2, alpha > 0, doc_len >= 1, docs >= 1, shared >= 0, "
-          f"split train or val; got {k}, {alpha}, {doc_len}, {docs}, {shared}, {split!r}")
+    check(split in ("train", "val") and _is_int(k, 2) and _is_int(doc_len) and _is_int(docs) and alpha > 0
+          and shared >= 0, f"sample_markov: need k >= 2, doc_len, docs >= 1, alpha > 0, shared >= 0")
     prior = markov_prior(k, alpha, shared, seed)
     transitions, u = np.empty((docs, k, k)), np.empty((doc_len, docs))   # u: uniforms [time, doc]
     for doc in range(docs):
@@ -292,8 +289,7 @@ def _xy(tokens, starts, seq_len):
 
 def _check_sampler(what, tokens, batch_size, seq_len):
     check(_is_int(batch_size) and _is_int(seq_len) and len(tokens) > seq_len, f"{what}: need batch_size >= 1 "
-          f"and 1 <= seq_len < {len(tokens)} (the tokens), got {batch_size!r}, {seq_len!r}: use a shorter "
-          f"seq_len or more data")
+          f"and 1 <= seq_len < {len(tokens)} (the tokens): use a shorter seq_len or more data")
 
 
 class RandomWindows:
@@ -327,8 +323,7 @@ class DocumentStreams:
         starts = np.union1d([0], np.flatnonzero(np.asarray(tokens) == eot_token))
         lengths = np.diff(np.append(starts, len(tokens)))
         self.doc_start, self.doc_len = starts[lengths > seq_len], lengths[lengths > seq_len]
-        check(len(self.doc_start), f"DocumentStreams: no document has seq_len+1 = {seq_len + 1} tokens: "
-              f"use a shorter seq_len or longer documents")
+        check(len(self.doc_start), f"DocumentStreams: no document has {seq_len + 1} tokens: shorten seq_len")
         self.load_state_dict(dict(seed=seed, epoch=0, cursor=0, row_doc=[-1] * batch_size,   # -1: needs a doc
                                   row_pos=[0] * batch_size))
 
@@ -350,9 +345,7 @@ class DocumentStreams:
                     row_pos=list(self.row_pos))
 
     def load_state_dict(self, state):
-        rows = len(state["row_doc"])
-        check(rows == self.batch_size, f"DocumentStreams: the saved state has {rows} rows, this sampler "
-              f"{self.batch_size}: resume with the same batch size")
+        check(len(state["row_doc"]) == self.batch_size, "DocumentStreams: resume with the same batch size")
         self.seed, self.epoch, self.cursor = int(state["seed"]), int(state["epoch"]), int(state["cursor"])
         self.row_doc, self.row_pos = [int(d) for d in state["row_doc"]], [int(p) for p in state["row_pos"]]
         self._order = self._shuffled()
@@ -437,21 +430,18 @@ def _hide(enc, what, length, facts, question, answer, place, corpus=None, rng=No
         cut = ends[-1] - n   # tokens dropped from the front
         filler, boundaries = np.concatenate(sentences).astype(np.int64)[cut:], ends[ends >= cut] - cut
     else:   # its eots become newlines (it must read as one text); boundaries at line starts
-        check(len(corpus) >= n, f"{what}: the filler stream has {len(corpus)} tokens, {n} needed: pass a "
-              f"longer filler_tokens or a shorter length")
+        check(len(corpus) >= n, f"{what}: filler_tokens has {len(corpus)} tokens, {n} needed: pass more")
         start = int(rng.integers(0, len(corpus) - n + 1))
         filler = np.asarray(corpus[start:start + n]).astype(np.int64)
-        check(n == 0 or filler.max() < enc.n_vocab, f"{what}: filler token id {filler.max()} is beyond "
-              f"tokenizer {enc.name!r} (vocab {enc.n_vocab}): the filler must come from the same tokenizer")
+        check(filler.max(initial=0) < enc.n_vocab, f"{what}: filler_tokens must come from the same tokenizer")
         filler[filler == enc.eot_token] = enc.encode_ordinary("\n")[-1]
         ends_line = [enc.decode([t]).endswith("\n") for t in filler.tolist()]   # part of a character: U+FFFD
         boundaries = np.union1d(np.flatnonzero(ends_line) + 1, [0])
-    parts, starts, cur, shift = [[enc.eot_token]], [], 0, 1
-    for pos, piece in zip(place(boundaries, n), pieces):
-        parts += [filler[cur:pos], piece]
-        starts.append(pos + shift)   # shift: the eot and the pieces before this one
-        shift, cur = shift + len(piece), pos
-    tokens = np.concatenate([np.asarray(p, dtype=np.int64) for p in parts + [filler[cur:], question, answer]])
+    positions = place(boundaries, n)   # each fact's start: after the eot and the facts before it
+    starts = [pos + 1 + sum(map(len, pieces[:i])) for i, pos in enumerate(positions)]
+    parts = [x for segment, piece in zip(np.split(filler, positions), pieces + [question + answer])
+             for x in (segment, piece)]
+    tokens = np.concatenate([[enc.eot_token]] + parts).astype(np.int64)
     return tokens, np.arange(len(tokens)) >= len(tokens) - len(answer), starts, n
 
 
@@ -491,8 +481,7 @@ def copy_sample(tokenizer, length, seed=0):
     enc, (rng,) = get_tokenizer(tokenizer), _rngs(seed, 1)
     drawn = isinstance(length, (tuple, list))
     lo, hi = tuple(length) if drawn and len(length) == 2 else (length, length)
-    check(_is_int(lo) and _is_int(hi, lo), f"copy_sample: length must be >= 1 or a range (lo, hi) with "
-          f"1 <= lo <= hi, got {length!r}")
+    check(_is_int(lo) and _is_int(hi, lo), f"copy_sample: need length >= 1 or (lo, hi), 1 <= lo <= hi")
     length = int(rng.integers(lo, hi + 1)) if drawn else length
     pick = rng.integers(0, len(COPY_ALPHABET), size=length)
     s = np.array([enc.encode_single_token(c.encode()) for c in COPY_ALPHABET], dtype=np.int64)[pick]
@@ -554,11 +543,11 @@ def _pick(rng, items):
     return items[rng.integers(len(items))] if items else None
 
 
-def _simulate(rng, kinds, n_events, n_people, n_places, n_objects):
+def _simulate(rng, kinds, n_events, sizes):
     """A random valid story: to pick up or give, a person must be somewhere known; a lying object is picked
     up only where it lies; give needs both people in one place; nobody carries more than MAX_CARRIED."""
-    people, places, objects = ([str(x) for x in rng.choice(pool, n, replace=False)] if n else [] for pool, n
-                               in zip((BABI_PEOPLE, BABI_PLACES, BABI_OBJECTS), (n_people, n_places, n_objects)))
+    people, places, objects = ([str(x) for x in rng.choice(pool, n, replace=False)] if n else []
+                               for pool, n in zip((BABI_PEOPLE, BABI_PLACES, BABI_OBJECTS), sizes))
     loc, holder, lies_at = dict.fromkeys(people), dict.fromkeys(objects), dict.fromkeys(objects)
     history, events = {o: [] for o in objects}, []   # loc None: unknown; history: each object's places
     while len(events) < n_events:
@@ -657,7 +646,7 @@ def babi_story(task, seed=0):
     while not qa:   # a story without a good question: draw another from the same rng
         n = int(rng.integers(*n_events))
         events, world = (_relations(rng, n + 1), {}) if task == "qa4" else \
-            _simulate(rng, kinds.split(), n, *sizes)
+            _simulate(rng, kinds.split(), n, sizes)
         qa = _ask(task, rng, events, world)
     return events, BABI_QUESTIONS[qa[1]["kind"]].format(**qa[1]), *qa
 
