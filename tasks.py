@@ -74,9 +74,8 @@ class JsonTokenizer:
             raw = f.read()
         try:
             self._tok = tokenizers.Tokenizer.from_str(raw.decode())
-        except Exception as e:
-            raise DataError(f"{path} is not a readable tokenizer.json ({str(e)[:60]!r}): pass the model's "
-                            f"own") from None
+        except Exception:
+            raise DataError(f"{path} is not a readable tokenizer.json: pass the model's own") from None
         self._tok.encode_special_tokens = True   # "<|endoftext|>" inside a document is plain text
         special = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
         check(EOT in special, f"{path} has no {EOT} special token to mark documents: use GPT-NeoX's")
@@ -123,8 +122,15 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
     if data == "markov" or data.startswith("markov:"):
         return _load_markov(data[7:], int(seed))
     enc = get_tokenizer(tokenizer)
-    if data.endswith(".bin"):
-        return _load_bin(data, enc, val_fraction)
+    if data.endswith(".bin"):   # nanoGPT's prepare.py output: memory-mapped as is, val is its tail
+        size = os.path.getsize(data) if os.path.isfile(data) else -1
+        check(size > 0 and size % 2 == 0, f"{data!r} is missing or not whole uint16 ids: pass a nanoGPT .bin")
+        check(enc.n_vocab <= 1 << 16, f"{enc.name!r} ids are past uint16: pass the text (uint32)")
+        tokens = np.memmap(data, dtype=np.uint16, mode="r")
+        top = int(tokens.max())   # the whole file: an id past the vocabulary would fail mid-training
+        check(top < enc.n_vocab, f"{data!r} holds id {top}, past {enc.name!r}: pass its --tokenizer")
+        n = len(tokens) - round(len(tokens) * val_fraction)
+        return Data(data, tokens[:n], tokens[n:], enc.n_vocab, enc.eot_token, enc)
     stdlib = data == "stdlib"   # its .py files, not site-packages (per machine) nor tests (often stripped)
     root = sysconfig.get_paths()["stdlib"] if stdlib else data
     check(os.path.isdir(root) or os.path.isfile(root), f"no such file or directory {data!r}: pass a "
@@ -185,17 +191,6 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
             os.remove(tmp)
     print(f"tasks: cached {label}: {docs[0]}+{docs[1]} docs, {n[0]}+{n[1]} tokens ({skipped} files skipped: "
           f"binary, not UTF-8 or empty) -> {base}.bin")
-
-
-def _load_bin(path, enc, val_fraction):   # nanoGPT's prepare.py output: memory-mapped as is, val is its tail
-    size = os.path.getsize(path) if os.path.isfile(path) else -1
-    check(size > 0 and size % 2 == 0, f"{path!r} is missing or not whole uint16 ids: pass a nanoGPT .bin")
-    check(enc.n_vocab <= 1 << 16, f"{enc.name!r} has {enc.n_vocab} ids, past uint16: pass the text (uint32)")
-    tokens = np.memmap(path, dtype=np.uint16, mode="r")
-    top = int(tokens.max())   # the whole file: an id past the vocabulary would fail mid-training
-    check(top < enc.n_vocab, f"{path!r} holds id {top}, past {enc.name!r}: pass its --tokenizer")
-    n_train = len(tokens) - round(len(tokens) * val_fraction)
-    return Data(path, tokens[:n_train], tokens[n_train:], enc.n_vocab, enc.eot_token, enc)
 
 
 # --- 2. The in-context Markov process and its exact Bayes floor -----------------------------------
