@@ -67,7 +67,6 @@ def tokens(n, T, vocab=11, seed=0):
     return torch.randint(0, vocab, (n, T), generator=torch.Generator().manual_seed(seed))
 
 
-# --- perplexity -------------------------------------------------------------------------------------
 def test_position_nll_streamed_averaged_and_bucketed_as_defined():
     lm, x = ToyLM(), tokens(5, 21)
     want = ev.position_nll_naive(lm, x)
@@ -88,7 +87,6 @@ def test_position_nll_streamed_averaged_and_bucketed_as_defined():
     torch.testing.assert_close(b["nll_sem"], torch.tensor([1.0, 1.0], dtype=torch.float64))
 
 
-# --- Definition 3.2 -----------------------------------------------------------------------------------
 def test_verdict_on_hand_made_curves_and_a_matrix_is_paired():
     assert ev.length_generalization_naive([5.0, 4.0, 3.0, 3.0, 2.9, 2.95, 2.9, 2.8], t_train=4) == 8
     assert ev.length_generalization_naive([5.0, 4.0, 3.0, 2.9, 2.95, 3.5, 4.0], t_train=4) == 4
@@ -120,7 +118,6 @@ def test_verdict_is_stable_across_evaluation_seeds():
     assert max(verdicts) - min(verdicts) <= 1 and 64 <= edges[min(verdicts)] <= 181, verdicts
 
 
-# --- Effective Remembrance ----------------------------------------------------------------------------
 def test_distances_of_known_distributions_and_the_default_cuts():
     p, q = torch.tensor([0.9, 0.1]), torch.tensor([0.6, 0.4])
     one, other, half = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]), torch.tensor([0.5, 0.5])
@@ -148,7 +145,6 @@ def test_effrem_in_one_pass_equals_one_forward_per_cut(distance):
     torch.testing.assert_close(without_zero, want[[3, 5]], atol=1e-6, rtol=1e-5)
 
 
-# --- state statistics ---------------------------------------------------------------------------------
 def test_state_statistics_of_a_linearly_growing_state():
     # a = 1, one token everywhere: h_t = (t + 1) U in every row, so std and RMS grow as t + 1
     lm, x = ToyLM(a=(1.0, 1.0)), torch.full((3, 40), 4)
@@ -164,7 +160,6 @@ def test_state_statistics_of_a_linearly_growing_state():
     assert ev.state_statistics(lm, x)["positions"][-1] == 39
 
 
-# --- command line -------------------------------------------------------------------------------------
 def cli(capsys, *argv):
     try:
         rc = ev.main(list(argv))
@@ -230,7 +225,6 @@ def test_a_model_that_outputs_nan_is_reported_not_a_crash(tmp_path, monkeypatch,
     assert (tmp_path / "eval" / "ppl.png").exists()
 
 
-# --- tasks: greedy decoding from the zero state, scoring, the CLI ------------------------------------
 def test_streamed_greedy_answer_equals_argmax_of_full_forwards():
     lm = tiny_lm().eval()
     prompts, seq = tokens(3, 41, vocab=257, seed=1), tokens(3, 41, vocab=257, seed=1)

@@ -50,7 +50,6 @@ def test_zero_state_shape():
     assert f"params={lm.num_params():,}" in repr(lm)
 
 
-# --- official state-spaces/mamba checkpoints --------------------------------------------------------
 # key -> shape in mamba_ssm's layout. Mamba-2: d_model=64, expand=2, headdim=16 (8 heads), d_state=16, d_conv=4
 OFFICIAL_MAMBA2_LAYER = {
     "norm.weight": [64], "mixer.in_proj.weight": [2 * 128 + 2 * 16 + 8, 64],  # [z, x, B, C, dt]

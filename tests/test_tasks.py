@@ -51,7 +51,6 @@ class Wide:   # a vocabulary past uint16
     encode_ordinary = staticmethod(lambda text: [66_000 + ord(c) % 100 for c in text])
 
 
-# ---------------------------------------------------------------------------------- tokenizers and corpora
 def test_bytes_tokenizer():
     raw = bytes(np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8))
     assert BYTES.encode_ordinary("héllo\n") == [104, 195, 169, 108, 108, 111, 10] and BYTES.n_vocab == 257
@@ -144,7 +143,6 @@ def test_failed_cache_builds_leave_nothing_behind(tmp_path, monkeypatch):
     assert os.listdir(tmp_path / "c") == []
 
 
-# ---------------------------------------------------------------------------------- samplers
 def resumes_exactly(make, sampler, n=3):
     buf = io.BytesIO()   # the state goes through torch.save, as in a checkpoint
     torch.save(sampler.state_dict(), buf)
@@ -198,7 +196,6 @@ def test_document_streams_keep_the_eot_and_flag_exactly_the_new_documents(eot_af
     assert resumes_exactly(lambda seed: DocumentStreams(tokens, EOT, b, seq_len, seed), s, n=40) and s.epoch >= 1
 
 
-# ---------------------------------------------------------------------------------- markov
 def test_markov_data_and_sampler():
     spec = "markov:k=5,alpha=0.2,doc_len=300,docs=40,val_docs=10"
     d = tasks.load_data(spec, seed=1)
@@ -245,7 +242,6 @@ def test_markov_floor_by_hand_by_brute_force_in_context_and_shared():
     np.testing.assert_allclose(d.optimal_nll(w), tasks.markov_bayes_nll(w, 4, 0.5, tasks.markov_prior(4, 0.5, 3.0)))
 
 
-# ---------------------------------------------------------------------------------- Sec. 5 tasks
 def check_sample(s, length, answer_text, enc):
     tokens, mask, meta = s
     n = int(mask.sum())
@@ -407,7 +403,6 @@ def test_scores():
     assert tasks.copy_scores([1, 2], [1, 2, 3, 4]) == (0.5, False)
 
 
-# ---------------------------------------------------------------------------------- bad inputs
 @pytest.fixture(scope="module")
 def bad(tmp_path_factory, tok_json):   # a folder of bad files
     d = tmp_path_factory.mktemp("bad")

@@ -19,7 +19,8 @@ from test_model import OFFICIAL_CONFIG, OFFICIAL_MAMBA2_LAYER, official_state_di
 
 
 @pytest.mark.parametrize("flags", [["--init-state", "sp", "--grad-accum", "2"], ["--init-state", "fitted"],
-                                   ["--init-state", "tbtt"], ["--init-state", "zero", "--streams"]])
+                                   ["--init-state", "tbtt"], ["--init-state", "zero", "--streams"],
+                                   ["--task", "passkey", "--seq-len", "130", "--init-state", "fitted"]])
 def test_resume_after_interrupt_reproduces_the_loss_trajectory(tmp_path, flags):
     common = TRAIN + flags + ["--steps", "8", "--ckpt-interval", "3"]
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
