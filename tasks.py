@@ -377,7 +377,8 @@ def split_answer(sample):
 
 class TaskSampler:
     """x, y of task_fn(seed=[seed, step, row, 1], length=seq_len + 1, ...), y -100 (ignored) but on the
-    answer; shorter samples padded with eot on the LEFT, so nothing comes between prompt and answer."""
+    answer; shorter samples padded with eot on the RIGHT, after the answer: every row starts with its example
+    from the initial state, exactly as evaluation reads it."""
 
     def __init__(self, task_fn, batch_size, seed=0, **task_kwargs):
         check(_is_int(batch_size), f"TaskSampler: batch_size must be an integer >= 1, got {batch_size!r}")
@@ -393,9 +394,9 @@ class TaskSampler:
     def next_batch(self):
         samples = self.next_samples()
         pad = [max(len(s.tokens) for s in samples) - len(s.tokens) for s in samples]
-        tokens = torch.tensor(np.stack([np.pad(s.tokens, (p, 0), constant_values=self.pad_id)
+        tokens = torch.tensor(np.stack([np.pad(s.tokens, (0, p), constant_values=self.pad_id)
                                         for p, s in zip(pad, samples)]))
-        answer = torch.tensor(np.stack([np.pad(s.answer_mask, (p, 0)) for p, s in zip(pad, samples)]))
+        answer = torch.tensor(np.stack([np.pad(s.answer_mask, (0, p)) for p, s in zip(pad, samples)]))
         return tokens[:, :-1].contiguous(), tokens[:, 1:].masked_fill(~answer[:, 1:], -100)
 
     state_dict, load_state_dict = RandomWindows.state_dict, RandomWindows.load_state_dict

@@ -373,7 +373,7 @@ def test_babi_answers_follow_from_the_event_log(task):
     assert task != "qa5" or kinds == {"who_gave", "what_given", "given_to", "who_received"}
 
 
-def test_task_sampler_batches_left_padded_with_the_loss_on_the_answer():
+def test_task_sampler_batches_right_padded_with_the_loss_on_the_answer():
     corpus = corpus_stream(BYTES)
     for fn, kwargs in [(tasks.passkey_sample, dict(length=257)), (tasks.copy_sample, dict(length=(5, 9))),
                        (tasks.babi_mixture, dict(babi_tasks=("qa1", "qa2"), length=513, filler_tokens=corpus))]:
@@ -381,12 +381,12 @@ def test_task_sampler_batches_left_padded_with_the_loss_on_the_answer():
         samples = TaskSampler(fn, 4, seed=3, tokenizer="bytes", **kwargs).next_samples()
         assert np.array_equal(samples[1].tokens, fn(seed=[3, 0, 1, 1], tokenizer="bytes", **kwargs).tokens)
         x, y = sampler.next_batch()
-        for row, s in enumerate(samples):   # each row: eot padding on the left, then the example
-            pad = max(len(s.tokens) for s in samples) - len(s.tokens)
-            full = torch.cat([x[row], y[row, -1:]])
-            assert (full[:pad] == EOT).all() and torch.equal(full[pad:], torch.as_tensor(s.tokens))
+        for row, s in enumerate(samples):   # each row: the example from its first token, then eot padding
+            n = len(s.tokens)
+            full = torch.cat([x[row], torch.where(y[row, -1:] == -100, EOT, y[row, -1:])])  # the last: -100 = pad
+            assert torch.equal(full[:n], torch.as_tensor(s.tokens)) and (full[n:] == EOT).all()
             # the loss (test_task_finetune.py) is on the answer tokens only: the other targets are -100
-            assert torch.equal(y[row] != -100, torch.as_tensor(np.r_[[False] * pad, s.answer_mask])[1:])
+            assert torch.equal(y[row] != -100, torch.as_tensor(np.r_[s.answer_mask, [False] * (len(full) - n)])[1:])
         assert resumes_exactly(lambda seed: TaskSampler(fn, 4, seed=seed, tokenizer="bytes", **kwargs), sampler, n=2)
 
 
