@@ -7,9 +7,8 @@ Per head, a matrix state S [dk, dv], a data-dependent log decay w_t <= 0 and a b
 
     o_t = scale * r_t (S_{t-1} + diag(u) k_t^T v_t)        S_t = diag(exp(w_t)) S_{t-1} + k_t^T v_t
 
-S_{-1} is the `initial_state` (zeros by default); every form returns `(output, final_state)`.
-Layout (batch-first): r, k, w [b, t, h, dk]; v [b, t, h, dv]; u [h, dk]; states [b, h, dk, dv].
-The output has r's dtype, the final state the compute dtype (ssm.compute_dtype).
+S_{-1} is the `initial_state` (zeros by default); every form returns `(output, final_state)` in r's dtype
+and ssm.compute_dtype. Batch-first: r, k, w [b, t, h, dk]; v [b, t, h, dv]; u [h, dk]; S [b, h, dk, dv].
 """
 from functools import partial
 
@@ -48,9 +47,6 @@ def rwkv6_chunked(r, k, v, w, u, initial_state=None, scale=1.0, chunk_size=32):
 
 def rwkv6_triton(r, k, v, w, u, initial_state=None, scale=1.0):
     check_triton("rwkv6_triton", r)
-    b, t, h, dk = r.shape
-    if initial_state is None:
-        initial_state = r.new_zeros(b, h, dk, v.shape[-1], dtype=torch.float32)
     kernel = lambda r, k, v, w, u, s0: recurrent_forward(r, k, v, w, s0, scale, u=u)
     return triton_scan(kernel, partial(rwkv6_chunked, scale=scale), r, k, v, w, u, initial_state)
 
@@ -60,8 +56,7 @@ RWKV6_SCANS = {"naive": rwkv6_naive, "chunked": rwkv6_chunked, "triton": rwkv6_t
 
 # --- Layers: time mix (the recurrent mixer) and channel mix (the MLP) -----------------------------------
 # Token shift: both sub-layers mix each token with the previous token's input, which is therefore part of
-# the recurrent state ("shift", "ffn_shift"): otherwise splitting a sequence would change the first token
-# of each piece.
+# the recurrent state ("shift", "ffn_shift"), or splitting a sequence would change each piece's first token.
 #
 # Init: BlinkDL's per-layer schedule (rwkv_v6_demo.py). Layer l of L has ratio_0_to_1 = l / (L - 1) and
 # ratio_1_to_almost0 = 1 - l / L; ramp_c = c / d_model over channels, key_ramp_c = c / (key_dim - 1) over key
@@ -74,11 +69,6 @@ RWKV6_SCANS = {"naive": rwkv6_naive, "chunked": rwkv6_chunked, "triton": rwkv6_t
 # (configure_optimizers, RWKV-v5/src/model.py) exempts the mixes, decay, bonus and LoRAs from weight decay
 # and gives the decay twice the learning rate: marked with _no_weight_decay / _lr_scale for train.py.
 
-def _no_weight_decay(*params):
-    for p in params:
-        p._no_weight_decay = True
-
-
 class RWKV6TimeMix(nn.Module):
     """ddlerp token shift, data-dependent decay, matrix-state scan, per-head GroupNorm, output gate."""
 
@@ -88,14 +78,12 @@ class RWKV6TimeMix(nn.Module):
         self.d_model, self.num_heads, self.scan_impl = d_model, num_heads, scan_impl
         self.key_dim, self.value_dim = int(d_model * expand_k), int(d_model * expand_v)
         if self.key_dim % num_heads or self.value_dim % num_heads:
-            raise ValueError(f"RWKV6TimeMix: key_dim {self.key_dim} and value_dim {self.value_dim} must be "
-                             f"divisible by num_heads {num_heads}; change num_heads or d_model")
+            raise ValueError(f"RWKV6: num_heads {num_heads} must divide key_dim {self.key_dim} and value_dim")
         self.head_k_dim, self.head_v_dim = self.key_dim // num_heads, self.value_dim // num_heads
-        self.proj_low_rank_dim = proj_low_rank_dim
-        # BlinkDL's ln_x: GroupNorm eps 1e-5 * head_size_divisor**2 = 6.4e-4 (fla uses 1e-5).
-        self.norm_eps = norm_eps
+        # norm_eps: BlinkDL's ln_x, GroupNorm eps 1e-5 * head_size_divisor**2 = 6.4e-4 (fla uses 1e-5)
+        self.proj_low_rank_dim, self.norm_eps = proj_low_rank_dim, norm_eps
 
-        ratio_0_to_1, ratio_1_to_almost0 = _layer_ratios(layer_idx, num_layers)
+        ratio_0_to_1, ratio_1_to_almost0 = layer_idx / max(num_layers - 1, 1), 1.0 - layer_idx / num_layers
         ramp = torch.arange(d_model) / d_model
         key_ramp = torch.arange(self.key_dim) / max(self.key_dim - 1, 1)
         zigzag = ((torch.arange(self.key_dim) + 1) % 3 - 1) * 0.1
@@ -113,8 +101,9 @@ class RWKV6TimeMix(nn.Module):
         self.decay_lora_down = nn.Parameter(torch.zeros(d_model, gate_low_rank_dim))
         self.decay_lora_up = nn.Parameter(torch.empty(gate_low_rank_dim, self.key_dim).uniform_(-0.01, 0.01))
         self.bonus = nn.Parameter((ratio_0_to_1 * (1.0 - key_ramp) + zigzag).view(num_heads, self.head_k_dim))
-        _no_weight_decay(self.mu_x, self.mu, self.mix_lora_down, self.mix_lora_up, self.w0,
-                         self.decay_lora_down, self.decay_lora_up, self.bonus)
+        for p in (self.mu_x, self.mu, self.mix_lora_down, self.mix_lora_up, self.w0, self.decay_lora_down,
+                  self.decay_lora_up, self.bonus):
+            p._no_weight_decay = True
 
         self.r_proj = nn.Linear(d_model, self.key_dim, bias=False)
         self.k_proj = nn.Linear(d_model, self.key_dim, bias=False)
@@ -139,8 +128,7 @@ class RWKV6TimeMix(nn.Module):
         heads = (b, t, self.num_heads, -1)
         r, k, v = self.r_proj(x_r).view(heads), self.k_proj(x_k).view(heads), self.v_proj(x_v).view(heads)
         w = -torch.exp(self.w0 + torch.tanh(x_w @ self.decay_lora_down) @ self.decay_lora_up).view(heads)
-        scan = pick_form(RWKV6_SCANS, self.scan_impl, x)
-        o, final_state = scan(r, k, v, w, self.bonus, initial_state=state["h"])
+        o, final_state = pick_form(RWKV6_SCANS, self.scan_impl, x)(r, k, v, w, self.bonus, state["h"])
         o = F.group_norm(o.reshape(b * t, self.value_dim), self.num_heads, self.norm_weight, self.norm_bias,
                          self.norm_eps).view(b, t, self.value_dim)
         y = self.o_proj(o * F.silu(self.g_proj(x_g)))
@@ -154,10 +142,9 @@ class RWKV6ChannelMix(nn.Module):
         super().__init__()
         self.d_model = d_model
         self.hidden_dim = 32 * -(-int(d_model * hidden_ratio) // 32)
-        _, ratio_1_to_almost0 = _layer_ratios(layer_idx, num_layers)
-        share = 1.0 - (torch.arange(d_model) / d_model).pow(ratio_1_to_almost0)
+        share = 1.0 - (torch.arange(d_model) / d_model).pow(1.0 - layer_idx / num_layers)  # as mu_x
         self.mu_k, self.mu_r = nn.Parameter(share.clone()), nn.Parameter(share.clone())
-        _no_weight_decay(self.mu_k, self.mu_r)
+        self.mu_k._no_weight_decay = self.mu_r._no_weight_decay = True
         self.key = nn.Linear(d_model, self.hidden_dim, bias=False)
         self.value = nn.Linear(self.hidden_dim, d_model, bias=False)
         self.receptance = nn.Linear(d_model, d_model, bias=False)
@@ -173,11 +160,5 @@ class RWKV6ChannelMix(nn.Module):
         return y, {"ffn_shift": x[:, -1].to(compute_dtype(x))}
 
 
-def _token_shift(x, shift_state):
-    """The previous token's input at every position; position 0 takes it from the state [b, d_model]."""
+def _token_shift(x, shift_state):  # the previous token's input at each position; at 0, the state's
     return torch.cat([shift_state.to(x.dtype).unsqueeze(1), x[:, :-1]], dim=1)
-
-
-def _layer_ratios(layer_idx, num_layers):
-    """(ratio_0_to_1, ratio_1_to_almost0) of layer layer_idx of num_layers (BlinkDL's init schedule)."""
-    return layer_idx / max(num_layers - 1, 1), 1.0 - layer_idx / num_layers
