@@ -104,7 +104,6 @@ def chunked_scan(q, k, v, g, initial_state, chunk_size, shift):
 
 # --- Triton: the naive loop fused (shared with RWKV-6). One program per (batch * head, block of value
 # channels) keeps its state columns in registers. BONUS (RWKV-6): o_t = q_t (S_{t-1} + diag(u) k_t^T v_t).
-
 @triton.jit
 def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, u_ptr, h0_ptr, o_ptr, ht_ptr, T, H, scale,
                       DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,

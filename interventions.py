@@ -34,16 +34,12 @@ class Zero:
 
     def __init__(self, lm, batch_size, **_):
         pass
-
     def initial_state(self, batch):
         return None
-
     def observe(self, final_state):
         pass
-
     def state_dict(self):
         return {}
-
     def load_state_dict(self, d):
         pass
 
@@ -51,11 +47,10 @@ class Zero:
 class Noise:
     """h_{-1} ~ N(mu, var) iid, with mu and var per layer and per head (dim 1 of "h" is the head).
     Random Noise: mu = 0, var = sigma^2 everywhere, never updated (App. F: sigma must be tuned).
-    Fitted Noise (fit=True): mu = var = 0 at first (the first batch starts from zero), then after
-    every batch an exponential moving average in which the NEW observation weighs 0.9:
+    Fitted Noise (fit=True): mu = var = 0 at first (the first batch starts from zero), then after every
+    batch an exponential moving average (Mean/Var per head over the batch and the head's state dims):
         mu  <- 0.9 * Mean(h_T) + 0.1 * mu
-        var <- 0.9 * Var(h_T)  + 0.1 * var
-    with Mean/Var per head over the batch and the head's state dims."""
+        var <- 0.9 * Var(h_T)  + 0.1 * var"""
 
     def __init__(self, lm, batch_size, sigma=0.1, fit=False, seed=0, **_):
         self.lm, self.batch_size, self.fit = lm, batch_size, fit
@@ -90,9 +85,8 @@ class Noise:
 
 
 class PassedState:
-    """State Passing and TBTT: a batch starts from the final states of the previous batch, detached
-    (the history accumulates in the forward pass only; gradients stay inside the batch). They differ
-    in which rows restart from zero:
+    """State Passing and TBTT: a batch starts from the previous batch's final states, detached (the history
+    accumulates in the forward pass only; gradients stay inside the batch). Which rows restart from zero:
       sp    rows are unrelated sequences (shuffled windows); each is reset with probability p_reset,
             so the model keeps seeing the zero state it is evaluated from.
       tbtt  row r reads one document in consecutive chunks (tasks.DocumentStreams), chunk k after

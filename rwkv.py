@@ -33,10 +33,8 @@ def rwkv6_naive(r, k, v, w, u, initial_state=None, scale=1.0):
     return torch.stack(o, dim=1).to(out_dtype), S
 
 
-# --- Chunked form: GLA's (gla.chunked_scan) with the decay a query sees shifted by one token (r_t reads
-# S_{t-1}, not S_t), plus the bonus, which only pairs a token with itself: (r_t . (u * k_t)) v_t.
-# So the stable bisection of the intra-chunk scores is gla.py's, for any decay (w = -10 per step too).
-
+# --- Chunked form: gla.chunked_scan (stable for any decay) with the decay a query sees shifted by one token
+# (r_t reads S_{t-1}, not S_t), plus the bonus, which only pairs a token with itself: (r_t . (u * k_t)) v_t.
 def rwkv6_chunked(r, k, v, w, u, initial_state=None, scale=1.0, chunk_size=32):
     o, final_state = chunked_scan(r, k, v, w, initial_state, chunk_size, shift=True)
     bonus = (r.to(o.dtype) * u.to(o.dtype) * k.to(o.dtype)).sum(-1, keepdim=True) * v.to(o.dtype)
@@ -44,7 +42,6 @@ def rwkv6_chunked(r, k, v, w, u, initial_state=None, scale=1.0, chunk_size=32):
 
 
 # --- Triton: gla.py's fused recurrent kernel with BONUS on; backward through rwkv6_chunked.
-
 def rwkv6_triton(r, k, v, w, u, initial_state=None, scale=1.0):
     check_triton("rwkv6_triton", r)
     kernel = lambda r, k, v, w, u, s0: recurrent_forward(r, k, v, w, s0, scale, u=u)
@@ -65,9 +62,8 @@ RWKV6_SCANS = {"naive": rwkv6_naive, "chunked": rwkv6_chunked, "triton": rwkv6_t
 #   decay (time_decay)  w0 = -6 + 5 key_ramp^(0.7 + 1.3 ratio_0_to_1): log decay -exp(w0), -0.0025 to -0.37
 #   bonus (time_faaaa)  u = ratio_0_to_1 (1 - key_ramp) + zigzag (0, 0.1, -0.1, ...): zigzag alone in layer 0
 #   read-out GroupNorm weight  ((l + 1) / L)^0.7 (generate_init_weight in RWKV-v5/src/model.py)
-# LoRA down-projections start at 0 and up-projections at U(-0.01, 0.01). The official optimizer
-# (configure_optimizers, RWKV-v5/src/model.py) exempts the mixes, decay, bonus and LoRAs from weight decay
-# and gives the decay twice the learning rate: marked with _no_weight_decay / _lr_scale for train.py.
+# The official optimizer (configure_optimizers, RWKV-v5/src/model.py) exempts the mixes, decay, bonus and
+# LoRAs from weight decay and gives the decay twice the learning rate: marked _no_weight_decay / _lr_scale.
 
 class RWKV6TimeMix(nn.Module):
     """ddlerp token shift, data-dependent decay, matrix-state scan, per-head GroupNorm, output gate."""
@@ -80,8 +76,7 @@ class RWKV6TimeMix(nn.Module):
         if self.key_dim % num_heads or self.value_dim % num_heads:
             raise ValueError(f"RWKV6: num_heads {num_heads} must divide key_dim {self.key_dim} and value_dim")
         self.head_k_dim, self.head_v_dim = self.key_dim // num_heads, self.value_dim // num_heads
-        # norm_eps: BlinkDL's ln_x, GroupNorm eps 1e-5 * head_size_divisor**2 = 6.4e-4 (fla uses 1e-5)
-        self.proj_low_rank_dim, self.norm_eps = proj_low_rank_dim, norm_eps
+        self.norm_eps = norm_eps  # BlinkDL's ln_x: 1e-5 * head_size_divisor**2 = 6.4e-4 (fla: 1e-5)
 
         ratio_0_to_1, ratio_1_to_almost0 = layer_idx / max(num_layers - 1, 1), 1.0 - layer_idx / num_layers
         ramp = torch.arange(d_model) / d_model
@@ -120,8 +115,8 @@ class RWKV6TimeMix(nn.Module):
     def forward(self, x, state=None):
         b, t, _ = x.shape
         state = state or self.zero_state(b, x.device)
-        delta = _token_shift(x, state["shift"]) - x  # x_prev - x
-        lora = torch.tanh((x + delta * self.mu_x) @ self.mix_lora_down).view(b, t, 5, self.proj_low_rank_dim)
+        delta, shift = _token_shift(x, state["shift"])
+        lora = torch.tanh((x + delta * self.mu_x) @ self.mix_lora_down).view(b, t, 5, -1)
         mix = torch.einsum("btfr,frd->btfd", lora, self.mix_lora_up) + self.mu  # [b, t, 5, d_model]
         x_r, x_w, x_k, x_v, x_g = (x.unsqueeze(2) + delta.unsqueeze(2) * mix).unbind(2)
 
@@ -131,8 +126,7 @@ class RWKV6TimeMix(nn.Module):
         o, final_state = pick_form(RWKV6_SCANS, self.scan_impl, x)(r, k, v, w, self.bonus, state["h"])
         o = F.group_norm(o.reshape(b * t, self.value_dim), self.num_heads, self.norm_weight, self.norm_bias,
                          self.norm_eps).view(b, t, self.value_dim)
-        y = self.o_proj(o * F.silu(self.g_proj(x_g)))
-        return y, {"h": final_state, "shift": x[:, -1].to(compute_dtype(x))}
+        return self.o_proj(o * F.silu(self.g_proj(x_g))), {"h": final_state, "shift": shift}
 
 
 class RWKV6ChannelMix(nn.Module):
@@ -140,8 +134,7 @@ class RWKV6ChannelMix(nn.Module):
 
     def __init__(self, d_model, hidden_ratio=3.5, layer_idx=0, num_layers=1):
         super().__init__()
-        self.d_model = d_model
-        self.hidden_dim = 32 * -(-int(d_model * hidden_ratio) // 32)
+        self.d_model, self.hidden_dim = d_model, 32 * -(-int(d_model * hidden_ratio) // 32)
         share = 1.0 - (torch.arange(d_model) / d_model).pow(1.0 - layer_idx / num_layers)  # as mu_x
         self.mu_k, self.mu_r = nn.Parameter(share.clone()), nn.Parameter(share.clone())
         self.mu_k._no_weight_decay = self.mu_r._no_weight_decay = True
@@ -154,11 +147,11 @@ class RWKV6ChannelMix(nn.Module):
 
     def forward(self, x, state=None):
         state = state or self.zero_state(x.shape[0], x.device)
-        delta = _token_shift(x, state["ffn_shift"]) - x
+        delta, shift = _token_shift(x, state["ffn_shift"])
         k = torch.relu(self.key(x + delta * self.mu_k)).square()
-        y = torch.sigmoid(self.receptance(x + delta * self.mu_r)) * self.value(k)
-        return y, {"ffn_shift": x[:, -1].to(compute_dtype(x))}
+        return torch.sigmoid(self.receptance(x + delta * self.mu_r)) * self.value(k), {"ffn_shift": shift}
 
 
-def _token_shift(x, shift_state):  # the previous token's input at each position; at 0, the state's
-    return torch.cat([shift_state.to(x.dtype).unsqueeze(1), x[:, :-1]], dim=1)
+def _token_shift(x, shift_state):  # x_prev - x (x_prev at position 0: shift_state) and the new shift state
+    x_prev = torch.cat([shift_state.to(x.dtype).unsqueeze(1), x[:, :-1]], dim=1)
+    return x_prev - x, x[:, -1].to(compute_dtype(x))
