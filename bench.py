@@ -38,8 +38,7 @@ def times(fn, repeats, device):
     cuda = device.type == "cuda"
     sync, out = torch.cuda.synchronize if cuda else (lambda: None), []
     torch.cuda.reset_peak_memory_stats() if cuda else None
-    for _ in range(repeats + 1):
-        sync()
+    for _ in range(repeats + 1):  # the warm-up call (not reported) also absorbs any work queued before
         t = time.perf_counter()
         fn()
         sync()
@@ -70,12 +69,11 @@ def bench_scans(args, device):
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     print_row("scan", "T", "naive ms", "chunked ms", "speed-up", "triton ms", "rel diff")
     for name, forms in SCANS.items():
-        forms = list(forms.values())
         for T in args.lengths:
             inputs, h0 = scan_inputs(name, T, args.scan_batch, paper=args.paper_shapes)
             inputs, h0 = tuple(x.to(device, dtype) for x in inputs), h0.to(device)
             ms, ys = [None] * 3, []
-            for i, f in enumerate(forms[:forms_timed]):
+            for i, f in enumerate(list(forms.values())[:forms_timed]):
                 run = torch.no_grad()(lambda: ys.append(f(*inputs, initial_state=h0)[0].float()))
                 ms[i] = 1e3 * times(run, args.repeats, device)[0][0]
             diff = max(float((y - ys[0]).abs().max() / ys[0].abs().max()) for y in ys[1:])
@@ -116,8 +114,7 @@ def bench_train(args, device, vocab_size=50280):
     print_row(f"preset (T {args.seq_len})", "form", "params", "best s", "median s", "tokens/s", "peak GB")
     rows, cuda = [], device.type == "cuda"
     for name, form in [(p, f) for p in names for f in args.forms.split(",")]:
-        lm = model.LM(cfgs[name]).to(device)
-        model.set_scan_impl(lm, form)
+        lm = model.set_scan_impl(model.LM(cfgs[name]).to(device), form)
         optimizer = train.make_optimizer(lm, lr=1e-4, weight_decay=0.01, device=device)  # lr: no cost
         idx = torch.randint(vocab_size, (args.batch_size, args.seq_len + 1), device=device)
         sampler = types.SimpleNamespace(next_batch=lambda: (idx[:, :-1], idx[:, 1:]))  # cost: not the tokens

@@ -104,7 +104,6 @@ def chunked_scan(q, k, v, g, initial_state, chunk_size, shift):
 
 # --- Triton: the naive loop fused (shared with RWKV-6). One program per (batch * head, block of value
 # channels) keeps its state columns in registers. BONUS (RWKV-6): o_t = q_t (S_{t-1} + diag(u) k_t^T v_t).
-
 @triton.jit
 def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, u_ptr, h0_ptr, o_ptr, ht_ptr, T, H, scale,
                       DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
@@ -113,16 +112,14 @@ def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, u_ptr, h0_ptr, o_ptr, ht_ptr, 
     i_h = i_bh % H
     offs_k = tl.arange(0, BLOCK_K)
     offs_v = tl.program_id(1).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
-    mask_k = offs_k < DK
-    mask_v = offs_v < DV
+    mask_k, mask_v = offs_k < DK, offs_v < DV
     mask_kv = mask_k[:, None] & mask_v[None, :]
     p_state = i_bh * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
     S = tl.load(h0_ptr + p_state, mask=mask_kv, other=0.0).to(tl.float32)
     if BONUS:
         u = tl.load(u_ptr + i_h * DK + offs_k, mask=mask_k, other=0.0).to(tl.float32)
     row = (i_bh // H) * T * H + i_h  # contiguous [b, t, h, d]: token (b, 0, h) starts at row * d
-    p_k = row * DK + offs_k
-    p_v = row * DV + offs_v
+    p_k, p_v = row * DK + offs_k, row * DV + offs_v
     for _ in range(0, T):
         q = tl.load(q_ptr + p_k, mask=mask_k, other=0.0).to(tl.float32)
         k = tl.load(k_ptr + p_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -144,6 +141,7 @@ def recurrent_forward(q, k, v, g, initial_state, scale, u=None):
     """The kernel's (o in q's dtype, final state in the compute dtype), as the chunked form returns them."""
     (b, t, h, dk), dv = q.shape, v.shape[-1]
     o, final_state = q.new_empty(b, t, h, dv), q.new_empty(b, h, dk, dv, dtype=torch.float32)
+    initial_state = torch.zeros_like(final_state) if initial_state is None else initial_state
     block_v = min(triton.next_power_of_2(dv), 32)  # a [dk, 32] float32 tile fits registers for dk <= 128
     tensors = [x.contiguous() for x in (q, k, v, g, q if u is None else u, initial_state)]
     _recurrent_kernel[(b * h, triton.cdiv(dv, block_v))](
@@ -154,9 +152,7 @@ def recurrent_forward(q, k, v, g, initial_state, scale, u=None):
 
 def gla_triton(q, k, v, g, initial_state=None, scale=None):
     check_triton("gla_triton", q)
-    (b, t, h, dk), dv = q.shape, v.shape[-1]
-    scale = dk ** -0.5 if scale is None else scale
-    initial_state = q.new_zeros(b, h, dk, dv, dtype=torch.float32) if initial_state is None else initial_state
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     return triton_scan(partial(recurrent_forward, scale=scale), partial(gla_chunked, scale=scale),
                        q, k, v, g, initial_state)
 

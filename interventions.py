@@ -24,6 +24,8 @@ zero: the paper models the distribution of the matrix state, and a conv window /
 the last input tokens, for which noise is not a plausible value. sp/tbtt carry everything, because
 the whole final state is a state the model really reaches. Evaluation always starts from zero.
 """
+from functools import partial
+
 import torch
 
 
@@ -32,16 +34,12 @@ class Zero:
 
     def __init__(self, lm, batch_size, **_):
         pass
-
     def initial_state(self, batch):
         return None
-
     def observe(self, final_state):
         pass
-
     def state_dict(self):
         return {}
-
     def load_state_dict(self, d):
         pass
 
@@ -49,14 +47,13 @@ class Zero:
 class Noise:
     """h_{-1} ~ N(mu, var) iid, with mu and var per layer and per head (dim 1 of "h" is the head).
     Random Noise: mu = 0, var = sigma^2 everywhere, never updated (App. F: sigma must be tuned).
-    Fitted Noise (fit=True): mu = var = 0 at first (the first batch starts from zero), then after
-    every batch an exponential moving average in which the NEW observation weighs 0.9:
+    Fitted Noise (fit=True): mu = var = 0 at first (the first batch starts from zero), then after every
+    batch an exponential moving average (Mean/Var per head over the batch and the head's state dims):
         mu  <- 0.9 * Mean(h_T) + 0.1 * mu
-        var <- 0.9 * Var(h_T)  + 0.1 * var
-    with Mean/Var per head over the batch and the head's state dims."""
+        var <- 0.9 * Var(h_T)  + 0.1 * var"""
 
-    def __init__(self, lm, batch_size, sigma=0.1, fit=False, seed=0, momentum=0.1, **_):
-        self.lm, self.batch_size, self.fit, self.momentum = lm, batch_size, fit, momentum
+    def __init__(self, lm, batch_size, sigma=0.1, fit=False, seed=0, **_):
+        self.lm, self.batch_size, self.fit = lm, batch_size, fit
         self.gen = torch.Generator().manual_seed(seed)
         n_heads = [layer["h"].shape[1] for layer in lm.zero_state(1)]
         self.mu = [torch.zeros(h) for h in n_heads]
@@ -74,11 +71,10 @@ class Noise:
     def observe(self, final_state):
         if not self.fit:
             return
-        m = self.momentum
         for i, layer in enumerate(final_state):
             h = layer["h"].detach().float().cpu().transpose(0, 1).flatten(1)  # [heads, batch * state dims]
-            self.mu[i] = (1 - m) * h.mean(1) + m * self.mu[i]
-            self.var[i] = (1 - m) * h.var(1, unbiased=False) + m * self.var[i]
+            self.mu[i] = 0.9 * h.mean(1) + 0.1 * self.mu[i]
+            self.var[i] = 0.9 * h.var(1, unbiased=False) + 0.1 * self.var[i]
 
     def state_dict(self):
         return {"gen": self.gen.get_state(), "mu": self.mu, "var": self.var}
@@ -89,14 +85,12 @@ class Noise:
 
 
 class PassedState:
-    """State Passing and TBTT: a batch starts from the final states of the previous batch, detached
-    (the history accumulates in the forward pass only; gradients stay inside the batch). They differ
-    in which rows restart from zero:
-      sp    rows are other, unrelated sequences (random shuffled windows); each row is reset with
-            probability p_reset, so the model keeps seeing the zero state it is evaluated from.
-      tbtt  row r reads one document in consecutive chunks (tasks.DocumentStreams), so chunk k
-            continues chunk k-1 of the SAME document; a row that starts a new document
-            (batch["new_doc"]) starts from zero."""
+    """State Passing and TBTT: a batch starts from the previous batch's final states, detached (the history
+    accumulates in the forward pass only; gradients stay inside the batch). Which rows restart from zero:
+      sp    rows are unrelated sequences (shuffled windows); each is reset with probability p_reset,
+            so the model keeps seeing the zero state it is evaluated from.
+      tbtt  row r reads one document in consecutive chunks (tasks.DocumentStreams), chunk k after
+            chunk k-1; a row that starts a new document (batch["new_doc"]) starts from zero."""
 
     def __init__(self, lm, batch_size, p_reset=0.1, seed=0, by_document=False, **_):
         self.batch_size, self.p_reset, self.by_document = batch_size, p_reset, by_document
@@ -106,10 +100,8 @@ class PassedState:
     def initial_state(self, batch):
         if self.passed is None:
             return None
-        if self.by_document:
-            keep = ~batch["new_doc"]
-        else:
-            keep = torch.rand(self.batch_size, generator=self.gen) >= self.p_reset
+        keep = (~batch["new_doc"] if self.by_document
+                else torch.rand(self.batch_size, generator=self.gen) >= self.p_reset)
         return [{k: v * keep.to(v).view(-1, *[1] * (v.dim() - 1)) for k, v in layer.items()}
                 for layer in self.passed]
 
@@ -124,13 +116,8 @@ class PassedState:
         self.passed = d["passed"]
 
 
-STRATEGIES = {
-    "zero": Zero,
-    "random": Noise,
-    "fitted": lambda lm, batch_size, **kw: Noise(lm, batch_size, fit=True, **kw),
-    "sp": PassedState,
-    "tbtt": lambda lm, batch_size, **kw: PassedState(lm, batch_size, by_document=True, **kw),
-}
+STRATEGIES = {"zero": Zero, "random": Noise, "fitted": partial(Noise, fit=True), "sp": PassedState,
+              "tbtt": partial(PassedState, by_document=True)}
 
 
 def make_strategy(name, lm, batch_size, **options):

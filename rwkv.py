@@ -7,9 +7,8 @@ Per head, a matrix state S [dk, dv], a data-dependent log decay w_t <= 0 and a b
 
     o_t = scale * r_t (S_{t-1} + diag(u) k_t^T v_t)        S_t = diag(exp(w_t)) S_{t-1} + k_t^T v_t
 
-S_{-1} is the `initial_state` (zeros by default); every form returns `(output, final_state)`.
-Layout (batch-first): r, k, w [b, t, h, dk]; v [b, t, h, dv]; u [h, dk]; states [b, h, dk, dv].
-The output has r's dtype, the final state the compute dtype (ssm.compute_dtype).
+S_{-1} is the `initial_state` (zeros by default); every form returns `(output, final_state)` in r's dtype
+and ssm.compute_dtype. Batch-first: r, k, w [b, t, h, dk]; v [b, t, h, dv]; u [h, dk]; S [b, h, dk, dv].
 """
 from functools import partial
 
@@ -34,10 +33,8 @@ def rwkv6_naive(r, k, v, w, u, initial_state=None, scale=1.0):
     return torch.stack(o, dim=1).to(out_dtype), S
 
 
-# --- Chunked form: GLA's (gla.chunked_scan) with the decay a query sees shifted by one token (r_t reads
-# S_{t-1}, not S_t), plus the bonus, which only pairs a token with itself: (r_t . (u * k_t)) v_t.
-# So the stable bisection of the intra-chunk scores is gla.py's, for any decay (w = -10 per step too).
-
+# --- Chunked form: gla.chunked_scan (stable for any decay) with the decay a query sees shifted by one token
+# (r_t reads S_{t-1}, not S_t), plus the bonus, which only pairs a token with itself: (r_t . (u * k_t)) v_t.
 def rwkv6_chunked(r, k, v, w, u, initial_state=None, scale=1.0, chunk_size=32):
     o, final_state = chunked_scan(r, k, v, w, initial_state, chunk_size, shift=True)
     bonus = (r.to(o.dtype) * u.to(o.dtype) * k.to(o.dtype)).sum(-1, keepdim=True) * v.to(o.dtype)
@@ -45,12 +42,8 @@ def rwkv6_chunked(r, k, v, w, u, initial_state=None, scale=1.0, chunk_size=32):
 
 
 # --- Triton: gla.py's fused recurrent kernel with BONUS on; backward through rwkv6_chunked.
-
 def rwkv6_triton(r, k, v, w, u, initial_state=None, scale=1.0):
     check_triton("rwkv6_triton", r)
-    b, t, h, dk = r.shape
-    if initial_state is None:
-        initial_state = r.new_zeros(b, h, dk, v.shape[-1], dtype=torch.float32)
     kernel = lambda r, k, v, w, u, s0: recurrent_forward(r, k, v, w, s0, scale, u=u)
     return triton_scan(kernel, partial(rwkv6_chunked, scale=scale), r, k, v, w, u, initial_state)
 
@@ -60,8 +53,7 @@ RWKV6_SCANS = {"naive": rwkv6_naive, "chunked": rwkv6_chunked, "triton": rwkv6_t
 
 # --- Layers: time mix (the recurrent mixer) and channel mix (the MLP) -----------------------------------
 # Token shift: both sub-layers mix each token with the previous token's input, which is therefore part of
-# the recurrent state ("shift", "ffn_shift"): otherwise splitting a sequence would change the first token
-# of each piece.
+# the recurrent state ("shift", "ffn_shift"), or splitting a sequence would change each piece's first token.
 #
 # Init: BlinkDL's per-layer schedule (rwkv_v6_demo.py). Layer l of L has ratio_0_to_1 = l / (L - 1) and
 # ratio_1_to_almost0 = 1 - l / L; ramp_c = c / d_model over channels, key_ramp_c = c / (key_dim - 1) over key
@@ -70,14 +62,8 @@ RWKV6_SCANS = {"naive": rwkv6_naive, "chunked": rwkv6_chunked, "triton": rwkv6_t
 #   decay (time_decay)  w0 = -6 + 5 key_ramp^(0.7 + 1.3 ratio_0_to_1): log decay -exp(w0), -0.0025 to -0.37
 #   bonus (time_faaaa)  u = ratio_0_to_1 (1 - key_ramp) + zigzag (0, 0.1, -0.1, ...): zigzag alone in layer 0
 #   read-out GroupNorm weight  ((l + 1) / L)^0.7 (generate_init_weight in RWKV-v5/src/model.py)
-# LoRA down-projections start at 0 and up-projections at U(-0.01, 0.01). The official optimizer
-# (configure_optimizers, RWKV-v5/src/model.py) exempts the mixes, decay, bonus and LoRAs from weight decay
-# and gives the decay twice the learning rate: marked with _no_weight_decay / _lr_scale for train.py.
-
-def _no_weight_decay(*params):
-    for p in params:
-        p._no_weight_decay = True
-
+# The official optimizer (configure_optimizers, RWKV-v5/src/model.py) exempts the mixes, decay, bonus and
+# LoRAs from weight decay and gives the decay twice the learning rate: marked _no_weight_decay / _lr_scale.
 
 class RWKV6TimeMix(nn.Module):
     """ddlerp token shift, data-dependent decay, matrix-state scan, per-head GroupNorm, output gate."""
@@ -88,14 +74,11 @@ class RWKV6TimeMix(nn.Module):
         self.d_model, self.num_heads, self.scan_impl = d_model, num_heads, scan_impl
         self.key_dim, self.value_dim = int(d_model * expand_k), int(d_model * expand_v)
         if self.key_dim % num_heads or self.value_dim % num_heads:
-            raise ValueError(f"RWKV6TimeMix: key_dim {self.key_dim} and value_dim {self.value_dim} must be "
-                             f"divisible by num_heads {num_heads}; change num_heads or d_model")
+            raise ValueError(f"RWKV6: num_heads {num_heads} must divide key_dim {self.key_dim} and value_dim")
         self.head_k_dim, self.head_v_dim = self.key_dim // num_heads, self.value_dim // num_heads
-        self.proj_low_rank_dim = proj_low_rank_dim
-        # BlinkDL's ln_x: GroupNorm eps 1e-5 * head_size_divisor**2 = 6.4e-4 (fla uses 1e-5).
-        self.norm_eps = norm_eps
+        self.norm_eps = norm_eps  # BlinkDL's ln_x: 1e-5 * head_size_divisor**2 = 6.4e-4 (fla: 1e-5)
 
-        ratio_0_to_1, ratio_1_to_almost0 = _layer_ratios(layer_idx, num_layers)
+        ratio_0_to_1, ratio_1_to_almost0 = layer_idx / max(num_layers - 1, 1), 1.0 - layer_idx / num_layers
         ramp = torch.arange(d_model) / d_model
         key_ramp = torch.arange(self.key_dim) / max(self.key_dim - 1, 1)
         zigzag = ((torch.arange(self.key_dim) + 1) % 3 - 1) * 0.1
@@ -113,8 +96,9 @@ class RWKV6TimeMix(nn.Module):
         self.decay_lora_down = nn.Parameter(torch.zeros(d_model, gate_low_rank_dim))
         self.decay_lora_up = nn.Parameter(torch.empty(gate_low_rank_dim, self.key_dim).uniform_(-0.01, 0.01))
         self.bonus = nn.Parameter((ratio_0_to_1 * (1.0 - key_ramp) + zigzag).view(num_heads, self.head_k_dim))
-        _no_weight_decay(self.mu_x, self.mu, self.mix_lora_down, self.mix_lora_up, self.w0,
-                         self.decay_lora_down, self.decay_lora_up, self.bonus)
+        for p in (self.mu_x, self.mu, self.mix_lora_down, self.mix_lora_up, self.w0, self.decay_lora_down,
+                  self.decay_lora_up, self.bonus):
+            p._no_weight_decay = True
 
         self.r_proj = nn.Linear(d_model, self.key_dim, bias=False)
         self.k_proj = nn.Linear(d_model, self.key_dim, bias=False)
@@ -131,20 +115,18 @@ class RWKV6TimeMix(nn.Module):
     def forward(self, x, state=None):
         b, t, _ = x.shape
         state = state or self.zero_state(b, x.device)
-        delta = _token_shift(x, state["shift"]) - x  # x_prev - x
-        lora = torch.tanh((x + delta * self.mu_x) @ self.mix_lora_down).view(b, t, 5, self.proj_low_rank_dim)
+        delta, shift = _token_shift(x, state["shift"])
+        lora = torch.tanh((x + delta * self.mu_x) @ self.mix_lora_down).view(b, t, 5, -1)
         mix = torch.einsum("btfr,frd->btfd", lora, self.mix_lora_up) + self.mu  # [b, t, 5, d_model]
         x_r, x_w, x_k, x_v, x_g = (x.unsqueeze(2) + delta.unsqueeze(2) * mix).unbind(2)
 
         heads = (b, t, self.num_heads, -1)
         r, k, v = self.r_proj(x_r).view(heads), self.k_proj(x_k).view(heads), self.v_proj(x_v).view(heads)
         w = -torch.exp(self.w0 + torch.tanh(x_w @ self.decay_lora_down) @ self.decay_lora_up).view(heads)
-        scan = pick_form(RWKV6_SCANS, self.scan_impl, x)
-        o, final_state = scan(r, k, v, w, self.bonus, initial_state=state["h"])
+        o, final_state = pick_form(RWKV6_SCANS, self.scan_impl, x)(r, k, v, w, self.bonus, state["h"])
         o = F.group_norm(o.reshape(b * t, self.value_dim), self.num_heads, self.norm_weight, self.norm_bias,
                          self.norm_eps).view(b, t, self.value_dim)
-        y = self.o_proj(o * F.silu(self.g_proj(x_g)))
-        return y, {"h": final_state, "shift": x[:, -1].to(compute_dtype(x))}
+        return self.o_proj(o * F.silu(self.g_proj(x_g))), {"h": final_state, "shift": shift}
 
 
 class RWKV6ChannelMix(nn.Module):
@@ -152,12 +134,10 @@ class RWKV6ChannelMix(nn.Module):
 
     def __init__(self, d_model, hidden_ratio=3.5, layer_idx=0, num_layers=1):
         super().__init__()
-        self.d_model = d_model
-        self.hidden_dim = 32 * -(-int(d_model * hidden_ratio) // 32)
-        _, ratio_1_to_almost0 = _layer_ratios(layer_idx, num_layers)
-        share = 1.0 - (torch.arange(d_model) / d_model).pow(ratio_1_to_almost0)
+        self.d_model, self.hidden_dim = d_model, 32 * -(-int(d_model * hidden_ratio) // 32)
+        share = 1.0 - (torch.arange(d_model) / d_model).pow(1.0 - layer_idx / num_layers)  # as mu_x
         self.mu_k, self.mu_r = nn.Parameter(share.clone()), nn.Parameter(share.clone())
-        _no_weight_decay(self.mu_k, self.mu_r)
+        self.mu_k._no_weight_decay = self.mu_r._no_weight_decay = True
         self.key = nn.Linear(d_model, self.hidden_dim, bias=False)
         self.value = nn.Linear(self.hidden_dim, d_model, bias=False)
         self.receptance = nn.Linear(d_model, d_model, bias=False)
@@ -167,17 +147,11 @@ class RWKV6ChannelMix(nn.Module):
 
     def forward(self, x, state=None):
         state = state or self.zero_state(x.shape[0], x.device)
-        delta = _token_shift(x, state["ffn_shift"]) - x
+        delta, shift = _token_shift(x, state["ffn_shift"])
         k = torch.relu(self.key(x + delta * self.mu_k)).square()
-        y = torch.sigmoid(self.receptance(x + delta * self.mu_r)) * self.value(k)
-        return y, {"ffn_shift": x[:, -1].to(compute_dtype(x))}
+        return torch.sigmoid(self.receptance(x + delta * self.mu_r)) * self.value(k), {"ffn_shift": shift}
 
 
-def _token_shift(x, shift_state):
-    """The previous token's input at every position; position 0 takes it from the state [b, d_model]."""
-    return torch.cat([shift_state.to(x.dtype).unsqueeze(1), x[:, :-1]], dim=1)
-
-
-def _layer_ratios(layer_idx, num_layers):
-    """(ratio_0_to_1, ratio_1_to_almost0) of layer layer_idx of num_layers (BlinkDL's init schedule)."""
-    return layer_idx / max(num_layers - 1, 1), 1.0 - layer_idx / num_layers
+def _token_shift(x, shift_state):  # x_prev - x (x_prev at position 0: shift_state) and the new shift state
+    x_prev = torch.cat([shift_state.to(x.dtype).unsqueeze(1), x[:, :-1]], dim=1)
+    return x_prev - x, x[:, -1].to(compute_dtype(x))
