@@ -162,6 +162,14 @@ GLA_SCANS = {"naive": gla_naive, "chunked": gla_chunked, "triton": gla_triton}
 
 # --- Layers: the GLA mixer and the SwiGLU MLP of a GLA block (as fla's GatedLinearAttention/GatedMLP) --
 
+def head_dims(layer, d_model, num_heads, expand_k, expand_v):
+    """key_dim, value_dim and their per-head sizes of a matrix-state layer (GLA's, RWKV-6's)."""
+    key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)
+    if key_dim % num_heads or value_dim % num_heads:
+        raise ValueError(f"{layer}: num_heads {num_heads} must divide key_dim {key_dim}, value_dim {value_dim}")
+    return key_dim, value_dim, key_dim // num_heads, value_dim // num_heads
+
+
 class GLA(nn.Module):
     """q, k, v; forget gate g = logsigmoid(W2 W1 x + b2) / 16 (low rank, the only bias); scan; per-head
     RMSNorm (eps: fla's GLAConfig.norm_eps = 1e-6) times swish(g_proj x); o_proj. No short conv."""
@@ -170,10 +178,8 @@ class GLA(nn.Module):
                  gate_logit_normalizer=16, norm_eps=1e-6, layer_idx=None, scan_impl="auto"):
         super().__init__()
         self.num_heads, self.layer_idx, self.scan_impl = num_heads, layer_idx, scan_impl
-        self.key_dim, self.value_dim = int(d_model * expand_k), int(d_model * expand_v)
-        if self.key_dim % num_heads or self.value_dim % num_heads:
-            raise ValueError(f"GLA: num_heads {num_heads} must divide key_dim {self.key_dim} and value_dim")
-        self.head_k_dim, self.head_v_dim = self.key_dim // num_heads, self.value_dim // num_heads
+        dims = head_dims("GLA", d_model, num_heads, expand_k, expand_v)
+        self.key_dim, self.value_dim, self.head_k_dim, self.head_v_dim = dims
         self.gate_logit_normalizer, self.norm_eps = gate_logit_normalizer, norm_eps
         self.q_proj = nn.Linear(d_model, self.key_dim, bias=False)
         self.k_proj = nn.Linear(d_model, self.key_dim, bias=False)

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gla import chunked_scan, recurrent_forward
+from gla import chunked_scan, head_dims, recurrent_forward
 from ssm import check_triton, compute_dtype, pick_form, triton_scan
 
 
@@ -72,10 +72,8 @@ class RWKV6TimeMix(nn.Module):
                  expand_v=1.0, norm_eps=6.4e-4, layer_idx=0, num_layers=1, scan_impl="auto"):
         super().__init__()
         self.d_model, self.num_heads, self.scan_impl = d_model, num_heads, scan_impl
-        self.key_dim, self.value_dim = int(d_model * expand_k), int(d_model * expand_v)
-        if self.key_dim % num_heads or self.value_dim % num_heads:
-            raise ValueError(f"RWKV6: num_heads {num_heads} must divide key_dim {self.key_dim} and value_dim")
-        self.head_k_dim, self.head_v_dim = self.key_dim // num_heads, self.value_dim // num_heads
+        dims = head_dims("RWKV6", d_model, num_heads, expand_k, expand_v)
+        self.key_dim, self.value_dim, self.head_k_dim, self.head_v_dim = dims
         self.norm_eps = norm_eps  # BlinkDL's ln_x: 1e-5 * head_size_divisor**2 = 6.4e-4 (fla: 1e-5)
 
         ratio_0_to_1, ratio_1_to_almost0 = layer_idx / max(num_layers - 1, 1), 1.0 - layer_idx / num_layers
