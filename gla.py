@@ -166,7 +166,7 @@ def head_dims(layer, d_model, num_heads, expand_k, expand_v):
     """key_dim, value_dim and their per-head sizes of a matrix-state layer (GLA's, RWKV-6's)."""
     key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)
     if key_dim % num_heads or value_dim % num_heads:
-        raise ValueError(f"{layer}: num_heads {num_heads} must divide key_dim {key_dim}, value_dim {value_dim}")
+        raise ValueError(f"{layer}: num_heads {num_heads} must divide key_dim {key_dim} and value_dim")
     return key_dim, value_dim, key_dim // num_heads, value_dim // num_heads
 
 
