@@ -311,7 +311,6 @@ def demo(out, seed=0, device="auto", quiet=False, **overrides):
 
 
 # --- helpers --------------------------------------------------------------------------------------------
-
 def lr_at(step, args):
     """Linear warm-up over the first `warmup` fraction of steps, then cosine decay to min_lr."""
     warm = int(args.warmup * args.steps)
