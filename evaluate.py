@@ -324,8 +324,7 @@ def _curves(m):
 
 
 def show(report, out):
-    """Per model the verdict; each curve printed (8 columns, the models together) and drawn in its PANELS
-    PNG; each model's passkey grid (Fig. 7). Writes the PNGs and prints every file written."""
+    """Per model the verdict; each curve printed (8 columns, models together) and drawn in its PANELS PNG."""
     for m in report["models"]:
         print(f"[{m['label']}] {m['arch']}, {m['params']:,} params, t_train {m['t_train']}")
         v = m.get("verdict")
@@ -432,8 +431,7 @@ def _ints(text, one=False):  # an argparse type: "128,256" -> [128, 256]; one=Tr
 
 
 def run(args):
-    """Checks the flags (defaults: the checkpoints' train_config), measures every checkpoint on the same
-    windows and tasks, writes eval.json. -> the report."""
+    """Checks the flags (defaults: train_config), measures each checkpoint on the same data -> eval.json."""
     check(not args.labels or len(args.labels) == len(args.ckpts),
           f"--labels has {len(args.labels or [])} names for {len(args.ckpts)} checkpoints: give one each")
     for p in args.ckpts:

@@ -165,8 +165,7 @@ OFFICIAL_KEYS = set("d_model n_layer vocab_size ssm_cfg d_intermediate attn_laye
 
 def from_pretrained(path, device="cpu"):
     """Our checkpoint (train.py's ckpt.pt or its directory) or a state-spaces/mamba directory (config.json +
-    pytorch_model.bin, Mamba-1 or -2). What cannot be loaded faithfully (missing or unknown weights or config
-    keys, other shapes, integer or non-finite weights, an untied head) is an error, never skipped."""
+    pytorch_model.bin, Mamba-1 or -2). What cannot be loaded faithfully is an error (below), never skipped."""
     official = os.path.isdir(path) and not os.path.exists(os.path.join(path, "ckpt.pt"))
     cfg = official_config(path) if official else None
     path = os.path.join(path, "pytorch_model.bin" if official else "ckpt.pt") if os.path.isdir(path) else path

@@ -175,9 +175,8 @@ def _ssd_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, H,
     A = tl.load(A_ptr + hi)
     state = tl.load(h0_ptr + s_offs, mask=s_mask, other=0.0)
     # offsets of step 0 in x and y, dt, B and C (contiguous [b, t, ...]), moved one time row on per step
-    x_offs = (bi * T * H + hi) * P + offs_p
     dt_off = bi * T * H + hi
-    bc_offs = (bi * T * G + gi) * N + offs_n
+    x_offs, bc_offs = dt_off * P + offs_p, (bi * T * G + gi) * N + offs_n
     for _ in range(T):
         dt = tl.load(dt_ptr + dt_off).to(tl.float32)
         x = tl.load(x_ptr + x_offs, mask=mask_p, other=0.0).to(tl.float32)
@@ -303,8 +302,7 @@ def selective_scan_chunked(u, delta, A, B, C, initial_state=None, chunk_size=64)
     out_dtype, dtype = u.dtype, compute_dtype(u, delta, A, B, C, initial_state)
     u, delta, A, B, C = (v.to(dtype) for v in (u, delta, A, B, C))
     L = max(1, min(chunk_size, t))
-    nc, du = math.ceil(t / L), delta * u
-    pad = nc * L - t
+    nc, pad, du = math.ceil(t / L), (-t) % L, delta * u
     if pad:  # padded steps have delta = 0: decay 1 and no input
         delta, du, B, C = (F.pad(v, (0, 0, 0, pad)) for v in (delta, du, B, C))
     # [b, nc, L, ...] split into L per-position tensors once: indexing inside the loops would make
@@ -351,8 +349,7 @@ def _selective_scan_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr,
     state_offs = pid_b * D * N + offs_d[:, None] * N + offs_n[None, :]
     h = tl.load(h0_ptr + state_offs, mask=mask_dn, other=0.0)
     # offsets of step 0 in u, delta and y, and in B and C, moved one time row on per step
-    d_offs = pid_b * T * D + offs_d
-    n_offs = pid_b * T * N + offs_n
+    d_offs, n_offs = pid_b * T * D + offs_d, pid_b * T * N + offs_n
     for _ in range(T):
         u = tl.load(u_ptr + d_offs, mask=mask_d, other=0.0)
         delta = tl.load(delta_ptr + d_offs, mask=mask_d, other=0.0)
@@ -360,8 +357,7 @@ def _selective_scan_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr,
         C = tl.load(C_ptr + n_offs, mask=mask_n, other=0.0)
         h = tl.exp(delta[:, None] * A) * h + (delta * u)[:, None] * B[None, :]
         tl.store(y_ptr + d_offs, tl.sum(h * C[None, :], axis=1), mask=mask_d)
-        d_offs += D
-        n_offs += N
+        d_offs, n_offs = d_offs + D, n_offs + N
     tl.store(hT_ptr + state_offs, h, mask=mask_dn)
 
 
