@@ -13,11 +13,10 @@ import math
 import os
 import sys
 
-import matplotlib
+import matplotlib.figure  # no pyplot: figures written to files, no backend to choose
 import numpy as np
 import torch
 import torch.nn.functional as F
-from matplotlib.figure import Figure  # no pyplot: figures written to files, no backend to choose
 from tqdm import tqdm
 
 import model
@@ -131,8 +130,7 @@ DISTANCES = {
     "tv": lambda p, q: 0.5 * (p - q).abs().sum(-1),
     "js": lambda p, q: (torch.xlogy(p, p) + torch.xlogy(q, q)  # Jensen-Shannon in bits: [0, 1] like TV
                         - torch.xlogy(p + q, (p + q) / 2)).sum(-1) / (2 * math.log(2)),
-    "cos": lambda p, q: 0.5 * (F.normalize(p, dim=-1) - F.normalize(q, dim=-1)).pow(2).sum(-1),  # 1 - cos
-}
+    "cos": lambda p, q: 0.5 * (F.normalize(p, dim=-1) - F.normalize(q, dim=-1)).pow(2).sum(-1)}  # 1 - cos
 
 
 @torch.inference_mode()
@@ -229,15 +227,14 @@ def _answers(lm, samples, batch_size=None, chunk_len=512, slack=2):
     """Greedy answers (token lists), slack tokens longer than the longest answer (scoring cuts them). Prompts
     of equal length are decoded together, never padded (a recurrent model would keep the padding)."""
     prompts, answers = zip(*(tasks.split_answer(s) for s in samples))
-    out = [None] * len(samples)
+    out = {}  # sample index -> its answer
     for length in sorted(set(map(len, prompts))):
         rows = [i for i, p in enumerate(prompts) if len(p) == length]
         for r in range(0, len(rows), batch_size or len(rows)):
             idx = rows[r:r + (batch_size or len(rows))]
             new = max(len(answers[i]) for i in idx) + slack
-            for i, pred in zip(idx, greedy_answer(lm, np.stack([prompts[i] for i in idx]), new, chunk_len)):
-                out[i] = pred
-    return out
+            out.update(zip(idx, greedy_answer(lm, np.stack([prompts[i] for i in idx]), new, chunk_len)))
+    return [out[i] for i in range(len(samples))]
 
 
 def _exact(lm, tokenizer, samples, **kw):
@@ -298,8 +295,7 @@ PANELS = {
     "state": ("state.png", "State spread, most drifting head per layer", CTX, "std of state h", "loglog"),
     "passkey": (None, "Passkey", "total length", "exact match", "log"),
     "copy": ("copy.png", "Copying", "string length", "char accuracy (+- s.e.)", None),
-    "babilong": ("babilong.png", "BABILong", "total length (dotted: T_train)", "accuracy (task mean)", "log"),
-}
+    "babilong": ("babilong.png", "BABILong", "total length (dotted: T_train)", "accuracy (task mean)", "log")}
 
 
 def _curves(m):
@@ -328,8 +324,7 @@ def _curves(m):
 
 
 def show(report, out):
-    """Per model the verdict; each curve printed (8 columns, the models together) and drawn in its PANELS
-    PNG; each model's passkey grid (Fig. 7). Writes the PNGs and prints every file written."""
+    """Per model the verdict; each curve printed (8 columns, models together) and drawn in its PANELS PNG."""
     for m in report["models"]:
         print(f"[{m['label']}] {m['arch']}, {m['params']:,} params, t_train {m['t_train']}")
         v = m.get("verdict")
@@ -354,7 +349,7 @@ def show(report, out):
     figs = {}
     for file in dict.fromkeys(PANELS[name][0] for name in panels if PANELS[name][0]):
         names = [name for name in panels if PANELS[name][0] == file]
-        figs[file] = Figure(figsize=(1 + 6 * len(names), 4.5), layout="tight")
+        figs[file] = matplotlib.figure.Figure(figsize=(1 + 6 * len(names), 4.5), layout="tight")
         for ax, name in zip(figs[file].subplots(1, len(names), squeeze=False)[0], names):
             _, title, xlabel, ylabel, scale = PANELS[name]
             ax.set(title=title, xlabel=xlabel, ylabel=ylabel, xscale="log" if scale else "linear",
@@ -376,7 +371,7 @@ def show(report, out):
             ax.legend(fontsize=8)
     pk = [m for m in report["models"] if "passkey" in m]
     if pk:  # the paper's Fig. 7: total length x insertion depth, exact match as colour
-        figs["passkey.png"] = Figure(figsize=(1 + 4.5 * len(pk), 4.2), layout="tight")
+        figs["passkey.png"] = matplotlib.figure.Figure(figsize=(1 + 4.5 * len(pk), 4.2), layout="tight")
         for ax, m in zip(figs["passkey.png"].subplots(1, len(pk), squeeze=False)[0], pk):
             p = m["passkey"]
             ax.imshow(np.array(p["exact"]).T, aspect="auto", cmap="RdYlGn", vmin=0, vmax=1)
@@ -436,8 +431,7 @@ def _ints(text, one=False):  # an argparse type: "128,256" -> [128, 256]; one=Tr
 
 
 def run(args):
-    """Checks the flags (defaults: the checkpoints' train_config), measures every checkpoint on the same
-    windows and tasks, writes eval.json. -> the report."""
+    """Checks the flags (defaults: train_config), measures each checkpoint on the same data -> eval.json."""
     check(not args.labels or len(args.labels) == len(args.ckpts),
           f"--labels has {len(args.labels or [])} names for {len(args.ckpts)} checkpoints: give one each")
     for p in args.ckpts:

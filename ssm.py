@@ -134,8 +134,7 @@ def ssd_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
     # Layout [b, chunk c, group g, head in group r, position l, ...]: a group's B, C broadcast over its heads
     x = x.reshape(b, nc, L, g, r, p).permute(0, 1, 3, 4, 2, 5)  # [b, c, g, r, L, p]
     dt = dt.reshape(b, nc, L, g, r).permute(0, 1, 3, 4, 2)  # [b, c, g, r, L]
-    B = B.reshape(b, nc, L, g, n).transpose(2, 3)[:, :, :, None]  # [b, c, g, 1, L, n]
-    C = C.reshape(b, nc, L, g, n).transpose(2, 3)[:, :, :, None]
+    B, C = (v.reshape(b, nc, L, g, n).transpose(2, 3)[:, :, :, None] for v in (B, C))  # [b, c, g, 1, L, n]
     cs = torch.cumsum(dt * A.reshape(g, r, 1), dim=-1)  # running log decay within the chunk
     xdt = x * dt[..., None]  # what each step writes, dt_j x_j
     # 1. Diagonal blocks: each chunk from a zero state, a masked "attention"
@@ -176,9 +175,8 @@ def _ssd_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, H,
     A = tl.load(A_ptr + hi)
     state = tl.load(h0_ptr + s_offs, mask=s_mask, other=0.0)
     # offsets of step 0 in x and y, dt, B and C (contiguous [b, t, ...]), moved one time row on per step
-    x_offs = (bi * T * H + hi) * P + offs_p
     dt_off = bi * T * H + hi
-    bc_offs = (bi * T * G + gi) * N + offs_n
+    x_offs, bc_offs = dt_off * P + offs_p, (bi * T * G + gi) * N + offs_n
     for _ in range(T):
         dt = tl.load(dt_ptr + dt_off).to(tl.float32)
         x = tl.load(x_ptr + x_offs, mask=mask_p, other=0.0).to(tl.float32)
@@ -218,8 +216,7 @@ SSD_SCANS = {"naive": ssd_naive, "chunked": ssd_chunked, "triton": ssd_triton}
 class Mamba2(nn.Module):
     """Mamba-2 mixer with mamba_ssm's parameter names, shapes and initialisation (official checkpoints
     load as they are). in_proj -> [z, xBC, dt]; causal conv + SiLU over xBC -> [x, B, C]; SSD scan with
-    dt = softplus(dt + dt_bias), A = -exp(A_log); y + D x; gated RMSNorm(y * silu(z)); out_proj.
-    state = {"h": [b, nheads, headdim, d_state], "conv": [b, d_conv - 1, conv_dim]}."""
+    dt = softplus(dt + dt_bias), A = -exp(A_log); y + D x; gated RMSNorm(y * silu(z)); out_proj."""
     def __init__(self, d_model, d_state=128, d_conv=4, expand=2, headdim=64, ngroups=1, A_init_range=(1, 16),
                  dt_min=0.001, dt_max=0.1, dt_init_floor=1e-4, chunk_size=64, layer_idx=None,
                  scan_impl="auto"):
@@ -305,14 +302,12 @@ def selective_scan_chunked(u, delta, A, B, C, initial_state=None, chunk_size=64)
     out_dtype, dtype = u.dtype, compute_dtype(u, delta, A, B, C, initial_state)
     u, delta, A, B, C = (v.to(dtype) for v in (u, delta, A, B, C))
     L = max(1, min(chunk_size, t))
-    nc, du = math.ceil(t / L), delta * u
-    pad = nc * L - t
+    nc, pad, du = math.ceil(t / L), (-t) % L, delta * u
     if pad:  # padded steps have delta = 0: decay 1 and no input
         delta, du, B, C = (F.pad(v, (0, 0, 0, pad)) for v in (delta, du, B, C))
     # [b, nc, L, ...] split into L per-position tensors once: indexing inside the loops would make
     # autograd scatter each step's gradient into a full-size zero tensor
-    delta_j, du_j = delta.view(b, nc, L, d).unbind(2), du.view(b, nc, L, d).unbind(2)
-    B_j, C_j = B.view(b, nc, L, n).unbind(2), C.view(b, nc, L, n).unbind(2)
+    delta_j, du_j, B_j, C_j = (v.view(b, nc, L, v.shape[-1]).unbind(2) for v in (delta, du, B, C))
     # Under autograd step 1's decays are saved anyway, so step 3 reuses them; else it recomputes them
     keep_decays = torch.is_grad_enabled() and any(
         v is not None and v.requires_grad for v in (u, delta, A, B, C, initial_state))
@@ -354,8 +349,7 @@ def _selective_scan_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr,
     state_offs = pid_b * D * N + offs_d[:, None] * N + offs_n[None, :]
     h = tl.load(h0_ptr + state_offs, mask=mask_dn, other=0.0)
     # offsets of step 0 in u, delta and y, and in B and C, moved one time row on per step
-    d_offs = pid_b * T * D + offs_d
-    n_offs = pid_b * T * N + offs_n
+    d_offs, n_offs = pid_b * T * D + offs_d, pid_b * T * N + offs_n
     for _ in range(T):
         u = tl.load(u_ptr + d_offs, mask=mask_d, other=0.0)
         delta = tl.load(delta_ptr + d_offs, mask=mask_d, other=0.0)
@@ -363,8 +357,7 @@ def _selective_scan_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr,
         C = tl.load(C_ptr + n_offs, mask=mask_n, other=0.0)
         h = tl.exp(delta[:, None] * A) * h + (delta * u)[:, None] * B[None, :]
         tl.store(y_ptr + d_offs, tl.sum(h * C[None, :], axis=1), mask=mask_d)
-        d_offs += D
-        n_offs += N
+        d_offs, n_offs = d_offs + D, n_offs + N
     tl.store(hT_ptr + state_offs, h, mask=mask_dn)
 
 
@@ -393,8 +386,7 @@ SELECTIVE_SCANS = {"naive": selective_scan_naive, "chunked": selective_scan_chun
 class Mamba(nn.Module):
     """Mamba-1 mixer with mamba_ssm's parameter names, shapes and initialisation (official checkpoints
     load as they are). in_proj -> (x, z); causal conv + SiLU over x; x_proj(x) -> (dt, B, C); selective
-    scan with delta = softplus(dt_proj(dt)), A = -exp(A_log); y + D x; out_proj(y * silu(z)).
-    state = {"h": [b, d_inner, d_state], "conv": [b, d_conv - 1, d_inner]}."""
+    scan with delta = softplus(dt_proj(dt)), A = -exp(A_log); y + D x; out_proj(y * silu(z))."""
     def __init__(self, d_model, d_state=16, d_conv=4, expand=2, dt_rank="auto", dt_min=0.001,
                  dt_max=0.1, dt_init="random", dt_scale=1.0, dt_init_floor=1e-4, conv_bias=True,
                  bias=False, layer_idx=None, scan_impl="auto"):

@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import os
+import pathlib
 import re
 import sysconfig
 
@@ -42,7 +43,6 @@ def _is_int(x, minimum=1):
 # --- 1. Tokenizers and corpora ---------------------------------------------------------------------
 # A tokenizer has name, n_vocab, eot_token, encode_ordinary(text) -> ids (a special token's text inside
 # a document stays plain text), decode(ids) and encode_single_token(bytes).
-
 class ByteTokenizer:
     """One token per byte (id = byte value) plus <|endoftext|> = 256: built in, no file, no merges."""
     name, n_vocab, eot_token = "bytes", 257, 256
@@ -70,8 +70,7 @@ class JsonTokenizer:
         except ImportError:
             raise TokenizerUnavailableError(f"reading {path} needs: pip install tokenizers") from None
         check(os.path.isfile(path), f"no such tokenizer file {path!r}: pass a Hugging Face tokenizer.json")
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = pathlib.Path(path).read_bytes()
         try:
             self._tok = tokenizers.Tokenizer.from_str(raw.decode())
         except Exception:
@@ -148,8 +147,7 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
     base = os.path.join(cache_dir, f"{stem or 'data'}-{enc.name}-{key[:16]}")
     if not os.path.exists(base + ".json"):   # written last: it marks a complete cache
         _build_cache(base, data, files, enc, seed, val_fraction)
-    with open(base + ".json") as f:
-        meta = json.load(f)
+    meta = json.loads(pathlib.Path(base + ".json").read_text())
     tokens, n = np.memmap(base + ".bin", dtype=meta["dtype"], mode="r"), meta["n_train"]
     return Data(data, tokens[:n], tokens[n:], enc.n_vocab, enc.eot_token, enc, info=meta)
 
@@ -165,8 +163,7 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
     try:
         with open(tmp, "wb") as out:
             for i in tqdm(np.argsort(is_val, kind="stable"), f"tokenizing {label}", delay=1, leave=False):
-                with open(files[i], "rb") as f:
-                    raw = f.read()
+                raw = pathlib.Path(files[i]).read_bytes()
                 try:   # a binary, not UTF-8 or empty file is skipped
                     text = "" if b"\0" in raw else raw.decode("utf-8")
                 except UnicodeDecodeError:
@@ -183,12 +180,10 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
         meta = dict(source=label, tokenizer=enc.name, dtype=np.dtype(dtype).name, n_train=n[0], n_val=n[1],
                     docs_train=docs[0], docs_val=docs[1], skipped_files=skipped)
         os.replace(tmp, base + ".bin")
-        with open(tmp, "w") as f:
-            json.dump(meta, f, indent=1)
+        pathlib.Path(tmp).write_text(json.dumps(meta, indent=1))
         os.replace(tmp, base + ".json")
     finally:   # a full disk: the CLI prints the OSError's one line, and no partial file is left
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        pathlib.Path(tmp).unlink(missing_ok=True)
     print(f"tasks: cached {label}: {docs[0]}+{docs[1]} docs, {n[0]}+{n[1]} tokens ({skipped} files skipped: "
           f"binary, not UTF-8 or empty) -> {base}.bin")
 
@@ -236,7 +231,7 @@ def markov_bayes_nll(tokens, k, alpha, prior=None):
     check(not (x[:, 1:] == k).any(), "markov_bayes_nll: a window crosses a document boundary (an eot after "
           "its start): use windows from document starts of <= doc_len + 1 tokens")
     (n, T), rows = x.shape, torch.arange(len(x))
-    prior = torch.as_tensor(np.full((k, k), float(alpha)) if prior is None else prior, dtype=torch.float64)
+    prior = torch.as_tensor(markov_prior(k, alpha) if prior is None else prior, dtype=torch.float64)
     counts = torch.zeros(n, k, k, dtype=torch.float64)   # counts[r, i, j]: bigrams i -> j so far
     nll = torch.empty(n, T - 1, dtype=torch.float64)
     for t in range(T - 1):
@@ -272,7 +267,6 @@ def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): no
 # --- 3. Samplers: each one's randomness is a pure function of (seed, counters), so a resume is exact ---
 # next_batch() -> x, y: int64 [batch_size, seq_len], y = x shifted left by one token (and DocumentStreams:
 # new_doc, bool [batch_size]); state_dict() and load_state_dict() hold all that the next batches depend on.
-
 def _windows(tokens, starts, length):   # tokens[s : s+length] for each start -> int64 [len(starts), length]
     return torch.from_numpy(np.stack([np.asarray(tokens[s:s + length]) for s in starts]).astype(np.int64))
 
@@ -676,7 +670,6 @@ def babi_mixture(tokenizer, length, seed, babi_tasks, filler_tokens=None):
 
 
 # --- Scoring ----------------------------------------------------------------------------------
-
 def exact_match(pred_text, answer_text):
     """Equal after normalising case, whitespace runs, spaces around commas and one trailing period."""
     a, b = (re.sub(r" ?, ?", ",", " ".join(t.strip().lower().split())) for t in (pred_text, answer_text))

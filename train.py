@@ -32,8 +32,7 @@ import tasks
 # Peak learning rates from scratch: the paper's Table 2 for its sizes; tiny tuned for the CPU demos.
 PEAK_LR = {"tiny": 3e-3, "45m": 1.5e-3, "70m": 1.5e-3, "85m": 1.5e-3, "125m": 1e-3, "130m": 1e-3,
            "370m": 7.5e-4, "780m": 5e-4, "1.3b": 4e-4}
-# Every flag: name, type (a list: the choices; bool: a switch), default, help. The parser's defaults are
-# None, so that a flag given explicitly is known; resolve() fills in the rest, in one place.
+# Each flag: name, type (list: choices; bool: a switch), default, help. Not given: None until resolve().
 FLAGS = [
     ("init-state", list(interventions.STRATEGIES), "sp", "initial state of each training sequence"),
     ("sigma", float, 0.1, "std of the random initial state"),
@@ -198,7 +197,6 @@ def train(args):
     if ddp:  # one process per device; each rank keeps its own sampler and strategy, as one process would
         torch.distributed.init_process_group("gloo" if device.type == "cpu" else "nccl")
     os.makedirs(args.out, exist_ok=True)
-
     # --- data ---------------------------------------------------------------------------------------------
     data = tasks.load_data(args.data, args.tokenizer, args.seed) if args.task in ("lm", "babilong") else None
     if args.task == "lm":
@@ -213,7 +211,6 @@ def train(args):
         val_sampler = make_task_sampler(args, 10_000 + args.seed, data and data.val)
     vocab_size = data.vocab_size if data else tasks.get_tokenizer(args.tokenizer).n_vocab
     val_state0 = val_sampler.state_dict()  # the same validation batches at every evaluation
-
     # --- model, optimizer, strategy -------------------------------------------------------------------------
     ckpt_path, step = os.path.join(args.out, "ckpt.pt"), 0
     torch.manual_seed(args.seed)
@@ -246,7 +243,6 @@ def train(args):
         print(f"{lm.extra_repr()}, data {data.name if data else args.task}, --init-state {args.init_state}"
               f"{' --streams' * args.streams}, {args.steps} steps of {args.grad_accum * world * args.batch_size} x "
               f"{args.seq_len} tokens, lr {args.lr:g}, {device}" + (f", resuming at step {step}" if resume else ""))
-
     # --- the loop -------------------------------------------------------------------------------------------
     with open_run(args, step) if master else nullcontext() as log:
         bar = tqdm(total=args.steps, initial=step, disable=args.quiet or not master, file=sys.stdout)
@@ -311,7 +307,6 @@ def demo(out, seed=0, device="auto", quiet=False, **overrides):
 
 
 # --- helpers --------------------------------------------------------------------------------------------
-
 def lr_at(step, args):
     """Linear warm-up over the first `warmup` fraction of steps, then cosine decay to min_lr."""
     warm = int(args.warmup * args.steps)
