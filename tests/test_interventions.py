@@ -17,14 +17,6 @@ def known_states(lm, batch, value_fn):
     return state
 
 
-def test_zero_is_the_models_zero_state():
-    lm = tiny_lm()
-    assert interventions.make_strategy("zero", lm, 3).initial_state({}) is None  # None: the model's zero state
-    x = torch.randint(0, 20, (3, 9))
-    with torch.no_grad():
-        torch.testing.assert_close(lm(x, state=None)[0], lm(x, state=lm.zero_state(3))[0])
-
-
 @pytest.mark.parametrize("arch", ["mamba2", "rwkv6"])
 def test_random_has_the_asked_sigma_and_zero_conv_or_shift(arch):
     state = interventions.make_strategy("random", tiny_lm(arch), 64, sigma=0.37, seed=1).initial_state({})
@@ -55,7 +47,8 @@ def test_fitted_follows_the_ema_rule_and_samples_its_moments():
 def test_sp_passes_the_previous_final_state_except_reset_rows():
     lm = tiny_lm()
     s = interventions.make_strategy("sp", lm, 400, p_reset=0.1, seed=0)
-    assert s.initial_state({}) is None  # nothing to pass before the first batch
+    assert s.initial_state({}) is None  # nothing to pass before the first batch: the zero state, as "zero"'s
+    assert interventions.make_strategy("zero", lm, 3).initial_state({}) is None  # None: lm.zero_state
     final = [{k: torch.randn_like(v) + 5 for k, v in layer.items()} for layer in lm.zero_state(400)]
     final[0]["h"].requires_grad_(True)
     s.observe(final)

@@ -16,6 +16,7 @@ def test_split_and_step_equivalence(arch):
     idx = torch.randint(0, 50, (2, 75))
     with torch.no_grad():
         full, s_full = lm(idx)
+        torch.testing.assert_close(lm(idx, state=lm.zero_state(2))[0], full)   # state=None is the zero state
         for cuts in ([0, 2, 75], [0, 33, 75], [*range(20), 75]):
             state, outs = None, []
             for a, b in zip(cuts, cuts[1:]):
@@ -42,12 +43,6 @@ def test_gradient_reaches_the_initial_state_even_after_an_inference_mode_call(ar
     logits.logsumexp(-1).sum().backward()
     assert all(layer["h"].grad.abs().sum() > 0 for layer in state)
     assert all(p.grad is not None for p in lm.backbone.layers[0].mixer.parameters())
-
-
-def test_zero_state_shape():
-    lm = tiny_lm("mamba2", vocab_size=50)
-    assert lm.zero_state(3)[0]["h"].shape == (3, 8, 16, 16)  # [b, heads = 2*64/16, headdim, d_state]
-    assert f"params={lm.num_params():,}" in repr(lm)
 
 
 # key -> shape in mamba_ssm's layout. Mamba-2: d_model=64, expand=2, headdim=16 (8 heads), d_state=16, d_conv=4

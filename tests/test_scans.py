@@ -15,8 +15,7 @@ import torch.nn.functional as F
 import gla
 import rwkv
 import ssm
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import ROOT
 
 
 # Input makers: (inputs, keyword arguments). inputs end with the initial state; those whose first two
@@ -60,8 +59,6 @@ SCANS = {  # name: (naive, chunked, triton, make_inputs)
     "gla": (gla.gla_naive, gla.gla_chunked, gla.gla_triton, gla_inputs),
     "rwkv6": (rwkv.rwkv6_naive, rwkv.rwkv6_chunked, rwkv.rwkv6_triton, rwkv_inputs),
 }
-
-
 GPU = torch.cuda.is_available()  # then the Triton form runs compiled on the GPU (else interpreted: conftest.py)
 
 
@@ -141,7 +138,7 @@ def test_gradients_agree(name, strong):
 
 @pytest.mark.parametrize("form", ["naive", "chunked", "triton"])
 @pytest.mark.parametrize("name", SCANS)
-def test_pieces_with_the_state_carried_equal_one_pass(name, form):
+def test_pieces_with_the_state_carried_equal_one_pass_and_bf16_computes_in_float32(name, form):
     b, t = 2, 10
     inputs, kw = SCANS[name][3](torch.Generator().manual_seed(2), b=b, t=t)
     inputs, tol = ([v.float() for v in inputs], 1e-5) if form == "triton" else (inputs, 1e-10)
@@ -154,18 +151,11 @@ def test_pieces_with_the_state_carried_equal_one_pass(name, form):
             y, state = scan(*piece, initial_state=state, **kw)
             ys.append(y)
         close((torch.cat(ys, 1), state), ref, tol)
-
-
-@pytest.mark.parametrize("form", ["naive", "chunked", "triton"])
-def test_bf16_inputs_compute_in_float32(form):
-    for name in SCANS:
-        inputs, kw = SCANS[name][3](torch.Generator().manual_seed(3), t=8)
-        bf16 = [v.bfloat16() for v in inputs[:-1]] + [inputs[-1].float()]
-        y, s = call(forms(name)[form], bf16, kw)
-        y32, s32 = call(forms(name)[form], [v.float() for v in bf16], kw)
-        assert y.dtype == torch.bfloat16 and s.dtype == torch.float32, name
-        close(y, y32, 1e-2)
-        close(s, s32, 1e-5)
+    bf16 = [v.bfloat16() for v in inputs[:-1]] + [inputs[-1].float()]   # bf16 inputs, a float32 state
+    (y, s), (y32, s32) = call(scan, bf16, kw), call(scan, [v.float() for v in bf16], kw)
+    assert y.dtype == torch.bfloat16 and s.dtype == torch.float32
+    close(y, y32, 1e-2)
+    close(s, s32, 1e-5)
 
 
 @pytest.mark.parametrize("form", ["naive", "chunked", "triton"])

@@ -12,12 +12,9 @@ import tasks
 import train
 from conftest import checkpoint, logged
 
-# --task -> flags of a tiny run; passkey needs >= 124 tokens, a bAbI story up to ~470 (bytes tokenizer)
-TASK_FLAGS = {
-    "passkey": ["--seq-len", "160", "--init-state", "fitted"],
-    "copy": ["--copy-len", "3,12", "--init-state", "sp"],
-    "babilong": ["--seq-len", "512", "--babi-tasks", "qa1,qa6", "--init-state", "zero"],
-}
+TASK_FLAGS = {"passkey": ["--seq-len", "160", "--init-state", "fitted"],  # bytes: a passkey takes >= 124 tokens
+              "copy": ["--copy-len", "3,12", "--init-state", "sp"],
+              "babilong": ["--seq-len", "512", "--babi-tasks", "qa1,qa6", "--init-state", "zero"]}  # a story <= ~470
 
 
 def lm_then_sp(tmp_path):

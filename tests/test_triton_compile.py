@@ -1,8 +1,6 @@
-"""Every Triton kernel of the repo compiles with the real compiler for NVIDIA sm_80 and sm_90 down to a
-cubin, without a GPU (the interpreter the other tests use accepts code the compiler rejects). Run as a
-script, with TRITON_INTERPRET unset, each layer's Triton form runs on CPU tensors with every kernel
-launch replaced by a compile for both targets: the kernels are compiled at the shapes, dtypes and
-specialisations the layers really launch them with."""
+"""Every Triton kernel compiles with the real compiler for NVIDIA sm_80 and sm_90 down to a cubin, without a
+GPU (the interpreter accepts code the compiler rejects). Run as a script (TRITON_INTERPRET unset), each layer's
+Triton form runs with every launch replaced by a compile: the shapes, dtypes and specialisations layers use."""
 import json
 import multiprocessing
 import os
