@@ -321,7 +321,8 @@ def selective_scan_chunked(u, delta, A, B, C, initial_state=None, chunk_size=64)
     # 2. The state walks along the chunk boundaries from initial_state: into chunk c + 1 = (chunk c's
     # total decay, exp(A * the sum of its deltas)) * (into chunk c) + (chunk c's end state from step 1).
     chunk_decay = torch.exp(delta.view(b, nc, L, d).sum(2)[..., None] * A).unbind(1)  # [b, d, n] each
-    carry, carried_in = u.new_zeros(b, d, n) if initial_state is None else initial_state.to(dtype), []
+    carry = u.new_zeros(b, d, n) if initial_state is None else initial_state.to(dtype)
+    carried_in = []
     for c, end_state in enumerate(h.unbind(1)):
         carried_in.append(carry)
         carry = torch.addcmul(end_state, chunk_decay[c], carry)

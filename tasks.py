@@ -290,10 +290,9 @@ class RandomWindows:
         self.seed, self.step = seed, 0
 
     def next_batch(self):
-        starts = np.random.default_rng([self.seed, self.step]).integers(0, len(self.tokens) - self.seq_len,
-                                                                        self.batch_size)
+        rng = np.random.default_rng([self.seed, self.step])
         self.step += 1
-        return _xy(self.tokens, starts, self.seq_len)
+        return _xy(self.tokens, rng.integers(0, len(self.tokens) - self.seq_len, self.batch_size), self.seq_len)
 
     def state_dict(self):
         return {"seed": self.seed, "step": self.step}
@@ -447,9 +446,9 @@ def passkey_sample(tokenizer, length, depth=None, seed=0):
     key = str(int(content_rng.integers(10_000, 100_000)))
     depth = float(layout_rng.random()) if depth is None else depth
     check(0 <= depth <= 1, f"passkey_sample: depth must be in [0, 1], got {depth}")
+    at_depth = lambda b, n: [int(b[np.abs(b - depth * n).argmin()])]   # noqa: E731  (the nearest boundary)
     tokens, mask, (start,), n = _hide(enc, "passkey_sample", length, [PASSKEY_SENTENCE.format(key=key)],
-                                      PASSKEY_QUESTION, f" {key}.", lambda b, n: [int(b[np.abs(b - depth * n)
-                                                                                          .argmin()])])
+                                      PASSKEY_QUESTION, f" {key}.", at_depth)
     return Sample(tokens, mask, dict(task="passkey", answer=key, key=key, depth=depth, key_start=start,
                                      seed=seed, actual_depth=(start - 1) / n if n else 0.0))
 
