@@ -23,78 +23,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# --- Scan plumbing, shared by ssm.py, gla.py and rwkv.py (not part of the paper) ------------------
-try:
-    import triton
-    import triton.language as tl
-    HAS_TRITON = True
-except ImportError:  # no Triton wheel (e.g. macOS): the naive and chunked forms still work
-    HAS_TRITON = False
-    triton = tl = types.SimpleNamespace(jit=lambda fn: fn, constexpr=None)  # so the kernels still parse
-
-
-def compute_dtype(*tensors):
-    """Every scan computes in float32 (float64 when an input is, in tests): a long product of decays
-    loses too much in bf16. It returns y in its input's dtype and the final state in this one."""
-    return torch.float64 if torch.float64 in [v.dtype for v in tensors if v is not None] else torch.float32
-
-
-def pick_form(forms, impl, x):
-    """forms: {"naive", "chunked", "triton"} -> function. "auto": the Triton kernel on CUDA, else chunked."""
-    if impl == "auto":
-        impl = "triton" if x.is_cuda and HAS_TRITON else "chunked"
-    return forms[impl]
-
-
-def check_triton(name, x):
-    if not HAS_TRITON:
-        raise RuntimeError(f"{name} needs Triton (on Linux: pip install triton); use the chunked form")
-    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        raise RuntimeError(f"{name} needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is imported")
-
-
-class _TritonForward(torch.autograd.Function):
-    """(y, final_state) = kernel_forward(*inputs), a Triton kernel; backward by recomputing the chunked
-    PyTorch form chunked(*inputs) under autograd: the same function, so the same gradients, with no
-    backward kernel to keep in sync. Non-tensor arguments (scale, chunk size): functools.partial."""
-    @staticmethod
-    def forward(ctx, kernel_forward, chunked, *inputs):
-        ctx.chunked = chunked
-        ctx.save_for_backward(*inputs)
-        return kernel_forward(*inputs)
-
-    @staticmethod
-    def backward(ctx, dy, dfinal_state):
-        needs = ctx.needs_input_grad[2:]
-        with torch.enable_grad():
-            inputs = [v if v is None else v.detach().requires_grad_(need)
-                      for v, need in zip(ctx.saved_tensors, needs)]
-            y, final_state = ctx.chunked(*inputs)
-            wanted = [v for v in inputs if v is not None and v.requires_grad]
-            grads = iter(torch.autograd.grad((y, final_state), wanted, (dy, dfinal_state), allow_unused=True))
-        return (None, None) + tuple(next(grads) if need else None for need in needs)
-
-
-triton_scan = _TritonForward.apply  # triton_scan(kernel_forward, chunked, *inputs) -> (y, final_state)
-
-
-def causal_conv1d(x, weight, bias, conv_state):
-    """Depthwise causal convolution over time carrying its window as state, for both Mamba layers.
-    x [b, t, c]; weight [c, 1, k], bias [c] (nn.Conv1d's layout, as mamba_ssm); conv_state [b, k-1, c],
-    the k-1 inputs before x (zeros at a sequence start). Returns y [b, t, c] (a transposed view, time
-    stride 1) and the new conv_state, so conv(x[:, :a]) then conv(x[:, a:]) equals conv(x)."""
-    xx = torch.cat([conv_state.to(x.dtype), x], dim=1)  # [b, k-1+t, c]
-    bias = None if bias is None else bias.to(x.dtype)
-    y = F.conv1d(xx.transpose(1, 2), weight.to(x.dtype), bias, groups=x.shape[-1])
-    return y.transpose(1, 2), xx[:, x.shape[1]:].float()
-
-
-def inverse_softplus_dt(size, dt_min, dt_max, dt_init_floor):
-    """dt bias init of both layers (as mamba_ssm): softplus(bias) is log-uniform in [dt_min, dt_max]."""
-    log_dt = torch.rand(size) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)
-    dt = torch.exp(log_dt).clamp(min=dt_init_floor)
-    return dt + torch.log(-torch.expm1(-dt))  # softplus^-1(dt), stable for small dt
-
 
 # --- Mamba-2 (SSD): Dao & Gu 2024, "Transformers are SSMs", Sec. 6; official code: mamba_ssm
 # (github.com/state-spaces/mamba, modules/mamba2.py). A scalar decay per head; head i reads the B, C
@@ -159,58 +87,64 @@ def ssd_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
     return y.to(out_dtype), state.reshape(b, h, p, n)
 
 
-@triton.jit
-def _ssd_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, H, P, G, N,
-                BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    # One program owns rows [BLOCK_P] of one (batch, head) state and walks through time with its
-    # [BLOCK_P, n] state tile in registers: each input is read once, the state never hits memory.
-    bh = tl.program_id(0).to(tl.int64)  # 64-bit: b * t * h * p overflows int32 on long inputs
-    bi, hi = bh // H, bh % H
-    gi = hi // (H // G)
-    offs_p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_p, mask_n = offs_p < P, offs_n < N
-    s_offs = bh * P * N + offs_p[:, None] * N + offs_n[None, :]
-    s_mask = mask_p[:, None] & mask_n[None, :]
-    A = tl.load(A_ptr + hi)
-    state = tl.load(h0_ptr + s_offs, mask=s_mask, other=0.0)
-    # offsets of step 0 in x and y, dt, B and C (contiguous [b, t, ...]), moved one time row on per step
-    dt_off = bi * T * H + hi
-    x_offs, bc_offs = dt_off * P + offs_p, (bi * T * G + gi) * N + offs_n
-    for _ in range(T):
-        dt = tl.load(dt_ptr + dt_off).to(tl.float32)
-        x = tl.load(x_ptr + x_offs, mask=mask_p, other=0.0).to(tl.float32)
-        B = tl.load(B_ptr + bc_offs, mask=mask_n, other=0.0).to(tl.float32)
-        C = tl.load(C_ptr + bc_offs, mask=mask_n, other=0.0).to(tl.float32)
-        state = tl.exp(dt * A) * state + (dt * x)[:, None] * B[None, :]
-        tl.store(y_ptr + x_offs, tl.sum(state * C[None, :], axis=1), mask=mask_p)
-        x_offs += H * P
-        dt_off += H
-        bc_offs += G * N
-    tl.store(hT_ptr + s_offs, state, mask=s_mask)
+# --- Mamba-1 (selective scan): Gu & Dao 2023, "Mamba", Sec. 3.2 and Algorithm 2; official code: mamba_ssm
+# (modules/mamba_simple.py). Each channel d has its own step size and a diagonal state of size n;
+# B_t, C_t are shared by all channels:
+#     h_t = exp(delta_t A) * h_{t-1} + (delta_t u_t) B_t        h_t: [d, n], elementwise decay
+#     y_t = h_t C_t                                              y_t: [d]
+def selective_scan_naive(u, delta, A, B, C, initial_state=None):
+    """The recurrence, one step at a time: the definition the other two forms are tested against."""
+    b, t, d = u.shape
+    out_dtype, dtype = u.dtype, compute_dtype(u, delta, A, B, C, initial_state)
+    u, delta, A, B, C = (v.to(dtype) for v in (u, delta, A, B, C))
+    h = u.new_zeros(b, d, A.shape[1]) if initial_state is None else initial_state.to(dtype)
+    ys = []
+    for i in range(t):
+        h = torch.exp(delta[:, i, :, None] * A) * h + (delta[:, i] * u[:, i])[:, :, None] * B[:, i, None, :]
+        ys.append((h * C[:, i, None, :]).sum(-1))
+    return torch.stack(ys, dim=1).to(out_dtype), h
 
 
-def _ssd_launch(x, dt, A, B, C, initial_state):
-    (b, t, h, p), (g, n) = x.shape, B.shape[2:]
-    state_dtype = compute_dtype(x, dt, A, B, C, initial_state)
-    # The Mamba2 layer's x, B, C are views of the transposed conv output (channel stride t): one
-    # copy to contiguous [b, t, ...] makes every per-step load a contiguous (coalesced) run.
-    x, dt, A, B, C = (v.contiguous() for v in (x, dt, A.float(), B, C))
-    h0 = (x.new_zeros(b, h, p, n) if initial_state is None else initial_state).float().contiguous()
-    y, final_state = x.new_empty(b, t, h, p, dtype=torch.float32), torch.empty_like(h0)
-    BLOCK_P = min(32, triton.next_power_of_2(p))
-    _ssd_kernel[(b * h, triton.cdiv(p, BLOCK_P))](x, dt, A, B, C, h0, y, final_state, t, h, p, g, n,
-                                                  BLOCK_P=BLOCK_P, BLOCK_N=triton.next_power_of_2(n))
-    return y.to(x.dtype), final_state.to(state_dtype)
-
-
-def ssd_triton(x, dt, A, B, C, initial_state=None):
-    """One fused Triton kernel (forward), backward through ssd_chunked; CUDA or TRITON_INTERPRET=1."""
-    check_triton("ssd_triton", x)
-    return triton_scan(_ssd_launch, ssd_chunked, x, dt, A, B, C, initial_state)
-
-
-SSD_SCANS = {"naive": ssd_naive, "chunked": ssd_chunked, "triton": ssd_triton}
+def selective_scan_chunked(u, delta, A, B, C, initial_state=None, chunk_size=64):
+    """A two-level scan, 2 L + t / L sequential steps. The decay differs per channel AND state index,
+    so SSD's matmul form would need [L, L, d, n] decays; instead the chunks of L steps run side by
+    side. Only exp of non-positive numbers (delta * A <= 0) is taken: any decay strength is stable."""
+    (b, t, d), n = u.shape, A.shape[1]
+    out_dtype, dtype = u.dtype, compute_dtype(u, delta, A, B, C, initial_state)
+    u, delta, A, B, C = (v.to(dtype) for v in (u, delta, A, B, C))
+    L = max(1, min(chunk_size, t))
+    nc, pad, du = math.ceil(t / L), (-t) % L, delta * u
+    if pad:  # padded steps have delta = 0: decay 1 and no input
+        delta, du, B, C = (F.pad(v, (0, 0, 0, pad)) for v in (delta, du, B, C))
+    # [b, nc, L, ...] split into L per-position tensors once: indexing inside the loops would make
+    # autograd scatter each step's gradient into a full-size zero tensor
+    delta_j, du_j, B_j, C_j = (v.view(b, nc, L, v.shape[-1]).unbind(2) for v in (delta, du, B, C))
+    # Under autograd step 1's decays are saved anyway, so step 3 reuses them; else it recomputes them
+    keep_decays = torch.is_grad_enabled() and any(
+        v is not None and v.requires_grad for v in (u, delta, A, B, C, initial_state))
+    # 1. Every chunk runs its L steps from a zero state, keeping its end state. (torch.addcmul(x, a, b)
+    # = x + a * b in one pass: the passes over [b, nc, d, n] are the cost.)
+    decays, h = [], u.new_zeros(b, nc, d, n)
+    for j in range(L):
+        decay = torch.exp(delta_j[j][..., None] * A)
+        decays.append(decay if keep_decays else None)
+        h = torch.addcmul(du_j[j][..., None] * B_j[j][:, :, None, :], decay, h)
+    # 2. The state walks along the chunk boundaries from initial_state: into chunk c + 1 = (chunk c's
+    # total decay, exp(A * the sum of its deltas)) * (into chunk c) + (chunk c's end state from step 1).
+    chunk_decay = torch.exp(delta.view(b, nc, L, d).sum(2)[..., None] * A).unbind(1)  # [b, d, n] each
+    carry = u.new_zeros(b, d, n) if initial_state is None else initial_state.to(dtype)
+    carried_in = []
+    for c, end_state in enumerate(h.unbind(1)):
+        carried_in.append(carry)
+        carry = torch.addcmul(end_state, chunk_decay[c], carry)
+    # 3. Every chunk reruns its steps from its true incoming state and reads out y.
+    h, ys = torch.stack(carried_in, dim=1), []
+    for j in range(L):
+        decay = decays[j] if keep_decays else torch.exp(delta_j[j][..., None] * A)
+        h = torch.addcmul(du_j[j][..., None] * B_j[j][:, :, None, :], decay, h)
+        ys.append(torch.einsum("bcdn,bcn->bcd", h, C_j[j]))
+    y = torch.stack(ys, dim=2).reshape(b, nc * L, d)[:, :t]
+    return y.to(out_dtype), carry
 
 
 class Mamba2(nn.Module):
@@ -276,114 +210,6 @@ class RMSNormGated(nn.Module):
         return y * self.weight.float()
 
 
-# --- Mamba-1 (selective scan): Gu & Dao 2023, "Mamba", Sec. 3.2 and Algorithm 2; official code: mamba_ssm
-# (modules/mamba_simple.py). Each channel d has its own step size and a diagonal state of size n;
-# B_t, C_t are shared by all channels:
-#     h_t = exp(delta_t A) * h_{t-1} + (delta_t u_t) B_t        h_t: [d, n], elementwise decay
-#     y_t = h_t C_t                                              y_t: [d]
-def selective_scan_naive(u, delta, A, B, C, initial_state=None):
-    """The recurrence, one step at a time: the definition the other two forms are tested against."""
-    b, t, d = u.shape
-    out_dtype, dtype = u.dtype, compute_dtype(u, delta, A, B, C, initial_state)
-    u, delta, A, B, C = (v.to(dtype) for v in (u, delta, A, B, C))
-    h = u.new_zeros(b, d, A.shape[1]) if initial_state is None else initial_state.to(dtype)
-    ys = []
-    for i in range(t):
-        h = torch.exp(delta[:, i, :, None] * A) * h + (delta[:, i] * u[:, i])[:, :, None] * B[:, i, None, :]
-        ys.append((h * C[:, i, None, :]).sum(-1))
-    return torch.stack(ys, dim=1).to(out_dtype), h
-
-
-def selective_scan_chunked(u, delta, A, B, C, initial_state=None, chunk_size=64):
-    """A two-level scan, 2 L + t / L sequential steps. The decay differs per channel AND state index,
-    so SSD's matmul form would need [L, L, d, n] decays; instead the chunks of L steps run side by
-    side. Only exp of non-positive numbers (delta * A <= 0) is taken: any decay strength is stable."""
-    (b, t, d), n = u.shape, A.shape[1]
-    out_dtype, dtype = u.dtype, compute_dtype(u, delta, A, B, C, initial_state)
-    u, delta, A, B, C = (v.to(dtype) for v in (u, delta, A, B, C))
-    L = max(1, min(chunk_size, t))
-    nc, pad, du = math.ceil(t / L), (-t) % L, delta * u
-    if pad:  # padded steps have delta = 0: decay 1 and no input
-        delta, du, B, C = (F.pad(v, (0, 0, 0, pad)) for v in (delta, du, B, C))
-    # [b, nc, L, ...] split into L per-position tensors once: indexing inside the loops would make
-    # autograd scatter each step's gradient into a full-size zero tensor
-    delta_j, du_j, B_j, C_j = (v.view(b, nc, L, v.shape[-1]).unbind(2) for v in (delta, du, B, C))
-    # Under autograd step 1's decays are saved anyway, so step 3 reuses them; else it recomputes them
-    keep_decays = torch.is_grad_enabled() and any(
-        v is not None and v.requires_grad for v in (u, delta, A, B, C, initial_state))
-    # 1. Every chunk runs its L steps from a zero state, keeping its end state. (torch.addcmul(x, a, b)
-    # = x + a * b in one pass: the passes over [b, nc, d, n] are the cost.)
-    decays, h = [], u.new_zeros(b, nc, d, n)
-    for j in range(L):
-        decay = torch.exp(delta_j[j][..., None] * A)
-        decays.append(decay if keep_decays else None)
-        h = torch.addcmul(du_j[j][..., None] * B_j[j][:, :, None, :], decay, h)
-    # 2. The state walks along the chunk boundaries from initial_state: into chunk c + 1 = (chunk c's
-    # total decay, exp(A * the sum of its deltas)) * (into chunk c) + (chunk c's end state from step 1).
-    chunk_decay = torch.exp(delta.view(b, nc, L, d).sum(2)[..., None] * A).unbind(1)  # [b, d, n] each
-    carry = u.new_zeros(b, d, n) if initial_state is None else initial_state.to(dtype)
-    carried_in = []
-    for c, end_state in enumerate(h.unbind(1)):
-        carried_in.append(carry)
-        carry = torch.addcmul(end_state, chunk_decay[c], carry)
-    # 3. Every chunk reruns its steps from its true incoming state and reads out y.
-    h, ys = torch.stack(carried_in, dim=1), []
-    for j in range(L):
-        decay = decays[j] if keep_decays else torch.exp(delta_j[j][..., None] * A)
-        h = torch.addcmul(du_j[j][..., None] * B_j[j][:, :, None, :], decay, h)
-        ys.append(torch.einsum("bcdn,bcn->bcd", h, C_j[j]))
-    y = torch.stack(ys, dim=2).reshape(b, nc * L, d)[:, :t]
-    return y.to(out_dtype), carry
-
-
-@triton.jit
-def _selective_scan_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, D, N,
-                           BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    # As _ssd_kernel: one program owns batch element pid_b and BLOCK_D channels (contiguous float32 inputs)
-    pid_b = tl.program_id(0).to(tl.int64)  # 64-bit: pid_b * T * D overflows int32 on long inputs
-    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_d, mask_n = offs_d < D, offs_n < N
-    mask_dn = mask_d[:, None] & mask_n[None, :]
-    # padded lanes: A = 0 gives decay 1, and h0 = B = 0 keeps them at 0
-    A = tl.load(A_ptr + offs_d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0)
-    state_offs = pid_b * D * N + offs_d[:, None] * N + offs_n[None, :]
-    h = tl.load(h0_ptr + state_offs, mask=mask_dn, other=0.0)
-    # offsets of step 0 in u, delta and y, and in B and C, moved one time row on per step
-    d_offs, n_offs = pid_b * T * D + offs_d, pid_b * T * N + offs_n
-    for _ in range(T):
-        u = tl.load(u_ptr + d_offs, mask=mask_d, other=0.0)
-        delta = tl.load(delta_ptr + d_offs, mask=mask_d, other=0.0)
-        B = tl.load(B_ptr + n_offs, mask=mask_n, other=0.0)
-        C = tl.load(C_ptr + n_offs, mask=mask_n, other=0.0)
-        h = tl.exp(delta[:, None] * A) * h + (delta * u)[:, None] * B[None, :]
-        tl.store(y_ptr + d_offs, tl.sum(h * C[None, :], axis=1), mask=mask_d)
-        d_offs, n_offs = d_offs + D, n_offs + N
-    tl.store(hT_ptr + state_offs, h, mask=mask_dn)
-
-
-def _selective_scan_launch(u, delta, A, B, C, initial_state):
-    (b, t, d), n = u.shape, A.shape[1]
-    out_dtype, state_dtype = u.dtype, compute_dtype(u, delta, A, B, C, initial_state)
-    u, delta, A, B, C = (v.float().contiguous() for v in (u, delta, A, B, C))
-    h0 = u.new_zeros(b, d, n) if initial_state is None else initial_state.float().contiguous()
-    y, final_state = torch.empty_like(u), torch.empty_like(h0)
-    BLOCK_D = 32  # fixed: the interpreter has no autotune
-    _selective_scan_kernel[(b, triton.cdiv(d, BLOCK_D))](u, delta, A, B, C, h0, y, final_state, t, d, n,
-                                                         BLOCK_D=BLOCK_D, BLOCK_N=triton.next_power_of_2(n))
-    return y.to(out_dtype), final_state.to(state_dtype)
-
-
-def selective_scan_triton(u, delta, A, B, C, initial_state=None):
-    """Fused recurrent Triton kernel (forward); backward recomputes through selective_scan_chunked."""
-    check_triton("selective_scan_triton", u)
-    return triton_scan(_selective_scan_launch, selective_scan_chunked, u, delta, A, B, C, initial_state)
-
-
-SELECTIVE_SCANS = {"naive": selective_scan_naive, "chunked": selective_scan_chunked,
-                   "triton": selective_scan_triton}
-
-
 class Mamba(nn.Module):
     """Mamba-1 mixer with mamba_ssm's parameter names, shapes and initialisation (official checkpoints
     load as they are). in_proj -> (x, z); causal conv + SiLU over x; x_proj(x) -> (dt, B, C); selective
@@ -430,3 +256,176 @@ class Mamba(nn.Module):
     def zero_state(self, batch_size, device):
         return {"h": torch.zeros(batch_size, self.d_inner, self.d_state, device=device),
                 "conv": torch.zeros(batch_size, self.d_conv - 1, self.d_inner, device=device)}
+
+
+# --- Scan plumbing, shared by ssm.py, gla.py and rwkv.py (not part of the paper) ------------------
+try:
+    import triton
+    import triton.language as tl
+    HAS_TRITON = True
+except ImportError:  # no Triton wheel (e.g. macOS): the naive and chunked forms still work
+    HAS_TRITON = False
+    triton = tl = types.SimpleNamespace(jit=lambda fn: fn, constexpr=None)  # so the kernels still parse
+
+
+@triton.jit
+def _ssd_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, H, P, G, N,
+                BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    # One program owns rows [BLOCK_P] of one (batch, head) state and walks through time with its
+    # [BLOCK_P, n] state tile in registers: each input is read once, the state never hits memory.
+    bh = tl.program_id(0).to(tl.int64)  # 64-bit: b * t * h * p overflows int32 on long inputs
+    bi, hi = bh // H, bh % H
+    gi = hi // (H // G)
+    offs_p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_p, mask_n = offs_p < P, offs_n < N
+    s_offs = bh * P * N + offs_p[:, None] * N + offs_n[None, :]
+    s_mask = mask_p[:, None] & mask_n[None, :]
+    A = tl.load(A_ptr + hi)
+    state = tl.load(h0_ptr + s_offs, mask=s_mask, other=0.0)
+    # offsets of step 0 in x and y, dt, B and C (contiguous [b, t, ...]), moved one time row on per step
+    dt_off = bi * T * H + hi
+    x_offs, bc_offs = dt_off * P + offs_p, (bi * T * G + gi) * N + offs_n
+    for _ in range(T):
+        dt = tl.load(dt_ptr + dt_off).to(tl.float32)
+        x = tl.load(x_ptr + x_offs, mask=mask_p, other=0.0).to(tl.float32)
+        B = tl.load(B_ptr + bc_offs, mask=mask_n, other=0.0).to(tl.float32)
+        C = tl.load(C_ptr + bc_offs, mask=mask_n, other=0.0).to(tl.float32)
+        state = tl.exp(dt * A) * state + (dt * x)[:, None] * B[None, :]
+        tl.store(y_ptr + x_offs, tl.sum(state * C[None, :], axis=1), mask=mask_p)
+        x_offs += H * P
+        dt_off += H
+        bc_offs += G * N
+    tl.store(hT_ptr + s_offs, state, mask=s_mask)
+
+
+def _ssd_launch(x, dt, A, B, C, initial_state):
+    (b, t, h, p), (g, n) = x.shape, B.shape[2:]
+    state_dtype = compute_dtype(x, dt, A, B, C, initial_state)
+    # The Mamba2 layer's x, B, C are views of the transposed conv output (channel stride t): one
+    # copy to contiguous [b, t, ...] makes every per-step load a contiguous (coalesced) run.
+    x, dt, A, B, C = (v.contiguous() for v in (x, dt, A.float(), B, C))
+    h0 = (x.new_zeros(b, h, p, n) if initial_state is None else initial_state).float().contiguous()
+    y, final_state = x.new_empty(b, t, h, p, dtype=torch.float32), torch.empty_like(h0)
+    BLOCK_P = min(32, triton.next_power_of_2(p))
+    _ssd_kernel[(b * h, triton.cdiv(p, BLOCK_P))](x, dt, A, B, C, h0, y, final_state, t, h, p, g, n,
+                                                  BLOCK_P=BLOCK_P, BLOCK_N=triton.next_power_of_2(n))
+    return y.to(x.dtype), final_state.to(state_dtype)
+
+
+def ssd_triton(x, dt, A, B, C, initial_state=None):
+    """One fused Triton kernel (forward), backward through ssd_chunked; CUDA or TRITON_INTERPRET=1."""
+    check_triton("ssd_triton", x)
+    return triton_scan(_ssd_launch, ssd_chunked, x, dt, A, B, C, initial_state)
+
+
+@triton.jit
+def _selective_scan_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, D, N,
+                           BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    # As _ssd_kernel: one program owns batch element pid_b and BLOCK_D channels (contiguous float32 inputs)
+    pid_b = tl.program_id(0).to(tl.int64)  # 64-bit: pid_b * T * D overflows int32 on long inputs
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_d, mask_n = offs_d < D, offs_n < N
+    mask_dn = mask_d[:, None] & mask_n[None, :]
+    # padded lanes: A = 0 gives decay 1, and h0 = B = 0 keeps them at 0
+    A = tl.load(A_ptr + offs_d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0)
+    state_offs = pid_b * D * N + offs_d[:, None] * N + offs_n[None, :]
+    h = tl.load(h0_ptr + state_offs, mask=mask_dn, other=0.0)
+    # offsets of step 0 in u, delta and y, and in B and C, moved one time row on per step
+    d_offs, n_offs = pid_b * T * D + offs_d, pid_b * T * N + offs_n
+    for _ in range(T):
+        u = tl.load(u_ptr + d_offs, mask=mask_d, other=0.0)
+        delta = tl.load(delta_ptr + d_offs, mask=mask_d, other=0.0)
+        B = tl.load(B_ptr + n_offs, mask=mask_n, other=0.0)
+        C = tl.load(C_ptr + n_offs, mask=mask_n, other=0.0)
+        h = tl.exp(delta[:, None] * A) * h + (delta * u)[:, None] * B[None, :]
+        tl.store(y_ptr + d_offs, tl.sum(h * C[None, :], axis=1), mask=mask_d)
+        d_offs, n_offs = d_offs + D, n_offs + N
+    tl.store(hT_ptr + state_offs, h, mask=mask_dn)
+
+
+def _selective_scan_launch(u, delta, A, B, C, initial_state):
+    (b, t, d), n = u.shape, A.shape[1]
+    out_dtype, state_dtype = u.dtype, compute_dtype(u, delta, A, B, C, initial_state)
+    u, delta, A, B, C = (v.float().contiguous() for v in (u, delta, A, B, C))
+    h0 = u.new_zeros(b, d, n) if initial_state is None else initial_state.float().contiguous()
+    y, final_state = torch.empty_like(u), torch.empty_like(h0)
+    BLOCK_D = 32  # fixed: the interpreter has no autotune
+    _selective_scan_kernel[(b, triton.cdiv(d, BLOCK_D))](u, delta, A, B, C, h0, y, final_state, t, d, n,
+                                                         BLOCK_D=BLOCK_D, BLOCK_N=triton.next_power_of_2(n))
+    return y.to(out_dtype), final_state.to(state_dtype)
+
+
+def selective_scan_triton(u, delta, A, B, C, initial_state=None):
+    """Fused recurrent Triton kernel (forward); backward recomputes through selective_scan_chunked."""
+    check_triton("selective_scan_triton", u)
+    return triton_scan(_selective_scan_launch, selective_scan_chunked, u, delta, A, B, C, initial_state)
+
+
+SSD_SCANS = {"naive": ssd_naive, "chunked": ssd_chunked, "triton": ssd_triton}
+SELECTIVE_SCANS = {"naive": selective_scan_naive, "chunked": selective_scan_chunked,
+                   "triton": selective_scan_triton}
+
+
+def compute_dtype(*tensors):
+    """Every scan computes in float32 (float64 when an input is, in tests): a long product of decays
+    loses too much in bf16. It returns y in its input's dtype and the final state in this one."""
+    return torch.float64 if torch.float64 in [v.dtype for v in tensors if v is not None] else torch.float32
+
+
+def pick_form(forms, impl, x):
+    """forms: {"naive", "chunked", "triton"} -> function. "auto": the Triton kernel on CUDA, else chunked."""
+    if impl == "auto":
+        impl = "triton" if x.is_cuda and HAS_TRITON else "chunked"
+    return forms[impl]
+
+
+def check_triton(name, x):
+    if not HAS_TRITON:
+        raise RuntimeError(f"{name} needs Triton (on Linux: pip install triton); use the chunked form")
+    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        raise RuntimeError(f"{name} needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is imported")
+
+
+class _TritonForward(torch.autograd.Function):
+    """(y, final_state) = kernel_forward(*inputs), a Triton kernel; backward by recomputing the chunked
+    PyTorch form chunked(*inputs) under autograd: the same function, so the same gradients, with no
+    backward kernel to keep in sync. Non-tensor arguments (scale, chunk size): functools.partial."""
+    @staticmethod
+    def forward(ctx, kernel_forward, chunked, *inputs):
+        ctx.chunked = chunked
+        ctx.save_for_backward(*inputs)
+        return kernel_forward(*inputs)
+
+    @staticmethod
+    def backward(ctx, dy, dfinal_state):
+        needs = ctx.needs_input_grad[2:]
+        with torch.enable_grad():
+            inputs = [v if v is None else v.detach().requires_grad_(need)
+                      for v, need in zip(ctx.saved_tensors, needs)]
+            y, final_state = ctx.chunked(*inputs)
+            wanted = [v for v in inputs if v is not None and v.requires_grad]
+            grads = iter(torch.autograd.grad((y, final_state), wanted, (dy, dfinal_state), allow_unused=True))
+        return (None, None) + tuple(next(grads) if need else None for need in needs)
+
+
+triton_scan = _TritonForward.apply  # triton_scan(kernel_forward, chunked, *inputs) -> (y, final_state)
+
+
+def causal_conv1d(x, weight, bias, conv_state):
+    """Depthwise causal convolution over time carrying its window as state, for both Mamba layers.
+    x [b, t, c]; weight [c, 1, k], bias [c] (nn.Conv1d's layout, as mamba_ssm); conv_state [b, k-1, c],
+    the k-1 inputs before x (zeros at a sequence start). Returns y [b, t, c] (a transposed view, time
+    stride 1) and the new conv_state, so conv(x[:, :a]) then conv(x[:, a:]) equals conv(x)."""
+    xx = torch.cat([conv_state.to(x.dtype), x], dim=1)  # [b, k-1+t, c]
+    bias = None if bias is None else bias.to(x.dtype)
+    y = F.conv1d(xx.transpose(1, 2), weight.to(x.dtype), bias, groups=x.shape[-1])
+    return y.transpose(1, 2), xx[:, x.shape[1]:].float()
+
+
+def inverse_softplus_dt(size, dt_min, dt_max, dt_init_floor):
+    """dt bias init of both layers (as mamba_ssm): softplus(bias) is log-uniform in [dt_min, dt_max]."""
+    log_dt = torch.rand(size) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)
+    dt = torch.exp(log_dt).clamp(min=dt_init_floor)
+    return dt + torch.log(-torch.expm1(-dt))  # softplus^-1(dt), stable for small dt
