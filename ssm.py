@@ -210,7 +210,7 @@ class RMSNormGated(nn.Module):
         return y * self.weight.float()
 
 
-class Mamba(nn.Module):
+class Mamba1(nn.Module):
     """Mamba-1 mixer with mamba_ssm's parameter names, shapes and initialisation (official checkpoints
     load as they are). in_proj -> (x, z); causal conv + SiLU over x; x_proj(x) -> (dt, B, C); selective
     scan with delta = softplus(dt_proj(dt)), A = -exp(A_log); y + D x; out_proj(y * silu(z))."""

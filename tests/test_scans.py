@@ -193,7 +193,7 @@ def mixer(arch):
         with torch.no_grad():
             m.dt_bias.add_(2.0)
         return m
-    return ssm.Mamba(d_model=16)
+    return ssm.Mamba1(d_model=16)
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "mamba1"])
