@@ -75,7 +75,7 @@ def chunked_scan(q, k, v, g, initial_state, chunk_size, shift):
     q, k, v, g = (chunks(x) for x in (q, k, v, g))
     G = g.cumsum(dim=-2)
     Gq = before(G) if shift else G
-    # 1. the states at the chunk boundaries: the only sequential part, one step per chunk
+    # 1. the chunk-boundary states from initial_state (arXiv 2507.02782, Appendix I), one step per chunk
     G_last = G[..., -1:, :]
     writes = (k * (G_last - G).exp()).transpose(-1, -2) @ v  # [b, H, chunk, dk, dv]
     h = q.new_zeros(b, H, dk, dv) if initial_state is None else initial_state.to(dtype)
