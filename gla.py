@@ -1,12 +1,16 @@
-"""
-Gated Linear Attention (GLA; Yang et al. 2023, arXiv:2312.06635, Sec. 4.1), one of the paper's four models;
-official source: flash-linear-attention (fla/layers/gla.py, fla/ops/gla). Per head, a matrix state S [dk, dv]
-and a per-key-channel log forget gate g_t <= 0:
+"""Gated Linear Attention (GLA; Yang et al. 2024, arXiv:2312.06635, Sec. 4.1), one of the paper's four models;
+official code: flash-linear-attention (fla/layers/gla.py, fla/ops/gla). Per head:
 
-    S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t        o_t = scale * q_t S_t
+    h_t = diag(exp(g_t)) h_{t-1} + k_t^T v_t        o_t = scale * q_t h_t
 
-S_{-1} is the `initial_state` (zeros by default); every form returns `(output, final_state)` (output in q's
-dtype, state in ssm.compute_dtype). Batch-first: q, k, g [b, t, h, dk]; v [b, t, h, dv]; S [b, h, dk, dv].
+the paper's h_t = A_t h_{t-1} + B_t x_t (arXiv 2507.02782, Sec. 2), A_t = diag(exp(g_t)), B_t x_t = k_t^T v_t.
+Every form takes `initial_state` (h_{-1}, None: zeros); returns o in q's dtype, final_state in compute_dtype.
+
+Glossary (code name: paper symbol, shape; b batch, t time, H heads, dk / dv key / value channels per head)
+  q, k, v       q_t, k_t, v_t, query, key and value          [b, t, H, dk], v: [b, t, H, dv]
+  g             g_t <= 0, the log forget gate (per key)      [b, t, H, dk]
+  h             h_t, the matrix state (GLA's paper: S_t)     [b, H, dk, dv]
+  decay, write  one step's diag(exp(g_t)) and k_t^T v_t
 """
 from functools import partial
 
@@ -18,24 +22,27 @@ from ssm import check_triton, compute_dtype, pick_form, tl, triton, triton_scan
 
 
 def gla_naive(q, k, v, g, initial_state=None, scale=None):
-    b, t, h, dk = q.shape
+    """h_t = diag(exp(g_t)) h_{t-1} + k_t^T v_t, o_t = scale q_t h_t, one step at a time: the definition."""
+    (b, t, H, dk), dv = q.shape, v.shape[-1]
     scale = dk ** -0.5 if scale is None else scale
     out_dtype, dtype = q.dtype, compute_dtype(q, k, v, g, initial_state)
     q, k, v, g = (x.to(dtype) for x in (q, k, v, g))
-    S = q.new_zeros(b, h, dk, v.shape[-1]) if initial_state is None else initial_state.to(dtype)
+    h = q.new_zeros(b, H, dk, dv) if initial_state is None else initial_state.to(dtype)
+    decay = g.exp()  # [b, t, H, dk]
     o = []
     for i in range(t):
-        S = g[:, i, :, :, None].exp() * S + k[:, i, :, :, None] * v[:, i, :, None, :]
-        o.append(scale * torch.einsum("bhk,bhkv->bhv", q[:, i], S))
-    return torch.stack(o, dim=1).to(out_dtype), S
+        write = k[:, i, :, :, None] * v[:, i, :, None, :]  # [b, H, dk, dv]
+        h = decay[:, i, :, :, None] * h + write
+        o.append(scale * torch.einsum("bHk,bHkv->bHv", q[:, i], h))
+    return torch.stack(o, dim=1).to(out_dtype), h
 
 
-# --- Chunked form (shared with RWKV-6) -----------------------------------------------------------------
+# --- Chunked form (Yang et al. 2024, Sec. 4; shared with RWKV-6) ---------------------------------------
 # Time is cut into chunks of L tokens; in a chunk G_i = g_0 + ... + g_i is the log decay from its start,
-# and token i reads the state decayed by Gq_i: Gq = G for GLA (o_t reads S_t); RWKV-6 (o_t reads S_{t-1})
+# and token i reads the state decayed by Gq_i: Gq = G for GLA (o_t reads h_t); RWKV-6 (o_t reads h_{t-1})
 # passes shift=True, Gq_i = G_{i-1}, and adds its bonus diagonal itself.
-#   1. state at each chunk boundary:  S' = exp(G_last) S + sum_j (k_j exp(G_last - G_j))^T v_j
-#   2. what token i reads from the state before its chunk:  (q_i exp(Gq_i)) S
+#   1. state at each chunk boundary:  h' = exp(G_last) h + sum_j (k_j exp(G_last - G_j))^T v_j
+#   2. what token i reads from the state before its chunk:  (q_i exp(Gq_i)) h
 #   3. what it reads inside its chunk:  sum_{j <= i} (sum_d q_id k_jd exp(Gq_id - G_jd)) v_j  (j < i if shift)
 # 1-2 only exponentiate numbers <= 0. In 3 the textbook (q exp(Gq)) @ (k exp(-G))^T overflows float32 once
 # a chunk decays by ~88 nats (g = -10 per step: 9 steps), so 3 bisects the chunk as far as the decay needs.
@@ -47,34 +54,35 @@ _MAX_LEAF_DECAY = 20.0
 
 
 def gla_chunked(q, k, v, g, initial_state=None, scale=None, chunk_size=64):
+    """h_t = diag(exp(g_t)) h_{t-1} + k_t^T v_t, o_t = scale q_t h_t, by chunks: chunked_scan, then scale."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     o, final_state = chunked_scan(q, k, v, g, initial_state, chunk_size, shift=False)
     return (scale * o).to(q.dtype), final_state
 
 
 def chunked_scan(q, k, v, g, initial_state, chunk_size, shift):
-    """Steps 1-3, unscaled; chunk_size is a power of two (T need not be a multiple of it)."""
-    (b, t, h, dk), dv = q.shape, v.shape[-1]
+    """h_t = diag(exp(g_t)) h_{t-1} + k_t^T v_t, o_t = q_t h_t (q_t h_{t-1} if shift), by steps 1-3 above."""
+    (b, t, H, dk), dv = q.shape, v.shape[-1]  # chunk_size: a power of two (t need not be a multiple of it)
     dtype = compute_dtype(q, k, v, g, initial_state)
     L = min(chunk_size, 1 << (t - 1).bit_length())  # no point padding a short input to a long chunk
     pad = (-t) % L
 
-    def chunks(x):  # [b, t, h, d] -> [b, h, chunk, L, d]; padding with k = v = g = 0 keeps the state
+    def chunks(x):  # [b, t, H, d] -> [b, H, chunk, L, d]; padding with k = v = g = 0 keeps the state
         x = F.pad(x.to(dtype), (0, 0, 0, 0, 0, pad)) if pad else x.to(dtype)
-        return x.view(b, -1, L, h, x.shape[-1]).permute(0, 3, 1, 2, 4).contiguous()
+        return x.view(b, -1, L, H, x.shape[-1]).permute(0, 3, 1, 2, 4).contiguous()
 
     before = lambda x: F.pad(x[..., :-1, :], (0, 0, 1, 0))  # x_{i-1}, 0 at the chunk start
     q, k, v, g = (chunks(x) for x in (q, k, v, g))
     G = g.cumsum(dim=-2)
     Gq = before(G) if shift else G
-    # 1. the states at the chunk boundaries: the only sequential part, one step per chunk
+    # 1. the chunk-boundary states from initial_state (arXiv 2507.02782, Appendix I), one step per chunk
     G_last = G[..., -1:, :]
-    writes = (k * (G_last - G).exp()).transpose(-1, -2) @ v  # [b, h, chunk, dk, dv]
-    S = q.new_zeros(b, h, dk, dv) if initial_state is None else initial_state.to(dtype)
+    writes = (k * (G_last - G).exp()).transpose(-1, -2) @ v  # [b, H, chunk, dk, dv]
+    h = q.new_zeros(b, H, dk, dv) if initial_state is None else initial_state.to(dtype)
     states = []
     for decay, write in zip(G_last.transpose(-1, -2).exp().unbind(2), writes.unbind(2)):
-        states.append(S)
-        S = torch.addcmul(write, decay, S)
+        states.append(h)
+        h = torch.addcmul(write, decay, h)
     # 2. reads from the state before each chunk
     q_decayed = q * Gq.exp()
     o = q_decayed @ torch.stack(states, dim=2)
@@ -84,84 +92,25 @@ def chunked_scan(q, k, v, g, initial_state, chunk_size, shift):
         s //= 2
     half = L // 2
     while half >= s:  # levels: upper-half queries x lower-half keys, no mask needed
-        blocks = lambda x: x.view(b, h, -1, 2, half, x.shape[-1])
+        blocks = lambda x: x.view(b, H, -1, 2, half, x.shape[-1])
         G_m = blocks(G)[:, :, :, 0, -1:]
         q_up = blocks(q)[:, :, :, 1] * (blocks(Gq)[:, :, :, 1] - G_m).exp()
         k_lo = blocks(k)[:, :, :, 0] * (G_m - blocks(G)[:, :, :, 0]).exp()
         blocks(o)[:, :, :, 1] += (q_up @ k_lo.transpose(-1, -2)) @ blocks(v)[:, :, :, 0]
         half //= 2
     if s > 1:  # leaves: all their pairs j <= i (j < i if shift) in one masked matmul
-        leaves = lambda x: x.view(b, h, -1, s, x.shape[-1])
-        ref = before(G[..., s - 1::s, :]).reshape(b, h, -1, 1, dk)  # G just before each leaf
+        leaves = lambda x: x.view(b, H, -1, s, x.shape[-1])
+        ref = before(G[..., s - 1::s, :]).reshape(b, H, -1, 1, dk)  # G just before each leaf
         q_leaf = q_decayed if s == L else leaves(q) * (leaves(Gq) - ref).exp()
         scores = leaves(q_leaf) @ (leaves(k) * (ref - leaves(G)).exp()).transpose(-1, -2)
         drop = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1 - shift)  # pairs j > i (j >= i)
         o += (scores.masked_fill(drop, 0.0) @ leaves(v)).view_as(o)
     elif not shift:  # one-token leaves: only the pair j = i, which has no decay
         o += (q * k).sum(-1, keepdim=True) * v
-    return o.permute(0, 2, 3, 1, 4).reshape(b, -1, h, dv)[:, :t], S
-
-
-# --- Triton: the naive loop fused (shared with RWKV-6). One program per (batch * head, block of value
-# channels) keeps its state columns in registers. BONUS (RWKV-6): o_t = q_t (S_{t-1} + diag(u) k_t^T v_t).
-@triton.jit
-def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, u_ptr, h0_ptr, o_ptr, ht_ptr, T, H, scale,
-                      DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-                      BONUS: tl.constexpr):
-    i_bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: b*t*h*d passes 2^31 on long sequences
-    i_h = i_bh % H
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_v = tl.program_id(1).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
-    mask_k, mask_v = offs_k < DK, offs_v < DV
-    mask_kv = mask_k[:, None] & mask_v[None, :]
-    p_state = i_bh * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
-    S = tl.load(h0_ptr + p_state, mask=mask_kv, other=0.0).to(tl.float32)
-    if BONUS:
-        u = tl.load(u_ptr + i_h * DK + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-    row = (i_bh // H) * T * H + i_h  # contiguous [b, t, h, d]: token (b, 0, h) starts at row * d
-    p_k, p_v = row * DK + offs_k, row * DV + offs_v
-    for _ in range(0, T):
-        q = tl.load(q_ptr + p_k, mask=mask_k, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + p_k, mask=mask_k, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + p_k, mask=mask_k, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + p_v, mask=mask_v, other=0.0).to(tl.float32)
-        kv = k[:, None] * v[None, :]
-        if BONUS:
-            o = tl.sum((S + u[:, None] * kv) * q[:, None], axis=0) * scale
-        S = S * tl.exp(g)[:, None] + kv
-        if not BONUS:
-            o = tl.sum(S * q[:, None], axis=0) * scale
-        tl.store(o_ptr + p_v, o.to(o_ptr.dtype.element_ty), mask=mask_v)
-        p_k += H * DK
-        p_v += H * DV
-    tl.store(ht_ptr + p_state, S, mask=mask_kv)
-
-
-def recurrent_forward(q, k, v, g, initial_state, scale, u=None):
-    """The kernel's (o in q's dtype, final state in the compute dtype), as the chunked form returns them."""
-    (b, t, h, dk), dv = q.shape, v.shape[-1]
-    o, final_state = q.new_empty(b, t, h, dv), q.new_empty(b, h, dk, dv, dtype=torch.float32)
-    initial_state = torch.zeros_like(final_state) if initial_state is None else initial_state
-    block_v = min(triton.next_power_of_2(dv), 32)  # a [dk, 32] float32 tile fits registers for dk <= 128
-    tensors = [x.contiguous() for x in (q, k, v, g, q if u is None else u, initial_state)]
-    _recurrent_kernel[(b * h, triton.cdiv(dv, block_v))](
-        *tensors, o, final_state, t, h, float(scale), DK=dk, DV=dv,
-        BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v, BONUS=u is not None)
-    return o, final_state.to(compute_dtype(q, k, v, g, initial_state))
-
-
-def gla_triton(q, k, v, g, initial_state=None, scale=None):
-    check_triton("gla_triton", q)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return triton_scan(partial(recurrent_forward, scale=scale), partial(gla_chunked, scale=scale),
-                       q, k, v, g, initial_state)
-
-
-GLA_SCANS = {"naive": gla_naive, "chunked": gla_chunked, "triton": gla_triton}
+    return o.permute(0, 2, 3, 1, 4).reshape(b, -1, H, dv)[:, :t], h
 
 
 # --- Layers: the GLA mixer and the SwiGLU MLP of a GLA block (as fla's GatedLinearAttention/GatedMLP) --
-
 def head_dims(layer, d_model, num_heads, expand_k, expand_v):
     """key_dim, value_dim and their per-head sizes of a matrix-state layer (GLA's, RWKV-6's)."""
     key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)
@@ -230,3 +179,62 @@ def _init_linears(module):  # as fla's _init_weights: every linear weight ~ N(0,
     for m in module.modules():
         if isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, std=0.02)
+
+
+# --- Triton: the naive loop fused (shared with RWKV-6). One program per (batch * head, block of value
+# channels) keeps its state columns in registers. BONUS (RWKV-6): o_t = q_t (h_{t-1} + diag(u) k_t^T v_t).
+@triton.jit
+def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, u_ptr, h0_ptr, o_ptr, ht_ptr, T, H, scale,
+                      DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+                      BONUS: tl.constexpr):
+    i_bh = tl.program_id(0).to(tl.int64)  # 64-bit offsets: b*t*H*d passes 2^31 on long sequences
+    i_h = i_bh % H
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_v = tl.program_id(1).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask_k, mask_v = offs_k < DK, offs_v < DV
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+    p_state = i_bh * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+    h = tl.load(h0_ptr + p_state, mask=mask_kv, other=0.0).to(tl.float32)
+    if BONUS:
+        u = tl.load(u_ptr + i_h * DK + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    row = (i_bh // H) * T * H + i_h  # contiguous [b, t, H, d]: token (b, 0, i_h) starts at row * d
+    p_k, p_v = row * DK + offs_k, row * DV + offs_v
+    for _ in range(0, T):
+        q = tl.load(q_ptr + p_k, mask=mask_k, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + p_k, mask=mask_k, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + p_k, mask=mask_k, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + p_v, mask=mask_v, other=0.0).to(tl.float32)
+        kv = k[:, None] * v[None, :]
+        if BONUS:
+            o = tl.sum((h + u[:, None] * kv) * q[:, None], axis=0) * scale
+        h = h * tl.exp(g)[:, None] + kv
+        if not BONUS:
+            o = tl.sum(h * q[:, None], axis=0) * scale
+        tl.store(o_ptr + p_v, o.to(o_ptr.dtype.element_ty), mask=mask_v)
+        p_k += H * DK
+        p_v += H * DV
+    tl.store(ht_ptr + p_state, h, mask=mask_kv)
+
+
+def recurrent_forward(q, k, v, g, initial_state, scale, u=None):
+    """_recurrent_kernel's (o in q's dtype, final state in compute_dtype), as the chunked form has them."""
+    (b, t, H, dk), dv = q.shape, v.shape[-1]
+    o, final_state = q.new_empty(b, t, H, dv), q.new_empty(b, H, dk, dv, dtype=torch.float32)
+    initial_state = torch.zeros_like(final_state) if initial_state is None else initial_state
+    block_v = min(triton.next_power_of_2(dv), 32)  # a [dk, 32] float32 tile fits registers for dk <= 128
+    tensors = [x.contiguous() for x in (q, k, v, g, q if u is None else u, initial_state)]
+    _recurrent_kernel[(b * H, triton.cdiv(dv, block_v))](
+        *tensors, o, final_state, t, H, float(scale), DK=dk, DV=dv,
+        BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v, BONUS=u is not None)
+    return o, final_state.to(compute_dtype(q, k, v, g, initial_state))
+
+
+def gla_triton(q, k, v, g, initial_state=None, scale=None):
+    """_recurrent_kernel (forward), backward through gla_chunked; CUDA or TRITON_INTERPRET."""
+    check_triton("gla_triton", q)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return triton_scan(partial(recurrent_forward, scale=scale), partial(gla_chunked, scale=scale),
+                       q, k, v, g, initial_state)
+
+
+GLA_SCANS = {"naive": gla_naive, "chunked": gla_chunked, "triton": gla_triton}

@@ -39,7 +39,7 @@ class ModelConfig:
 # arch -> (mixer, MLP or None) of block i: official Mamba blocks have no MLP, GLA and RWKV-6 a channel mix.
 ARCHS = {
     "mamba2": lambda cfg, i: (ssm.Mamba2(cfg.d_model, layer_idx=i, **cfg.mixer), None),
-    "mamba1": lambda cfg, i: (ssm.Mamba(cfg.d_model, layer_idx=i, **cfg.mixer), None),
+    "mamba1": lambda cfg, i: (ssm.Mamba1(cfg.d_model, layer_idx=i, **cfg.mixer), None),
     "gla": lambda cfg, i: (gla.GLA(cfg.d_model, layer_idx=i, **cfg.mixer), gla.SwiGLU(cfg.d_model)),
     "rwkv6": lambda cfg, i: (rwkv.RWKV6TimeMix(cfg.d_model, layer_idx=i, num_layers=cfg.n_layer, **cfg.mixer),
                              rwkv.RWKV6ChannelMix(cfg.d_model, layer_idx=i, num_layers=cfg.n_layer))}

@@ -1,14 +1,18 @@
-"""
-RWKV-6 (Finch's time mixing; Peng et al. 2024, arXiv:2404.05892), one of the paper's four recurrent models.
-Official source: BlinkDL/RWKV-LM, RWKV-v5/rwkv_v6_demo.py (RWKV_Tmix_x060 / RWKV_CMix_x060); the layer
-dimensions (expand_k = 0.5) follow flash-linear-attention's RWKV6Attention.
+"""RWKV-6 (Finch's time mixing; Peng et al. 2024, arXiv:2404.05892), one of the paper's four recurrent models;
+official code: BlinkDL/RWKV-LM, RWKV-v5/rwkv_v6_demo.py (RWKV_Tmix_x060 / RWKV_CMix_x060), layer dimensions
+(expand_k = 0.5) as flash-linear-attention's RWKV6Attention. Per head:
 
-Per head, a matrix state S [dk, dv], a data-dependent log decay w_t <= 0 and a bonus u for the current token:
+    o_t = scale * r_t (h_{t-1} + diag(u) k_t^T v_t)        h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t
 
-    o_t = scale * r_t (S_{t-1} + diag(u) k_t^T v_t)        S_t = diag(exp(w_t)) S_{t-1} + k_t^T v_t
+the paper's h_t = A_t h_{t-1} + B_t x_t (arXiv 2507.02782, Sec. 2), A_t = diag(exp(w_t)), B_t x_t = k_t^T v_t.
+Every form takes `initial_state` (h_{-1}, None: zeros); returns o in r's dtype, final_state in compute_dtype.
 
-S_{-1} is the `initial_state` (zeros by default); every form returns `(output, final_state)` in r's dtype
-and ssm.compute_dtype. Batch-first: r, k, w [b, t, h, dk]; v [b, t, h, dv]; u [h, dk]; S [b, h, dk, dv].
+Glossary (code name: paper symbol, shape; b batch, t time, H heads, dk / dv key / value channels per head)
+  r, k, v       r_t, k_t, v_t, receptance (the query), key and value    [b, t, H, dk], v: [b, t, H, dv]
+  w             w_t <= 0, the data-dependent log decay (per key)        [b, t, H, dk]
+  u             u, the current token's bonus (not an input)             [H, dk]
+  h             h_t, the matrix state                                   [b, H, dk, dv]
+  decay, write  one step's diag(exp(w_t)) and k_t^T v_t
 """
 from functools import partial
 
@@ -21,34 +25,27 @@ from ssm import check_triton, compute_dtype, pick_form, triton_scan
 
 
 def rwkv6_naive(r, k, v, w, u, initial_state=None, scale=1.0):
-    b, t, h, dk = r.shape
+    """o_t = scale r_t (h_{t-1} + diag(u) k_t^T v_t), h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t, as a loop."""
+    (b, t, H, dk), dv = r.shape, v.shape[-1]
     out_dtype, dtype = r.dtype, compute_dtype(r, k, v, w, initial_state)
     r, k, v, w, u = (x.to(dtype) for x in (r, k, v, w, u))
-    S = r.new_zeros(b, h, dk, v.shape[-1]) if initial_state is None else initial_state.to(dtype)
+    h = r.new_zeros(b, H, dk, dv) if initial_state is None else initial_state.to(dtype)
+    decay = w.exp()  # [b, t, H, dk]
     o = []
     for i in range(t):
-        kv = k[:, i, :, :, None] * v[:, i, :, None, :]
-        o.append(scale * torch.einsum("bhk,bhkv->bhv", r[:, i], S + u[:, :, None] * kv))
-        S = w[:, i, :, :, None].exp() * S + kv
-    return torch.stack(o, dim=1).to(out_dtype), S
+        write = k[:, i, :, :, None] * v[:, i, :, None, :]  # [b, H, dk, dv]
+        o.append(scale * torch.einsum("bHk,bHkv->bHv", r[:, i], h + u[:, :, None] * write))
+        h = decay[:, i, :, :, None] * h + write
+    return torch.stack(o, dim=1).to(out_dtype), h
 
 
-# --- Chunked form: gla.chunked_scan (stable for any decay) with the decay a query sees shifted by one token
-# (r_t reads S_{t-1}, not S_t), plus the bonus, which only pairs a token with itself: (r_t . (u * k_t)) v_t.
 def rwkv6_chunked(r, k, v, w, u, initial_state=None, scale=1.0, chunk_size=32):
+    """o_t = scale r_t (h_{t-1} + diag(u) k_t^T v_t), h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t, by chunks."""
+    # gla.chunked_scan (stable for any decay) with shift=True: r_t reads h_{t-1}, not h_t. The bonus only
+    # pairs a token with itself: (r_t . (u * k_t)) v_t.
     o, final_state = chunked_scan(r, k, v, w, initial_state, chunk_size, shift=True)
     bonus = (r.to(o.dtype) * u.to(o.dtype) * k.to(o.dtype)).sum(-1, keepdim=True) * v.to(o.dtype)
     return (scale * (o + bonus)).to(r.dtype), final_state
-
-
-# --- Triton: gla.py's fused recurrent kernel with BONUS on; backward through rwkv6_chunked.
-def rwkv6_triton(r, k, v, w, u, initial_state=None, scale=1.0):
-    check_triton("rwkv6_triton", r)
-    kernel = lambda r, k, v, w, u, s0: recurrent_forward(r, k, v, w, s0, scale, u=u)
-    return triton_scan(kernel, partial(rwkv6_chunked, scale=scale), r, k, v, w, u, initial_state)
-
-
-RWKV6_SCANS = {"naive": rwkv6_naive, "chunked": rwkv6_chunked, "triton": rwkv6_triton}
 
 
 # --- Layers: time mix (the recurrent mixer) and channel mix (the MLP) -----------------------------------
@@ -64,7 +61,6 @@ RWKV6_SCANS = {"naive": rwkv6_naive, "chunked": rwkv6_chunked, "triton": rwkv6_t
 #   read-out GroupNorm weight  ((l + 1) / L)^0.7 (generate_init_weight in RWKV-v5/src/model.py)
 # The official optimizer (configure_optimizers, RWKV-v5/src/model.py) exempts the mixes, decay, bonus and
 # LoRAs from weight decay and gives the decay twice the learning rate: marked _no_weight_decay / _lr_scale.
-
 class RWKV6TimeMix(nn.Module):
     """ddlerp token shift, data-dependent decay, matrix-state scan, per-head GroupNorm, output gate."""
 
@@ -153,3 +149,13 @@ class RWKV6ChannelMix(nn.Module):
 def _token_shift(x, shift_state):  # x_prev - x (x_prev at position 0: shift_state) and the new shift state
     x_prev = torch.cat([shift_state.to(x.dtype).unsqueeze(1), x[:, :-1]], dim=1)
     return x_prev - x, x[:, -1].to(compute_dtype(x))
+
+
+def rwkv6_triton(r, k, v, w, u, initial_state=None, scale=1.0):
+    """gla._recurrent_kernel, BONUS on (forward), backward through rwkv6_chunked; CUDA or TRITON_INTERPRET."""
+    check_triton("rwkv6_triton", r)
+    kernel = lambda r, k, v, w, u, h0: recurrent_forward(r, k, v, w, h0, scale, u=u)
+    return triton_scan(kernel, partial(rwkv6_chunked, scale=scale), r, k, v, w, u, initial_state)
+
+
+RWKV6_SCANS = {"naive": rwkv6_naive, "chunked": rwkv6_chunked, "triton": rwkv6_triton}

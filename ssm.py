@@ -1,18 +1,20 @@
-"""State space mixers of the paper: Mamba-2 (SSD) and Mamba-1 (selective scan), each as three scan
-forms (a naive loop, a chunked PyTorch form, a Triton kernel) and the layer around them.
+"""State space mixers of the paper: Mamba-2 (SSD) and Mamba-1 (selective scan). Each scan comes in three
+forms, a naive loop (the definition), a chunked PyTorch form and a Triton kernel; then the two layers.
 
-The paper's recurrence (PAPER.md) is h_t = A_t h_{t-1} + B_t x_t, y_t = C_t^T h_t, h_{-1} the initial
-state; both Mamba layers take A_t = exp(dt_t A) and the input term dt_t B_t x_t, with an input-dependent
-step size dt_t. Every scan takes `initial_state` and returns `(y, final_state)`: training from a
-non-zero state (State Passing, TBTT, noise) and evaluating past the training length need just that.
+The paper (Buitrago Ruiz & Gu 2025, arXiv 2507.02782), Sec. 2: a recurrent layer carries a state h in time,
+    h_t = A_t h_{t-1} + B_t x_t,    y_t = C_t^T h_t,    from the initial state h_{-1}.
+Both Mamba layers take A_t = exp(dt_t A) and the input term dt_t B_t x_t, dt_t an input-dependent step size.
+Every scan takes `initial_state` (h_{-1}; None: zeros), returns `(y, final_state)` (h_{T-1}): training from
+a non-zero state (Sec. 4: State Passing, TBTT, noise) and evaluating past the training length need just that.
 
-Glossary (code name: paper symbol, shape; Mamba-2 | Mamba-1)
-  x | u            x_t, the scan's input                    [b, t, h, p] | [b, t, d]
-  dt | delta       dt_t > 0, the step size (after softplus)  [b, t, h]    | [b, t, d]
-  A                A < 0; the paper's A_t is exp(dt_t * A)   [h]          | [d, n]
-  B, C             B_t, C_t, input and output projections    [b, t, g, n] | [b, t, n]
-  initial_state    h_{-1}, and final_state h_{T-1}           [b, h, p, n] | [b, d, n]
-  b batch, t time, h heads, p headdim, g groups, n d_state, d d_inner, L chunk_size.
+Glossary (code name: paper symbol; shape for Mamba-2 | Mamba-1)
+  x             x_t, the scan's input                             [b, t, H, p] | [b, t, d]
+  dt            dt_t > 0, the step size (after softplus)           [b, t, H]    | [b, t, d]
+  A             A < 0, so that A_t = exp(dt_t A) lies in (0, 1)    [H]          | [d, n]
+  B, C          B_t, C_t, the input and output projections         [b, t, g, n] | [b, t, n]
+  h             h_t, the recurrent state                           [b, H, p, n] | [b, d, n]
+  decay, write  one step's A_t = exp(dt_t A) and dt_t x_t B_t (mamba-minimal's deltaA and deltaB_u)
+  b batch, t time, H heads, p headdim, g groups, n d_state, d d_inner, L chunk length.
 A layer's state is the dict {"h": scan state, "conv": causal-conv window}.
 """
 import math
@@ -23,7 +25,247 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# --- Scan plumbing, shared by ssm.py, gla.py and rwkv.py (not part of the paper) ------------------
+
+# ==== Mamba-2 (SSD): Dao & Gu 2024, "Transformers are SSMs" (arXiv 2405.21060); official code: mamba_ssm
+# (github.com/state-spaces/mamba, modules/mamba2.py). A scalar decay per head; head i reads the B, C of
+# group i // (H // g):
+#     h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T        h_t: [p, n] per head
+#     y_t = h_t C_t                                      y_t: [p]
+def ssd_naive(x, dt, A, B, C, initial_state=None):
+    """h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T, y_t = h_t C_t, one step at a time: the definition."""
+    (b, t, H, p), n = x.shape, B.shape[-1]
+    out_dtype, dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
+    x, dt, A = x.to(dtype), dt.to(dtype), A.to(dtype)
+    B, C = (v.to(dtype).repeat_interleave(H // v.shape[2], dim=2) for v in (B, C))  # [b, t, H, n]
+    h = x.new_zeros(b, H, p, n) if initial_state is None else initial_state.to(dtype)
+    decay = torch.exp(dt * A)  # [b, t, H]
+    dt_x = dt[..., None] * x  # [b, t, H, p]
+    ys = []
+    for i in range(t):
+        write = dt_x[:, i, :, :, None] * B[:, i, :, None, :]  # [b, H, p, n]
+        h = decay[:, i, :, None, None] * h + write
+        ys.append(torch.einsum("bHpn,bHn->bHp", h, C[:, i]))
+    return torch.stack(ys, dim=1).to(out_dtype), h
+
+
+def ssd_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
+    """h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T, y_t = h_t C_t, by chunks: SSD (Dao & Gu 2024, Sec. 6)."""
+    # With log decays a = dt * A <= 0 summed within a chunk, cs_i = a_0 + ... + a_i, step j's input
+    # reaches step i >= j scaled by exp(cs_i - cs_j). Every exponent is a sum of non-positive log decays
+    # (the causal mask goes in before exp), so nothing overflows however strong the decay.
+    (b, t, H, p), (g, n) = x.shape, B.shape[2:]
+    out_dtype, dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
+    h = x.new_zeros(b, H, p, n, dtype=dtype) if initial_state is None else initial_state.to(dtype)
+    x, dt, A, B, C = (v.to(dtype) for v in (x, dt, A, B, C))
+    L = max(1, min(chunk_size, t))  # short inputs (e.g. one token at a time) need no padding
+    pad = (-t) % L
+    if pad:  # padded steps have dt = 0: decay exp(0) = 1 and no input, so the state passes unchanged
+        x, B, C = (F.pad(v, (0, 0, 0, 0, 0, pad)) for v in (x, B, C))
+        dt = F.pad(dt, (0, 0, 0, pad))
+    nc, r = (t + pad) // L, H // g
+    # Layout [b, chunk c, group g, head in group r, position l, ...]: a group's B, C broadcast over its heads
+    x = x.reshape(b, nc, L, g, r, p).permute(0, 1, 3, 4, 2, 5)  # [b, c, g, r, L, p]
+    dt = dt.reshape(b, nc, L, g, r).permute(0, 1, 3, 4, 2)  # [b, c, g, r, L]
+    B, C = (v.reshape(b, nc, L, g, n).transpose(2, 3)[:, :, :, None] for v in (B, C))  # [b, c, g, 1, L, n]
+    cs = torch.cumsum(dt * A.reshape(g, r, 1), dim=-1)  # running log decay within the chunk
+    dt_x = x * dt[..., None]
+    # 1. Intra-chunk (diagonal blocks): each chunk from a zero state, a masked "attention"
+    # y_i = sum_{j<=i} (C_i . B_j) exp(cs_i - cs_j) dt_j x_j; masked entries get zero gradient too.
+    causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+    segsum = (cs[..., :, None] - cs[..., None, :]).masked_fill(~causal, float("-inf"))  # cs_i - cs_j
+    y = ((C @ B.transpose(-1, -2)) * segsum.exp()) @ dt_x  # scores [b, c, g, r, L, L]
+    # 2. Chunk states: the state each chunk leaves at its end when started from zero.
+    decay_to_end = torch.exp(cs[..., -1:] - cs)  # [b, c, g, r, L]
+    chunk_states = (dt_x * decay_to_end[..., None]).transpose(-1, -2) @ B  # [b, c, g, r, p, n]
+    # 3. Inter-chunk recurrence from initial_state (arXiv 2507.02782, Appendix I): t / L small steps.
+    decay_from_start = torch.exp(cs)  # [b, c, g, r, L]
+    chunk_decay = decay_from_start[..., -1, None, None]  # whole-chunk decay [b, c, g, r, 1, 1]
+    h, states_in = h.reshape(b, g, r, p, n), []
+    for c in range(nc):
+        states_in.append(h)
+        h = chunk_decay[:, c] * h + chunk_states[:, c]
+    states_in = torch.stack(states_in, dim=1)  # the state entering each chunk [b, c, g, r, p, n]
+    # 4. State to output (off-diagonal blocks): what the incoming state adds to every step of its chunk.
+    y = y + (C @ states_in.transpose(-1, -2)) * decay_from_start[..., None]
+    y = y.permute(0, 1, 4, 2, 3, 5).reshape(b, nc * L, H, p)[:, :t]
+    return y.to(out_dtype), h.reshape(b, H, p, n)
+
+
+# ==== Mamba-1 (selective scan): Gu & Dao 2023, "Mamba" (arXiv 2312.00752), Sec. 3.2 and Algorithm 2;
+# official code: mamba_ssm (modules/mamba_simple.py). Each channel has its own step size and a diagonal
+# state of size n; B_t, C_t are shared by all channels:
+#     h_t = exp(dt_t A) * h_{t-1} + dt_t x_t B_t        h_t: [d, n], elementwise decay
+#     y_t = h_t C_t                                      y_t: [d]
+def selective_scan_naive(x, dt, A, B, C, initial_state=None):
+    """h_t = exp(dt_t A) * h_{t-1} + dt_t x_t B_t, y_t = h_t C_t, one step at a time: the definition."""
+    b, t, d = x.shape
+    out_dtype, dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
+    x, dt, A, B, C = (v.to(dtype) for v in (x, dt, A, B, C))
+    h = x.new_zeros(b, d, A.shape[1]) if initial_state is None else initial_state.to(dtype)
+    dt_x = dt * x  # [b, t, d]
+    ys = []
+    for i in range(t):
+        decay = torch.exp(dt[:, i, :, None] * A)  # [b, d, n]
+        write = dt_x[:, i, :, None] * B[:, i, None, :]  # [b, d, n]
+        h = decay * h + write
+        ys.append((h * C[:, i, None, :]).sum(-1))  # [b, d]
+    return torch.stack(ys, dim=1).to(out_dtype), h
+
+
+def selective_scan_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
+    """h_t = exp(dt_t A) * h_{t-1} + dt_t x_t B_t, y_t = h_t C_t, as a two-level scan: 2 L + t / L steps."""
+    # The decay differs per channel AND state index, so SSD's matmul form would need [L, L, d, n] decays;
+    # instead the chunks of L steps run side by side. Only exp of dt * A <= 0 is taken: any decay is stable.
+    (b, t, d), n = x.shape, A.shape[1]
+    out_dtype, dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
+    x, dt, A, B, C = (v.to(dtype) for v in (x, dt, A, B, C))
+    L = max(1, min(chunk_size, t))
+    nc, pad, dt_x = math.ceil(t / L), (-t) % L, dt * x
+    if pad:  # padded steps have dt = 0: decay 1 and no input
+        dt, dt_x, B, C = (F.pad(v, (0, 0, 0, pad)) for v in (dt, dt_x, B, C))
+    # [b, nc, L, ...] split into L per-position tensors once: indexing inside the loops would make
+    # autograd scatter each step's gradient into a full-size zero tensor
+    dt_j, dt_x_j, B_j, C_j = (v.view(b, nc, L, v.shape[-1]).unbind(2) for v in (dt, dt_x, B, C))
+    # Under autograd step 1's decays are saved anyway, so step 3 reuses them; else it recomputes them
+    keep_decays = torch.is_grad_enabled() and any(
+        v is not None and v.requires_grad for v in (x, dt, A, B, C, initial_state))
+    # 1. Every chunk runs its L steps from a zero state, keeping its end state. (addcmul(w, a, h) = w + a * h
+    # in one pass: the passes over [b, nc, d, n] are the cost.)
+    decays, h = [], x.new_zeros(b, nc, d, n)
+    for j in range(L):
+        decay = torch.exp(dt_j[j][..., None] * A)
+        decays.append(decay if keep_decays else None)
+        h = torch.addcmul(dt_x_j[j][..., None] * B_j[j][:, :, None, :], decay, h)
+    # 2. The state walks along the chunk boundaries from initial_state (arXiv 2507.02782, Appendix I): into
+    # chunk c + 1 = exp(A * chunk c's summed dt) * (into chunk c) + (chunk c's end state from step 1).
+    chunk_decay = torch.exp(dt.view(b, nc, L, d).sum(2)[..., None] * A).unbind(1)  # [b, d, n] each
+    carry = x.new_zeros(b, d, n) if initial_state is None else initial_state.to(dtype)
+    carried_in = []
+    for c, end_state in enumerate(h.unbind(1)):
+        carried_in.append(carry)
+        carry = torch.addcmul(end_state, chunk_decay[c], carry)
+    # 3. Every chunk reruns its steps from its true incoming state and reads out y.
+    h, ys = torch.stack(carried_in, dim=1), []
+    for j in range(L):
+        decay = decays[j] if keep_decays else torch.exp(dt_j[j][..., None] * A)
+        h = torch.addcmul(dt_x_j[j][..., None] * B_j[j][:, :, None, :], decay, h)
+        ys.append(torch.einsum("bcdn,bcn->bcd", h, C_j[j]))
+    y = torch.stack(ys, dim=2).reshape(b, nc * L, d)[:, :t]
+    return y.to(out_dtype), carry
+
+
+# ==== Layers
+class Mamba2(nn.Module):
+    """Mamba-2 mixer with mamba_ssm's parameter names, shapes and initialisation (official checkpoints
+    load as they are). in_proj -> [z, xBC, dt]; causal conv + SiLU over xBC -> [x, B, C]; SSD scan with
+    dt = softplus(dt + dt_bias), A = -exp(A_log); y + D x; gated RMSNorm(y * silu(z)); out_proj."""
+    def __init__(self, d_model, d_state=128, d_conv=4, expand=2, headdim=64, ngroups=1, A_init_range=(1, 16),
+                 dt_min=0.001, dt_max=0.1, dt_init_floor=1e-4, chunk_size=64, layer_idx=None,
+                 scan_impl="auto"):
+        super().__init__()
+        self.d_inner, self.nheads = expand * d_model, expand * d_model // headdim
+        assert self.d_inner % headdim == 0 and self.nheads % ngroups == 0, \
+            "Mamba2: headdim must divide expand * d_model, and ngroups the number of heads"
+        self.d_state, self.d_conv, self.headdim, self.ngroups = d_state, d_conv, headdim, ngroups
+        self.chunk_size, self.layer_idx, self.scan_impl = chunk_size, layer_idx, scan_impl
+        self.conv_dim = self.d_inner + 2 * ngroups * d_state
+        # One projection for everything, in the official order [z, x, B, C, dt]. nn.Conv1d is only the
+        # official container of weight and bias: causal_conv1d applies it, carrying its window as state.
+        self.in_proj = nn.Linear(d_model, self.d_inner + self.conv_dim + self.nheads, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, padding=d_conv - 1,
+                                groups=self.conv_dim)
+        self.dt_bias = nn.Parameter(inverse_softplus_dt(self.nheads, dt_min, dt_max, dt_init_floor))
+        self.A_log = nn.Parameter(torch.log(torch.empty(self.nheads).uniform_(*A_init_range)))
+        self.D = nn.Parameter(torch.ones(self.nheads))
+        self.dt_bias._no_weight_decay = self.A_log._no_weight_decay = self.D._no_weight_decay = True
+        self.norm = RMSNormGated(self.d_inner, group_size=self.d_inner // ngroups, eps=1e-5)
+        self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
+
+    def forward(self, x, state=None):
+        b, t, _ = x.shape
+        state = self.zero_state(b, x.device) if state is None else state
+        z, xBC, dt = torch.split(self.in_proj(x), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
+        xBC, conv_state = causal_conv1d(xBC, self.conv1d.weight, self.conv1d.bias, state["conv"])
+        gn = self.ngroups * self.d_state
+        xs, B, C = torch.split(F.silu(xBC), [self.d_inner, gn, gn], dim=-1)
+        xs = xs.reshape(b, t, self.nheads, self.headdim)
+        dt = F.softplus(dt.float() + self.dt_bias.float())
+        A = -torch.exp(self.A_log.float())
+        scan = pick_form(SSD_SCANS, self.scan_impl, x)
+        kwargs = {"chunk_size": self.chunk_size} if scan is ssd_chunked else {}
+        y, h = scan(xs, dt, A, B.reshape(b, t, self.ngroups, self.d_state),
+                    C.reshape(b, t, self.ngroups, self.d_state), initial_state=state["h"], **kwargs)
+        y = y.float() + self.D.float()[:, None] * xs.float()  # skip connection, outside the scan
+        y = self.norm(y.reshape(b, t, self.d_inner), z)
+        return self.out_proj(y.to(x.dtype)), {"h": h, "conv": conv_state}
+
+    def zero_state(self, batch_size, device):
+        return {"h": torch.zeros(batch_size, self.nheads, self.headdim, self.d_state, device=device),
+                "conv": torch.zeros(batch_size, self.d_conv - 1, self.conv_dim, device=device)}
+
+
+class RMSNormGated(nn.Module):
+    """RMSNorm of y * silu(z) per group of channels, as mamba_ssm (norm_before_gate=False)."""
+    def __init__(self, d, group_size, eps=1e-5):
+        super().__init__()
+        self.group_size, self.eps = group_size, eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, y, z):  # float32 out
+        y = (y.float() * F.silu(z.float())).unflatten(-1, (-1, self.group_size))
+        y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
+        return y * self.weight.float()
+
+
+class Mamba1(nn.Module):
+    """Mamba-1 mixer with mamba_ssm's parameter names, shapes and initialisation (official checkpoints
+    load as they are). in_proj -> (x, z); causal conv + SiLU over x; x_proj(x) -> (dt_low, B, C); selective
+    scan with dt = softplus(dt_proj(dt_low)), A = -exp(A_log); y + D x; out_proj(y * silu(z))."""
+    def __init__(self, d_model, d_state=16, d_conv=4, expand=2, dt_rank="auto", dt_min=0.001,
+                 dt_max=0.1, dt_init="random", dt_scale=1.0, dt_init_floor=1e-4, conv_bias=True,
+                 bias=False, layer_idx=None, scan_impl="auto"):
+        super().__init__()
+        self.d_state, self.d_conv, self.d_inner = d_state, d_conv, int(expand * d_model)
+        self.dt_rank = math.ceil(d_model / 16) if dt_rank == "auto" else dt_rank
+        self.layer_idx, self.scan_impl = layer_idx, scan_impl
+        self.in_proj = nn.Linear(d_model, 2 * self.d_inner, bias=bias)
+        self.conv1d = nn.Conv1d(self.d_inner, self.d_inner, d_conv, groups=self.d_inner,
+                                padding=d_conv - 1, bias=conv_bias)
+        self.x_proj = nn.Linear(self.d_inner, self.dt_rank + 2 * d_state, bias=False)
+        self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True)
+        # dt_proj weight: keeps the variance of dt_proj(dt_low) independent of dt_rank at init
+        std = self.dt_rank ** -0.5 * dt_scale
+        assert dt_init in ("random", "constant"), dt_init
+        with torch.no_grad():
+            if dt_init == "random":
+                self.dt_proj.weight.uniform_(-std, std)
+            else:
+                self.dt_proj.weight.fill_(std)
+            self.dt_proj.bias.copy_(inverse_softplus_dt(self.d_inner, dt_min, dt_max, dt_init_floor))
+        # S4D-real init: A[d, k] = -(k + 1), stored as its log so that A = -exp(A_log) stays negative
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1.0).repeat(self.d_inner, 1)))
+        self.D = nn.Parameter(torch.ones(self.d_inner))  # skip connection x -> y
+        self.A_log._no_weight_decay = self.D._no_weight_decay = True
+        self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
+
+    def forward(self, x, state=None):
+        state = self.zero_state(x.shape[0], x.device) if state is None else state
+        xs, z = self.in_proj(x).chunk(2, dim=-1)  # [b, t, d_inner] each
+        xs, conv_state = causal_conv1d(xs, self.conv1d.weight, self.conv1d.bias, state["conv"])
+        xs = F.silu(xs)
+        dt_low, B, C = self.x_proj(xs).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        dt = F.softplus(self.dt_proj(dt_low).float())  # softplus in float32: it sets the decay
+        A = -torch.exp(self.A_log.float())
+        y, h = pick_form(SELECTIVE_SCANS, self.scan_impl, x)(xs, dt, A, B, C, initial_state=state["h"])
+        y = (y + xs * self.D.to(y.dtype)) * F.silu(z)
+        return self.out_proj(y), {"h": h, "conv": conv_state}
+
+    def zero_state(self, batch_size, device):
+        return {"h": torch.zeros(batch_size, self.d_inner, self.d_state, device=device),
+                "conv": torch.zeros(batch_size, self.d_conv - 1, self.d_inner, device=device)}
+
+
+# ==== Triton kernels (the naive loops fused, forward only), then scan plumbing shared with gla.py, rwkv.py
 try:
     import triton
     import triton.language as tl
@@ -31,6 +273,106 @@ try:
 except ImportError:  # no Triton wheel (e.g. macOS): the naive and chunked forms still work
     HAS_TRITON = False
     triton = tl = types.SimpleNamespace(jit=lambda fn: fn, constexpr=None)  # so the kernels still parse
+
+
+@triton.jit
+def _ssd_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, H, P, G, N,
+                BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    # One program owns rows [BLOCK_P] of one (batch, head) state and walks through time with its
+    # [BLOCK_P, n] state tile in registers: each input is read once, the state never hits memory.
+    bh = tl.program_id(0).to(tl.int64)  # 64-bit: b * t * H * p overflows int32 on long inputs
+    bi, hi = bh // H, bh % H
+    gi = hi // (H // G)
+    offs_p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_p, mask_n = offs_p < P, offs_n < N
+    h_offs = bh * P * N + offs_p[:, None] * N + offs_n[None, :]
+    h_mask = mask_p[:, None] & mask_n[None, :]
+    A = tl.load(A_ptr + hi)
+    h = tl.load(h0_ptr + h_offs, mask=h_mask, other=0.0)
+    # offsets of step 0 in x and y, dt, B and C (contiguous [b, t, ...]), moved one time row on per step
+    dt_off = bi * T * H + hi
+    x_offs, bc_offs = dt_off * P + offs_p, (bi * T * G + gi) * N + offs_n
+    for _ in range(T):
+        dt = tl.load(dt_ptr + dt_off).to(tl.float32)
+        x = tl.load(x_ptr + x_offs, mask=mask_p, other=0.0).to(tl.float32)
+        B = tl.load(B_ptr + bc_offs, mask=mask_n, other=0.0).to(tl.float32)
+        C = tl.load(C_ptr + bc_offs, mask=mask_n, other=0.0).to(tl.float32)
+        h = tl.exp(dt * A) * h + (dt * x)[:, None] * B[None, :]
+        tl.store(y_ptr + x_offs, tl.sum(h * C[None, :], axis=1), mask=mask_p)
+        x_offs += H * P
+        dt_off += H
+        bc_offs += G * N
+    tl.store(hT_ptr + h_offs, h, mask=h_mask)
+
+
+def _ssd_launch(x, dt, A, B, C, initial_state):
+    (b, t, H, p), (g, n) = x.shape, B.shape[2:]
+    state_dtype = compute_dtype(x, dt, A, B, C, initial_state)
+    # The Mamba2 layer's x, B, C are views of the transposed conv output (channel stride t): one
+    # copy to contiguous [b, t, ...] makes every per-step load a contiguous (coalesced) run.
+    x, dt, A, B, C = (v.contiguous() for v in (x, dt, A.float(), B, C))
+    h0 = (x.new_zeros(b, H, p, n) if initial_state is None else initial_state).float().contiguous()
+    y, final_state = x.new_empty(b, t, H, p, dtype=torch.float32), torch.empty_like(h0)
+    BLOCK_P = min(32, triton.next_power_of_2(p))
+    _ssd_kernel[(b * H, triton.cdiv(p, BLOCK_P))](x, dt, A, B, C, h0, y, final_state, t, H, p, g, n,
+                                                  BLOCK_P=BLOCK_P, BLOCK_N=triton.next_power_of_2(n))
+    return y.to(x.dtype), final_state.to(state_dtype)
+
+
+def ssd_triton(x, dt, A, B, C, initial_state=None):
+    """_ssd_kernel (forward), backward through ssd_chunked; CUDA or TRITON_INTERPRET."""
+    check_triton("ssd_triton", x)
+    return triton_scan(_ssd_launch, ssd_chunked, x, dt, A, B, C, initial_state)
+
+
+@triton.jit
+def _selective_scan_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, D, N,
+                           BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    # As _ssd_kernel: one program owns batch element pid_b and BLOCK_D channels (contiguous float32 inputs)
+    pid_b = tl.program_id(0).to(tl.int64)  # 64-bit: pid_b * T * D overflows int32 on long inputs
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_d, mask_n = offs_d < D, offs_n < N
+    mask_dn = mask_d[:, None] & mask_n[None, :]
+    # padded lanes: A = 0 gives decay 1, and h0 = B = 0 keeps them at 0
+    A = tl.load(A_ptr + offs_d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0)
+    h_offs = pid_b * D * N + offs_d[:, None] * N + offs_n[None, :]
+    h = tl.load(h0_ptr + h_offs, mask=mask_dn, other=0.0)
+    # offsets of step 0 in x, dt and y, and in B and C, moved one time row on per step
+    d_offs, n_offs = pid_b * T * D + offs_d, pid_b * T * N + offs_n
+    for _ in range(T):
+        x = tl.load(x_ptr + d_offs, mask=mask_d, other=0.0)
+        dt = tl.load(dt_ptr + d_offs, mask=mask_d, other=0.0)
+        B = tl.load(B_ptr + n_offs, mask=mask_n, other=0.0)
+        C = tl.load(C_ptr + n_offs, mask=mask_n, other=0.0)
+        h = tl.exp(dt[:, None] * A) * h + (dt * x)[:, None] * B[None, :]
+        tl.store(y_ptr + d_offs, tl.sum(h * C[None, :], axis=1), mask=mask_d)
+        d_offs, n_offs = d_offs + D, n_offs + N
+    tl.store(hT_ptr + h_offs, h, mask=mask_dn)
+
+
+def _selective_scan_launch(x, dt, A, B, C, initial_state):
+    (b, t, d), n = x.shape, A.shape[1]
+    out_dtype, state_dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
+    x, dt, A, B, C = (v.float().contiguous() for v in (x, dt, A, B, C))
+    h0 = x.new_zeros(b, d, n) if initial_state is None else initial_state.float().contiguous()
+    y, final_state = torch.empty_like(x), torch.empty_like(h0)
+    BLOCK_D = 32  # fixed: the interpreter has no autotune
+    _selective_scan_kernel[(b, triton.cdiv(d, BLOCK_D))](x, dt, A, B, C, h0, y, final_state, t, d, n,
+                                                         BLOCK_D=BLOCK_D, BLOCK_N=triton.next_power_of_2(n))
+    return y.to(out_dtype), final_state.to(state_dtype)
+
+
+def selective_scan_triton(x, dt, A, B, C, initial_state=None):
+    """_selective_scan_kernel (forward), backward through selective_scan_chunked; CUDA or TRITON_INTERPRET."""
+    check_triton("selective_scan_triton", x)
+    return triton_scan(_selective_scan_launch, selective_scan_chunked, x, dt, A, B, C, initial_state)
+
+
+SSD_SCANS = {"naive": ssd_naive, "chunked": ssd_chunked, "triton": ssd_triton}
+SELECTIVE_SCANS = {"naive": selective_scan_naive, "chunked": selective_scan_chunked,
+                   "triton": selective_scan_triton}
 
 
 def compute_dtype(*tensors):
@@ -94,339 +436,3 @@ def inverse_softplus_dt(size, dt_min, dt_max, dt_init_floor):
     log_dt = torch.rand(size) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)
     dt = torch.exp(log_dt).clamp(min=dt_init_floor)
     return dt + torch.log(-torch.expm1(-dt))  # softplus^-1(dt), stable for small dt
-
-
-# --- Mamba-2 (SSD): Dao & Gu 2024, "Transformers are SSMs", Sec. 6; official code: mamba_ssm
-# (github.com/state-spaces/mamba, modules/mamba2.py). A scalar decay per head; head i reads the B, C
-# of group i // (h // g):
-#     h_t = exp(dt_t A) h_{t-1} + (dt_t x_t) B_t^T        h_t: [p, n] per head
-#     y_t = h_t C_t                                        y_t: [p]
-def ssd_naive(x, dt, A, B, C, initial_state=None):
-    """The SSD recurrence, one step at a time: the definition the other two forms are tested against."""
-    b, t, h, p = x.shape
-    out_dtype, dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
-    x, dt, A = x.to(dtype), dt.to(dtype), A.to(dtype)
-    state = x.new_zeros(b, h, p, B.shape[-1]) if initial_state is None else initial_state.to(dtype)
-    B, C = (v.to(dtype).repeat_interleave(h // v.shape[2], dim=2) for v in (B, C))  # [b, t, h, n]
-    ys = []
-    for i in range(t):
-        decay = torch.exp(dt[:, i] * A)[:, :, None, None]  # [b, h, 1, 1]
-        state = decay * state + (dt[:, i, :, None] * x[:, i])[..., None] * B[:, i, :, None, :]
-        ys.append(torch.einsum("bhpn,bhn->bhp", state, C[:, i]))
-    return torch.stack(ys, dim=1).to(out_dtype), state
-
-
-def ssd_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
-    """The same recurrence chunk by chunk: the SSD block decomposition (Mamba-2 paper, Sec. 6).
-    With log decays a = dt * A <= 0 summed within a chunk, cs_i = a_0 + ... + a_i, step j's input
-    reaches step i >= j scaled by exp(cs_i - cs_j). Every exponent is a sum of non-positive log decays
-    (the causal mask goes in before exp), so nothing overflows however strong the decay."""
-    (b, t, h, p), (g, n) = x.shape, B.shape[2:]
-    out_dtype, dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
-    state = x.new_zeros(b, h, p, n, dtype=dtype) if initial_state is None else initial_state.to(dtype)
-    x, dt, A, B, C = (v.to(dtype) for v in (x, dt, A, B, C))
-    L = max(1, min(chunk_size, t))  # short inputs (e.g. one token at a time) need no padding
-    pad = (-t) % L
-    if pad:  # padded steps have dt = 0: decay exp(0) = 1 and no input, so the state passes unchanged
-        x, B, C = (F.pad(v, (0, 0, 0, 0, 0, pad)) for v in (x, B, C))
-        dt = F.pad(dt, (0, 0, 0, pad))
-    nc, r = (t + pad) // L, h // g
-    # Layout [b, chunk c, group g, head in group r, position l, ...]: a group's B, C broadcast over its heads
-    x = x.reshape(b, nc, L, g, r, p).permute(0, 1, 3, 4, 2, 5)  # [b, c, g, r, L, p]
-    dt = dt.reshape(b, nc, L, g, r).permute(0, 1, 3, 4, 2)  # [b, c, g, r, L]
-    B, C = (v.reshape(b, nc, L, g, n).transpose(2, 3)[:, :, :, None] for v in (B, C))  # [b, c, g, 1, L, n]
-    cs = torch.cumsum(dt * A.reshape(g, r, 1), dim=-1)  # running log decay within the chunk
-    xdt = x * dt[..., None]  # what each step writes, dt_j x_j
-    # 1. Diagonal blocks: each chunk from a zero state, a masked "attention"
-    # y_i = sum_{j<=i} (C_i . B_j) exp(cs_i - cs_j) dt_j x_j; masked entries get zero gradient too.
-    causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
-    segsum = (cs[..., :, None] - cs[..., None, :]).masked_fill(~causal, float("-inf"))  # cs_i - cs_j
-    y = ((C @ B.transpose(-1, -2)) * segsum.exp()) @ xdt  # scores [b, c, g, r, L, L]
-    # 2. The state each chunk leaves at its end when started from zero.
-    decay_to_end = torch.exp(cs[..., -1:] - cs)  # [b, c, g, r, L]
-    chunk_states = (xdt * decay_to_end[..., None]).transpose(-1, -2) @ B  # [b, c, g, r, p, n]
-    # 3. Pass the state across chunk boundaries from initial_state: t / L small steps, memory linear in t.
-    decay_from_start = torch.exp(cs)  # [b, c, g, r, L]
-    chunk_decay = decay_from_start[..., -1, None, None]  # whole-chunk decay [b, c, g, r, 1, 1]
-    state, states_in = state.reshape(b, g, r, p, n), []
-    for c in range(nc):
-        states_in.append(state)
-        state = chunk_decay[:, c] * state + chunk_states[:, c]
-    states_in = torch.stack(states_in, dim=1)  # the state entering each chunk [b, c, g, r, p, n]
-    # 4. Off-diagonal blocks: what the incoming state adds to every step of its chunk.
-    y = y + (C @ states_in.transpose(-1, -2)) * decay_from_start[..., None]
-    y = y.permute(0, 1, 4, 2, 3, 5).reshape(b, nc * L, h, p)[:, :t]
-    return y.to(out_dtype), state.reshape(b, h, p, n)
-
-
-@triton.jit
-def _ssd_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, H, P, G, N,
-                BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    # One program owns rows [BLOCK_P] of one (batch, head) state and walks through time with its
-    # [BLOCK_P, n] state tile in registers: each input is read once, the state never hits memory.
-    bh = tl.program_id(0).to(tl.int64)  # 64-bit: b * t * h * p overflows int32 on long inputs
-    bi, hi = bh // H, bh % H
-    gi = hi // (H // G)
-    offs_p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_p, mask_n = offs_p < P, offs_n < N
-    s_offs = bh * P * N + offs_p[:, None] * N + offs_n[None, :]
-    s_mask = mask_p[:, None] & mask_n[None, :]
-    A = tl.load(A_ptr + hi)
-    state = tl.load(h0_ptr + s_offs, mask=s_mask, other=0.0)
-    # offsets of step 0 in x and y, dt, B and C (contiguous [b, t, ...]), moved one time row on per step
-    dt_off = bi * T * H + hi
-    x_offs, bc_offs = dt_off * P + offs_p, (bi * T * G + gi) * N + offs_n
-    for _ in range(T):
-        dt = tl.load(dt_ptr + dt_off).to(tl.float32)
-        x = tl.load(x_ptr + x_offs, mask=mask_p, other=0.0).to(tl.float32)
-        B = tl.load(B_ptr + bc_offs, mask=mask_n, other=0.0).to(tl.float32)
-        C = tl.load(C_ptr + bc_offs, mask=mask_n, other=0.0).to(tl.float32)
-        state = tl.exp(dt * A) * state + (dt * x)[:, None] * B[None, :]
-        tl.store(y_ptr + x_offs, tl.sum(state * C[None, :], axis=1), mask=mask_p)
-        x_offs += H * P
-        dt_off += H
-        bc_offs += G * N
-    tl.store(hT_ptr + s_offs, state, mask=s_mask)
-
-
-def _ssd_launch(x, dt, A, B, C, initial_state):
-    (b, t, h, p), (g, n) = x.shape, B.shape[2:]
-    state_dtype = compute_dtype(x, dt, A, B, C, initial_state)
-    # The Mamba2 layer's x, B, C are views of the transposed conv output (channel stride t): one
-    # copy to contiguous [b, t, ...] makes every per-step load a contiguous (coalesced) run.
-    x, dt, A, B, C = (v.contiguous() for v in (x, dt, A.float(), B, C))
-    h0 = (x.new_zeros(b, h, p, n) if initial_state is None else initial_state).float().contiguous()
-    y, final_state = x.new_empty(b, t, h, p, dtype=torch.float32), torch.empty_like(h0)
-    BLOCK_P = min(32, triton.next_power_of_2(p))
-    _ssd_kernel[(b * h, triton.cdiv(p, BLOCK_P))](x, dt, A, B, C, h0, y, final_state, t, h, p, g, n,
-                                                  BLOCK_P=BLOCK_P, BLOCK_N=triton.next_power_of_2(n))
-    return y.to(x.dtype), final_state.to(state_dtype)
-
-
-def ssd_triton(x, dt, A, B, C, initial_state=None):
-    """One fused Triton kernel (forward), backward through ssd_chunked; CUDA or TRITON_INTERPRET=1."""
-    check_triton("ssd_triton", x)
-    return triton_scan(_ssd_launch, ssd_chunked, x, dt, A, B, C, initial_state)
-
-
-SSD_SCANS = {"naive": ssd_naive, "chunked": ssd_chunked, "triton": ssd_triton}
-
-
-class Mamba2(nn.Module):
-    """Mamba-2 mixer with mamba_ssm's parameter names, shapes and initialisation (official checkpoints
-    load as they are). in_proj -> [z, xBC, dt]; causal conv + SiLU over xBC -> [x, B, C]; SSD scan with
-    dt = softplus(dt + dt_bias), A = -exp(A_log); y + D x; gated RMSNorm(y * silu(z)); out_proj."""
-    def __init__(self, d_model, d_state=128, d_conv=4, expand=2, headdim=64, ngroups=1, A_init_range=(1, 16),
-                 dt_min=0.001, dt_max=0.1, dt_init_floor=1e-4, chunk_size=64, layer_idx=None,
-                 scan_impl="auto"):
-        super().__init__()
-        self.d_inner, self.nheads = expand * d_model, expand * d_model // headdim
-        assert self.d_inner % headdim == 0 and self.nheads % ngroups == 0, \
-            "Mamba2: headdim must divide expand * d_model, and ngroups the number of heads"
-        self.d_state, self.d_conv, self.headdim, self.ngroups = d_state, d_conv, headdim, ngroups
-        self.chunk_size, self.layer_idx, self.scan_impl = chunk_size, layer_idx, scan_impl
-        self.conv_dim = self.d_inner + 2 * ngroups * d_state
-        # One projection for everything, in the official order [z, x, B, C, dt]. nn.Conv1d is only the
-        # official container of weight and bias: causal_conv1d applies it, carrying its window as state.
-        self.in_proj = nn.Linear(d_model, self.d_inner + self.conv_dim + self.nheads, bias=False)
-        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, padding=d_conv - 1,
-                                groups=self.conv_dim)
-        self.dt_bias = nn.Parameter(inverse_softplus_dt(self.nheads, dt_min, dt_max, dt_init_floor))
-        self.A_log = nn.Parameter(torch.log(torch.empty(self.nheads).uniform_(*A_init_range)))
-        self.D = nn.Parameter(torch.ones(self.nheads))
-        # as in mamba_ssm, train.py leaves these out of weight decay
-        self.dt_bias._no_weight_decay = self.A_log._no_weight_decay = self.D._no_weight_decay = True
-        self.norm = RMSNormGated(self.d_inner, group_size=self.d_inner // ngroups, eps=1e-5)
-        self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
-
-    def forward(self, x, state=None):
-        b, t, _ = x.shape
-        state = self.zero_state(b, x.device) if state is None else state
-        z, xBC, dt = torch.split(self.in_proj(x), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
-        xBC, conv_state = causal_conv1d(xBC, self.conv1d.weight, self.conv1d.bias, state["conv"])
-        gn = self.ngroups * self.d_state
-        xs, B, C = torch.split(F.silu(xBC), [self.d_inner, gn, gn], dim=-1)
-        xs = xs.reshape(b, t, self.nheads, self.headdim)
-        dt = F.softplus(dt.float() + self.dt_bias.float())
-        A = -torch.exp(self.A_log.float())
-        scan = pick_form(SSD_SCANS, self.scan_impl, x)
-        kwargs = {"chunk_size": self.chunk_size} if scan is ssd_chunked else {}
-        y, h = scan(xs, dt, A, B.reshape(b, t, self.ngroups, self.d_state),
-                    C.reshape(b, t, self.ngroups, self.d_state), initial_state=state["h"], **kwargs)
-        y = y.float() + self.D.float()[:, None] * xs.float()  # skip connection, outside the scan
-        y = self.norm(y.reshape(b, t, self.d_inner), z)
-        return self.out_proj(y.to(x.dtype)), {"h": h, "conv": conv_state}
-
-    def zero_state(self, batch_size, device):
-        return {"h": torch.zeros(batch_size, self.nheads, self.headdim, self.d_state, device=device),
-                "conv": torch.zeros(batch_size, self.d_conv - 1, self.conv_dim, device=device)}
-
-
-class RMSNormGated(nn.Module):
-    """RMSNorm of y * silu(z) per group of channels, as mamba_ssm (norm_before_gate=False)."""
-    def __init__(self, d, group_size, eps=1e-5):
-        super().__init__()
-        self.group_size, self.eps = group_size, eps
-        self.weight = nn.Parameter(torch.ones(d))
-
-    def forward(self, y, z):  # float32 out
-        y = (y.float() * F.silu(z.float())).unflatten(-1, (-1, self.group_size))
-        y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
-        return y * self.weight.float()
-
-
-# --- Mamba-1 (selective scan): Gu & Dao 2023, "Mamba", Sec. 3.2 and Algorithm 2; official code: mamba_ssm
-# (modules/mamba_simple.py). Each channel d has its own step size and a diagonal state of size n;
-# B_t, C_t are shared by all channels:
-#     h_t = exp(delta_t A) * h_{t-1} + (delta_t u_t) B_t        h_t: [d, n], elementwise decay
-#     y_t = h_t C_t                                              y_t: [d]
-def selective_scan_naive(u, delta, A, B, C, initial_state=None):
-    """The recurrence, one step at a time: the definition the other two forms are tested against."""
-    b, t, d = u.shape
-    out_dtype, dtype = u.dtype, compute_dtype(u, delta, A, B, C, initial_state)
-    u, delta, A, B, C = (v.to(dtype) for v in (u, delta, A, B, C))
-    h = u.new_zeros(b, d, A.shape[1]) if initial_state is None else initial_state.to(dtype)
-    ys = []
-    for i in range(t):
-        h = torch.exp(delta[:, i, :, None] * A) * h + (delta[:, i] * u[:, i])[:, :, None] * B[:, i, None, :]
-        ys.append((h * C[:, i, None, :]).sum(-1))
-    return torch.stack(ys, dim=1).to(out_dtype), h
-
-
-def selective_scan_chunked(u, delta, A, B, C, initial_state=None, chunk_size=64):
-    """A two-level scan, 2 L + t / L sequential steps. The decay differs per channel AND state index,
-    so SSD's matmul form would need [L, L, d, n] decays; instead the chunks of L steps run side by
-    side. Only exp of non-positive numbers (delta * A <= 0) is taken: any decay strength is stable."""
-    (b, t, d), n = u.shape, A.shape[1]
-    out_dtype, dtype = u.dtype, compute_dtype(u, delta, A, B, C, initial_state)
-    u, delta, A, B, C = (v.to(dtype) for v in (u, delta, A, B, C))
-    L = max(1, min(chunk_size, t))
-    nc, pad, du = math.ceil(t / L), (-t) % L, delta * u
-    if pad:  # padded steps have delta = 0: decay 1 and no input
-        delta, du, B, C = (F.pad(v, (0, 0, 0, pad)) for v in (delta, du, B, C))
-    # [b, nc, L, ...] split into L per-position tensors once: indexing inside the loops would make
-    # autograd scatter each step's gradient into a full-size zero tensor
-    delta_j, du_j, B_j, C_j = (v.view(b, nc, L, v.shape[-1]).unbind(2) for v in (delta, du, B, C))
-    # Under autograd step 1's decays are saved anyway, so step 3 reuses them; else it recomputes them
-    keep_decays = torch.is_grad_enabled() and any(
-        v is not None and v.requires_grad for v in (u, delta, A, B, C, initial_state))
-    # 1. Every chunk runs its L steps from a zero state, keeping its end state. (torch.addcmul(x, a, b)
-    # = x + a * b in one pass: the passes over [b, nc, d, n] are the cost.)
-    decays, h = [], u.new_zeros(b, nc, d, n)
-    for j in range(L):
-        decay = torch.exp(delta_j[j][..., None] * A)
-        decays.append(decay if keep_decays else None)
-        h = torch.addcmul(du_j[j][..., None] * B_j[j][:, :, None, :], decay, h)
-    # 2. The state walks along the chunk boundaries from initial_state: into chunk c + 1 = (chunk c's
-    # total decay, exp(A * the sum of its deltas)) * (into chunk c) + (chunk c's end state from step 1).
-    chunk_decay = torch.exp(delta.view(b, nc, L, d).sum(2)[..., None] * A).unbind(1)  # [b, d, n] each
-    carry = u.new_zeros(b, d, n) if initial_state is None else initial_state.to(dtype)
-    carried_in = []
-    for c, end_state in enumerate(h.unbind(1)):
-        carried_in.append(carry)
-        carry = torch.addcmul(end_state, chunk_decay[c], carry)
-    # 3. Every chunk reruns its steps from its true incoming state and reads out y.
-    h, ys = torch.stack(carried_in, dim=1), []
-    for j in range(L):
-        decay = decays[j] if keep_decays else torch.exp(delta_j[j][..., None] * A)
-        h = torch.addcmul(du_j[j][..., None] * B_j[j][:, :, None, :], decay, h)
-        ys.append(torch.einsum("bcdn,bcn->bcd", h, C_j[j]))
-    y = torch.stack(ys, dim=2).reshape(b, nc * L, d)[:, :t]
-    return y.to(out_dtype), carry
-
-
-@triton.jit
-def _selective_scan_kernel(u_ptr, delta_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, D, N,
-                           BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    # As _ssd_kernel: one program owns batch element pid_b and BLOCK_D channels (contiguous float32 inputs)
-    pid_b = tl.program_id(0).to(tl.int64)  # 64-bit: pid_b * T * D overflows int32 on long inputs
-    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_d, mask_n = offs_d < D, offs_n < N
-    mask_dn = mask_d[:, None] & mask_n[None, :]
-    # padded lanes: A = 0 gives decay 1, and h0 = B = 0 keeps them at 0
-    A = tl.load(A_ptr + offs_d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0)
-    state_offs = pid_b * D * N + offs_d[:, None] * N + offs_n[None, :]
-    h = tl.load(h0_ptr + state_offs, mask=mask_dn, other=0.0)
-    # offsets of step 0 in u, delta and y, and in B and C, moved one time row on per step
-    d_offs, n_offs = pid_b * T * D + offs_d, pid_b * T * N + offs_n
-    for _ in range(T):
-        u = tl.load(u_ptr + d_offs, mask=mask_d, other=0.0)
-        delta = tl.load(delta_ptr + d_offs, mask=mask_d, other=0.0)
-        B = tl.load(B_ptr + n_offs, mask=mask_n, other=0.0)
-        C = tl.load(C_ptr + n_offs, mask=mask_n, other=0.0)
-        h = tl.exp(delta[:, None] * A) * h + (delta * u)[:, None] * B[None, :]
-        tl.store(y_ptr + d_offs, tl.sum(h * C[None, :], axis=1), mask=mask_d)
-        d_offs, n_offs = d_offs + D, n_offs + N
-    tl.store(hT_ptr + state_offs, h, mask=mask_dn)
-
-
-def _selective_scan_launch(u, delta, A, B, C, initial_state):
-    (b, t, d), n = u.shape, A.shape[1]
-    out_dtype, state_dtype = u.dtype, compute_dtype(u, delta, A, B, C, initial_state)
-    u, delta, A, B, C = (v.float().contiguous() for v in (u, delta, A, B, C))
-    h0 = u.new_zeros(b, d, n) if initial_state is None else initial_state.float().contiguous()
-    y, final_state = torch.empty_like(u), torch.empty_like(h0)
-    BLOCK_D = 32  # fixed: the interpreter has no autotune
-    _selective_scan_kernel[(b, triton.cdiv(d, BLOCK_D))](u, delta, A, B, C, h0, y, final_state, t, d, n,
-                                                         BLOCK_D=BLOCK_D, BLOCK_N=triton.next_power_of_2(n))
-    return y.to(out_dtype), final_state.to(state_dtype)
-
-
-def selective_scan_triton(u, delta, A, B, C, initial_state=None):
-    """Fused recurrent Triton kernel (forward); backward recomputes through selective_scan_chunked."""
-    check_triton("selective_scan_triton", u)
-    return triton_scan(_selective_scan_launch, selective_scan_chunked, u, delta, A, B, C, initial_state)
-
-
-SELECTIVE_SCANS = {"naive": selective_scan_naive, "chunked": selective_scan_chunked,
-                   "triton": selective_scan_triton}
-
-
-class Mamba(nn.Module):
-    """Mamba-1 mixer with mamba_ssm's parameter names, shapes and initialisation (official checkpoints
-    load as they are). in_proj -> (x, z); causal conv + SiLU over x; x_proj(x) -> (dt, B, C); selective
-    scan with delta = softplus(dt_proj(dt)), A = -exp(A_log); y + D x; out_proj(y * silu(z))."""
-    def __init__(self, d_model, d_state=16, d_conv=4, expand=2, dt_rank="auto", dt_min=0.001,
-                 dt_max=0.1, dt_init="random", dt_scale=1.0, dt_init_floor=1e-4, conv_bias=True,
-                 bias=False, layer_idx=None, scan_impl="auto"):
-        super().__init__()
-        self.d_state, self.d_conv, self.d_inner = d_state, d_conv, int(expand * d_model)
-        self.dt_rank = math.ceil(d_model / 16) if dt_rank == "auto" else dt_rank
-        self.layer_idx, self.scan_impl = layer_idx, scan_impl
-        self.in_proj = nn.Linear(d_model, 2 * self.d_inner, bias=bias)
-        self.conv1d = nn.Conv1d(self.d_inner, self.d_inner, d_conv, groups=self.d_inner,
-                                padding=d_conv - 1, bias=conv_bias)
-        self.x_proj = nn.Linear(self.d_inner, self.dt_rank + 2 * d_state, bias=False)
-        self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True)
-        # dt_proj weight: keeps the variance of dt_proj(dt) independent of dt_rank at init
-        std = self.dt_rank ** -0.5 * dt_scale
-        assert dt_init in ("random", "constant"), dt_init
-        with torch.no_grad():
-            if dt_init == "random":
-                self.dt_proj.weight.uniform_(-std, std)
-            else:
-                self.dt_proj.weight.fill_(std)
-            self.dt_proj.bias.copy_(inverse_softplus_dt(self.d_inner, dt_min, dt_max, dt_init_floor))
-        # S4D-real init: A[d, k] = -(k + 1), stored as its log so that A = -exp(A_log) stays negative
-        self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1.0).repeat(self.d_inner, 1)))
-        self.D = nn.Parameter(torch.ones(self.d_inner))  # skip connection u -> y
-        self.A_log._no_weight_decay = self.D._no_weight_decay = True
-        self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
-
-    def forward(self, x, state=None):
-        state = self.zero_state(x.shape[0], x.device) if state is None else state
-        xs, z = self.in_proj(x).chunk(2, dim=-1)  # [b, t, d_inner] each
-        xs, conv_state = causal_conv1d(xs, self.conv1d.weight, self.conv1d.bias, state["conv"])
-        xs = F.silu(xs)
-        dt, B, C = self.x_proj(xs).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        delta = F.softplus(self.dt_proj(dt).float())  # softplus in float32: it sets the decay
-        A = -torch.exp(self.A_log.float())
-        y, h = pick_form(SELECTIVE_SCANS, self.scan_impl, x)(xs, delta, A, B, C, initial_state=state["h"])
-        y = (y + xs * self.D.to(y.dtype)) * F.silu(z)
-        return self.out_proj(y), {"h": h, "conv": conv_state}
-
-    def zero_state(self, batch_size, device):
-        return {"h": torch.zeros(batch_size, self.d_inner, self.d_state, device=device),
-                "conv": torch.zeros(batch_size, self.d_conv - 1, self.d_inner, device=device)}

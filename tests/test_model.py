@@ -38,22 +38,22 @@ def test_gradient_reaches_the_initial_state_even_after_an_inference_mode_call(ar
     idx = torch.randint(0, 50, (2, 10))
     with torch.inference_mode():
         lm(idx)
-    state = [{k: torch.randn_like(v).requires_grad_(True) for k, v in layer.items()} for layer in lm.zero_state(2)]
+    state = [{k: torch.randn_like(v).requires_grad_() for k, v in s.items()} for s in lm.zero_state(2)]
     logits, final = lm(idx, state=state)
     logits.logsumexp(-1).sum().backward()
     assert all(layer["h"].grad.abs().sum() > 0 for layer in state)
     assert all(p.grad is not None for p in lm.backbone.layers[0].mixer.parameters())
 
 
-# key -> shape in mamba_ssm's layout. Mamba-2: d_model=64, expand=2, headdim=16 (8 heads), d_state=16, d_conv=4
+# key -> shape, mamba_ssm's layout. Mamba-2: d_model=64, expand=2, headdim=16 (8 heads), d_state=16, d_conv=4
 OFFICIAL_MAMBA2_LAYER = {
     "norm.weight": [64], "mixer.in_proj.weight": [2 * 128 + 2 * 16 + 8, 64],  # [z, x, B, C, dt]
     "mixer.conv1d.weight": [128 + 2 * 16, 1, 4], "mixer.conv1d.bias": [128 + 2 * 16], "mixer.dt_bias": [8],
     "mixer.A_log": [8], "mixer.D": [8], "mixer.norm.weight": [128], "mixer.out_proj.weight": [64, 128]}
-OFFICIAL_MAMBA1_LAYER = {  # d_model=64, expand=2, d_state=16, dt_rank=ceil(64/16)=4
-    "norm.weight": [64], "mixer.in_proj.weight": [256, 64], "mixer.conv1d.weight": [128, 1, 4],
-    "mixer.conv1d.bias": [128], "mixer.x_proj.weight": [4 + 32, 128], "mixer.dt_proj.weight": [128, 4],
-    "mixer.dt_proj.bias": [128], "mixer.A_log": [128, 16], "mixer.D": [128], "mixer.out_proj.weight": [64, 128]}
+OFFICIAL_MAMBA1_LAYER = {"norm.weight": [64],  # d_model=64, expand=2, d_state=16, dt_rank=ceil(64/16)=4
+    "mixer.in_proj.weight": [256, 64], "mixer.conv1d.weight": [128, 1, 4], "mixer.conv1d.bias": [128],
+    "mixer.x_proj.weight": [4 + 32, 128], "mixer.dt_proj.weight": [128, 4], "mixer.dt_proj.bias": [128],
+    "mixer.A_log": [128, 16], "mixer.D": [128], "mixer.out_proj.weight": [64, 128]}
 
 
 OFFICIAL_CONFIG = dict(d_model=64, n_layer=2, vocab_size=50, rms_norm=True, residual_in_fp32=True,

@@ -25,15 +25,15 @@ def draws(gen):   # float64 tensors of the given shape: standard normal, uniform
 
 
 def ssd_inputs(gen, b=2, t=13, strong=False):
-    (N, U), (h, p, g, n) = draws(gen), (4, 6, 2, 12)  # p, n not powers of two: the kernel's masks are exercised
+    (N, U), (h, p, g, n) = draws(gen), (4, 6, 2, 12)  # p, n not powers of two: the kernel's masks at work
     A = -(U(h) * (10.0 if strong else 2.0) + 0.1)
     return [N(b, t, h, p), U(b, t, h) + 0.01, A, N(b, t, g, n), N(b, t, g, n), N(b, h, p, n)], {}
 
 
 def selective_inputs(gen, b=2, t=13, strong=False):
     (N, U), (d, n) = draws(gen), (12, 5)
-    delta, A = U(b, t, d) * (10.0 if strong else 0.5) + 1e-3, -U(d, n) * (20.0 if strong else 2.0) - 0.05
-    return [N(b, t, d), delta, A, N(b, t, n), N(b, t, n), 3 * N(b, d, n)], {}
+    dt, A = U(b, t, d) * (10.0 if strong else 0.5) + 1e-3, -U(d, n) * (20.0 if strong else 2.0) - 0.05
+    return [N(b, t, d), dt, A, N(b, t, n), N(b, t, n), 3 * N(b, d, n)], {}
 
 
 def gla_inputs(gen, b=2, t=13, strong=False):
@@ -59,7 +59,7 @@ SCANS = {  # name: (naive, chunked, triton, make_inputs)
     "gla": (gla.gla_naive, gla.gla_chunked, gla.gla_triton, gla_inputs),
     "rwkv6": (rwkv.rwkv6_naive, rwkv.rwkv6_chunked, rwkv.rwkv6_triton, rwkv_inputs),
 }
-GPU = torch.cuda.is_available()  # then the Triton form runs compiled on the GPU (else interpreted: conftest.py)
+GPU = torch.cuda.is_available()  # then the Triton form runs compiled (else interpreted: conftest.py)
 
 
 def on_gpu(scan):
@@ -164,13 +164,13 @@ def test_known_values_by_hand(form):
     x, dt, B, C = (torch.tensor(v).view(1, 2, 1, 1) for v in ([1.0, 2.0], [0.5, 1.0], [1.0, 3.0], [2.0, 0.5]))
     h1 = math.exp(-0.5) * 4.0 + 0.5 * 1.0 * 1.0
     h2 = math.exp(-1.0) * h1 + 1.0 * 2.0 * 3.0
-    y, s = forms("ssd")[form](x, dt[..., 0], -torch.ones(1), B, C, initial_state=torch.full((1, 1, 1, 1), 4.0))
+    y, s = forms("ssd")[form](x, dt[..., 0], -torch.ones(1), B, C, initial_state=torch.full((1,) * 4, 4.0))
     close((y.flatten(), s.flatten()), (torch.tensor([2.0 * h1, 0.5 * h2]), torch.tensor([h2])), 1e-6)
-    # selective scan, delta = 1 and A = [-ln 2, -ln 4]: the two state entries halve and quarter each step.
+    # selective scan, dt = 1 and A = [-ln 2, -ln 4]: the two state entries halve and quarter each step.
     # h1 = [4/2 + 2*1, 8/4 + 2*2] = [4, 6], y1 = 4*3 + 6*1 = 18; h2 = [4/2 + 4, 6/4 + 0] = [6, 1.5], y2 = 9
-    u, delta, A = torch.tensor([[[2.0], [4.0]]]), torch.ones(1, 2, 1), -torch.tensor([[2.0, 4.0]]).log()
+    x, dt, A = torch.tensor([[[2.0], [4.0]]]), torch.ones(1, 2, 1), -torch.tensor([[2.0, 4.0]]).log()
     B, C = torch.tensor([[[1.0, 2.0], [1.0, 0.0]]]), torch.tensor([[[3.0, 1.0], [1.0, 2.0]]])
-    y, s = forms("selective_scan")[form](u, delta, A, B, C, initial_state=torch.tensor([[[4.0, 8.0]]]))
+    y, s = forms("selective_scan")[form](x, dt, A, B, C, initial_state=torch.tensor([[[4.0, 8.0]]]))
     close((y.flatten(), s.flatten()), (torch.tensor([18.0, 9.0]), torch.tensor([6.0, 1.5])), 1e-6)
 
 
@@ -193,7 +193,7 @@ def mixer(arch):
         with torch.no_grad():
             m.dt_bias.add_(2.0)
         return m
-    return ssm.Mamba(d_model=16)
+    return ssm.Mamba1(d_model=16)
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "mamba1"])
