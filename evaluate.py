@@ -89,14 +89,33 @@ def length_generalization_naive(ppl, t_train):
     return t_star + int(above[0]) if len(above) else len(ppl)
 
 
-def length_generalization(per_seq, lo, hi, t_train, alpha=0.05, n_boot=2000, seed=0):
-    """Definition 3.2 on bucketed per-sequence NLLs per_seq [n, K] (bucketize's):
-    1. p* is the PPL over the buckets inside [t_train / 2, t_train) (t* = their first entry): where a curve
-       falling with context has its minimum, on t_train / 2 positions (a minimum over positions or over
-       buckets is biased low).
-    2. A bucket past t_train exceeds p* when each sequence's paired difference (its NLL - its NLL over p*'s
-       window) has a positive mean with confidence: the alpha / m quantile of that mean over n_boot seeded
-       bootstrap resamples of the sequences is > 0, m = the number of buckets past t_train (Bonferroni).
+def short_context_nll(lm, tokens, t_train, chunk_len=512, batch_size=8):
+    """Each target of tokens [n, L+1] read with a training-length context, (t_train / 2, t_train] tokens from
+    the zero state -> NLL [n, L] (NaN at t < t_train / 2): Definition 3.2's p* on the very tokens it is
+    compared with. The windows are cut into pieces of t_train at offsets 0 and t_train / 2, and one piece
+    ends the window: every target past t_train / 2 lies in the second half of one of them."""
+    n, L = tokens.shape[0], tokens.shape[1] - 1
+    out = torch.full((n, L), math.nan)
+    for offset in (0, t_train // 2, L - t_train):
+        k = (L - offset) // t_train  # whole pieces
+        pieces = tokens[:, offset:offset + k * t_train + 1].unfold(1, t_train + 1, t_train)  # [n, k, T+1]
+        nll = sequence_nll(lm, pieces.flatten(0, 1), chunk_len, batch_size * max(1, L // t_train))
+        t = torch.arange(offset, offset + k * t_train)
+        second_half = (t - offset) % t_train >= t_train // 2
+        out[:, t[second_half]] = nll.view(n, -1)[:, second_half]
+    return out
+
+
+def length_generalization(per_seq, lo, hi, t_train, ref=None, alpha=0.05, n_boot=2000, seed=0):
+    """Definition 3.2 on bucketed per-sequence NLLs per_seq [n, K] (bucketize's); ref [n, K]: the same
+    buckets read at a training-length context (short_context_nll, bucketed), or None.
+    1. p* is the PPL at contexts in [t_train / 2, t_train): with ref, over every target past t_train / 2 (the
+       whole window's text, n * (L - t_train / 2) tokens, not n * t_train / 2); without, over the buckets
+       inside [t_train / 2, t_train). t* = t_train / 2. (A minimum over positions or buckets is biased low.)
+    2. A bucket past t_train exceeds p* when each sequence's paired difference (its NLL - its reference: the
+       same tokens at a training-length context, or without ref its NLL over p*'s window) has a positive
+       mean with confidence: the alpha / m quantile of that mean over n_boot seeded bootstrap resamples of
+       the sequences is > 0, m = the number of buckets past t_train (Bonferroni).
     3. generalizes_to = hi of the last bucket before the first one that exceeds p* (t_train if the first
        does; censored: none does). With fewer than MIN_SEQS sequences the result carries a warning."""
     per_seq, lo, hi = torch.as_tensor(per_seq, dtype=torch.float64), list(lo), list(hi)
@@ -105,14 +124,18 @@ def length_generalization(per_seq, lo, hi, t_train, alpha=0.05, n_boot=2000, see
     later = [j for j in range(K) if lo[j] >= t_train]
     check(window, f"no bucket lies within the training positions [{t_train // 2}, {t_train}): use edges that "
                   f"include both (log_edges(L, include=[{t_train // 2}, {t_train}]))")
-    width = torch.tensor([hi[j] - lo[j] for j in window], dtype=torch.float64)
-    ref = per_seq[:, window] @ width / width.sum()  # [n]: each sequence's NLL over p*'s window
-    out = dict(t_train=t_train, n_seqs=n, p_star=float(ref.mean().exp()), t_star=lo[window[0]])
-    if not torch.isfinite(per_seq[:, window + later]).all():
+    if ref is None:
+        width = torch.tensor([hi[j] - lo[j] for j in window], dtype=torch.float64)
+        ref = (per_seq[:, window] @ width / width.sum())[:, None].expand(n, K)  # each sequence's p* window
+    ref, pooled = torch.as_tensor(ref, dtype=torch.float64), window + later
+    width = torch.tensor([hi[j] - lo[j] for j in pooled], dtype=torch.float64)
+    p_star = float((ref[:, pooled] @ width / width.sum()).mean().exp())
+    out = dict(t_train=t_train, n_seqs=n, p_star=p_star, t_star=lo[window[0]])
+    if not torch.isfinite(per_seq[:, pooled]).all() or not torch.isfinite(ref[:, pooled]).all():
         return dict(out, generalizes_to=None, ratio=None, censored=None, warning="NLL not finite: no verdict")
     first = len(later)  # index into `later` of the first bucket that exceeds p*
     if later:
-        d = per_seq[:, later] - ref[:, None]  # [n, m]
+        d = per_seq[:, later] - ref[:, later]  # [n, m]
         idx = torch.randint(n, (n_boot, n), generator=torch.Generator().manual_seed(seed))
         counts = torch.zeros(n_boot, n).scatter_add_(1, idx, torch.ones(n_boot, n)).double()
         exceeds = (torch.quantile(counts @ d / n, alpha / len(later), dim=0) > 0).tolist() + [True]
@@ -288,7 +311,7 @@ def babilong_accuracy(lm, tokenizer, babi_tasks, lengths, n=8, seed=0, filler=No
 CTX = "context length (dotted: T_train)"
 # curve -> PNG file holding its panel (None: printed only), title, x label, y label, scale (log x, log-log)
 PANELS = {
-    "ppl": ("ppl.png", "Position-wise perplexity (+-1 s.e.)", CTX, "perplexity", "log"),
+    "ppl": ("ppl.png", "Position-wise perplexity (+-1 s.e.; dashed: p*)", CTX, "perplexity", "log"),
     "gap": ("ppl.png", "Gap to the Bayes floor", CTX, "model NLL - Bayes NLL (nats)", "log"),
     "diff": ("ppl.png", "Paired difference to the reference run", CTX, "NLL - reference NLL (nats)", "log"),
     "effrem": ("effrem.png", "Effective Remembrance", "t (dotted: T - T_train)", "EffRem_T(t)", None),
@@ -364,6 +387,9 @@ def show(report, out):
                 ax.fill_between(x, y - sem, y + sem, color=color, alpha=0.25)
                 if line_at:
                     ax.axvline(line_at, color=color, ls=":", lw=1)
+            for color, m in zip(colors, report["models"] if name == "ppl" else []):  # Definition 3.2's p*
+                if m["verdict"]["p_star"] is not None:
+                    ax.axhline(m["verdict"]["p_star"], color=color, ls="--", lw=0.8)
             if name == "ppl" and "optimal" in report:
                 b = report["optimal"]
                 ax.plot([math.sqrt((lo + 1) * hi) for lo, hi in zip(b["lo"], b["hi"])], b["ppl"], "k--", lw=1,
@@ -511,7 +537,9 @@ def measure(lm, t_train, args, **out):
         buckets = bucketize(nll, args.edges)
         out["per_seq"] = per_seq = buckets.pop("per_seq")
         out["ppl"] = dict(nll=nll.mean(0), nll_sem=_sem(nll), buckets=buckets)
-        out["verdict"] = length_generalization(per_seq, buckets["lo"], buckets["hi"], t_train, seed=args.seed)
+        short = short_context_nll(lm, args.windows, t_train, **{k: v for k, v in kw.items() if k != "progress"})
+        ref = torch.stack([short[:, lo:hi].nanmean(1) for lo, hi in zip(buckets["lo"], buckets["hi"])], 1)
+        out["verdict"] = length_generalization(per_seq, buckets["lo"], buckets["hi"], t_train, ref, seed=args.seed)
         if args.optimal is not None:  # the same windows: a paired difference per sequence
             out["gap"] = _summary(per_seq - args.optimal["per_seq"])
     if "effrem" in args.metrics:

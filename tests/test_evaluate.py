@@ -107,6 +107,31 @@ def test_verdict_on_hand_made_curves_and_a_matrix_is_paired():
         ev.length_generalization(per_seq, lo, hi, t_train=1)
 
 
+def test_short_context_nll_reads_each_target_from_a_training_length_context():
+    lm, x, T = ToyLM(), tokens(3, 42, vocab=11), 8
+    short = ev.short_context_nll(lm, x, T, batch_size=2)
+    assert short[:, :T // 2].isnan().all() and not short[:, T // 2:].isnan().any()
+    for j in range(T // 2, 41):  # j's context starts at one of (T/2, T] tokens before it, from zero
+        naive = torch.stack([ev.position_nll_naive(lm, x[:, j + 1 - c:j + 2])[:, -1]
+                             for c in range(T // 2 + 1, min(T, j + 1) + 1)])
+        assert ((naive - short[:, j]).abs() < 1e-5).all(1).any()
+
+
+def test_verdict_paired_with_the_same_tokens_at_a_training_length_context():
+    # the text's difficulty varies along the window (0.3 nats) and hides a 0.05-nat rise from 16 on in the
+    # unpaired curve; the reference holds the same tokens read at a training-length context
+    lo, hi = [0, 4, 8, 16, 32, 64], [4, 8, 16, 32, 64, 128]
+    g = torch.Generator().manual_seed(0)
+    ref = 2.0 + 0.3 * torch.randn(40, 6, generator=g, dtype=torch.float64)
+    noise = 0.01 * torch.randn(40, 6, generator=g, dtype=torch.float64)
+    flat = ref + noise
+    v = ev.length_generalization(flat, lo, hi, 8, ref)
+    assert v["censored"] and v["generalizes_to"] == 128 and v["p_star"] == pytest.approx(
+        math.exp((ref[:, 1:] @ torch.tensor([4.0, 8, 16, 32, 64], dtype=torch.float64) / 124).mean()))
+    v = ev.length_generalization(flat + torch.tensor([0, 0, 0, 0.05, 0.05, 0.05]), lo, hi, 8, ref)
+    assert (v["generalizes_to"], v["censored"]) == (16, False)
+
+
 def test_verdict_is_stable_across_evaluation_seeds():
     # CurveLM's NLL is flat, then rises from position 64: T_train 16 generalizes to about 64 (4x).
     lm, edges = CurveLM(), ev.log_edges(1024, include=[16])
