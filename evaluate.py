@@ -314,7 +314,7 @@ PANELS = {
     "ppl": ("ppl.png", "Position-wise perplexity (+-1 s.e.; dashed: p*)", CTX, "perplexity", "log"),
     "gap": ("ppl.png", "Gap to the Bayes floor", CTX, "model NLL - Bayes NLL (nats)", "log"),
     "diff": ("ppl.png", "Paired difference to the reference run", CTX, "NLL - reference NLL (nats)", "log"),
-    "effrem": ("effrem.png", "Effective Remembrance", "t (dotted: T - T_train)", "EffRem_T(t)", None),
+    "effrem": ("effrem.png", "Effective Remembrance", "t (dotted: T - T_train)", "EffRem_T(t)", "log"),
     "state": ("state.png", "State spread, most drifting head per layer", CTX, "std of state h", "loglog"),
     "passkey": (None, "Passkey", "total length", "exact match", "log"),
     "copy": ("copy.png", "Copying", "string length", "char accuracy (+- s.e.)", None),
@@ -425,6 +425,7 @@ def main(argv=None):
     a("--t-train", type=positive, help="training length (default: train_config seq_len; official: 2048)")
     a("--data", help="what tasks.load_data reads (default: train_config data)")
     a("--tokenizer", help="bytes or PATH/tokenizer.json (default: the checkpoints' tokenizer)")
+    a("--effrem-len", type=positive, help="T of EffRem_T(t) (default: --eval-len; the paper's: 4 x t_train)")
     a("--effrem-cuts", type=positive, default=32, help="number of cut points t of EffRem_T")
     a("--distance", default="tv", choices=sorted(DISTANCES), help="EffRem's distance (tv: the paper's)")
     a("--chunk-len", type=positive, help="tokens per model call while streaming: bounds memory, not results")
@@ -477,6 +478,8 @@ def run(args):
         args.eval_len = args.eval_len or 16 * max(t_trains)
         check(args.eval_len > max(t_trains), f"--eval-len {args.eval_len} must be larger than t_train "
                                              f"({max(t_trains)}): try --eval-len {16 * max(t_trains)}")
+        check(not args.effrem_len or 1 < args.effrem_len <= args.eval_len, f"--effrem-len {args.effrem_len} "
+              f"must lie in [2, --eval-len {args.eval_len}]: lower it or raise --eval-len")
     args.tokenizer = _agree(args, cfgs, "tokenizer", required=False) or "bytes"
     seeds = {c["seed"] for c in cfgs if c.get("seed") is not None}  # training's seed chose the data split
     check(len(seeds) <= 1, f"the checkpoints were trained with --seed {sorted(seeds)}, which split the data "
@@ -543,7 +546,7 @@ def measure(lm, t_train, args, **out):
         if args.optimal is not None:  # the same windows: a paired difference per sequence
             out["gap"] = _summary(per_seq - args.optimal["per_seq"])
     if "effrem" in args.metrics:
-        T = min(4 * t_train, args.eval_len)  # the paper's T
+        T = args.effrem_len or args.eval_len  # past T_train, where a failing model fails (the paper: 4 T_train)
         cuts = default_cuts(T, args.effrem_cuts)
         rows = effective_remembrance(lm, args.windows, T, cuts, args.distance, reduce=False, **kw)
         out["effrem"] = dict(T=T, distance=args.distance, cuts=cuts, mean=rows.mean(0), sem=_sem(rows))

@@ -204,7 +204,8 @@ BAD_ARGV = [(["NOPE"], "no checkpoint"), (["BAD"], "corrupt"), (["CK", "--metric
             (["CK", "--eval-len", "16"], "--eval-len 16 must be larger"), (["CK", "--effrem-cuts", "0"], "positive"),
             (["CK", "--n-seqs", "x"], "positive"), (["CK", "CK", "--labels", "one"], "--labels"),
             (["OFFICIAL", "--data", MARKOV], "2048"), (["CK", "--reference", "nope"], "--reference"),
-            (["SYNTH", "--metrics", "babilong"], "synthetic"), (["CK", "--babi-tasks", "qa99"], "unknown --babi-tasks")]
+            (["SYNTH", "--metrics", "babilong"], "synthetic"), (["CK", "--babi-tasks", "qa99"], "unknown --babi-tasks"),
+            (["CK", "--effrem-len", "999"], "--effrem-len 999 must lie")]
 
 
 @pytest.mark.parametrize("call, word", BAD_CALLS + BAD_ARGV)
@@ -235,7 +236,7 @@ def test_cli_end_to_end(tmp_path, capsys):
     rep = json.load(open(out / "eval.json"))
     m = rep["models"][0]
     assert len(m["ppl"]["nll"]) == 64 and m["verdict"]["t_train"] == 8 and "warning" in m["verdict"]
-    assert m["effrem"]["T"] == 32 and m["effrem"]["mean"][0] == 0.0 and len(m["state"]["coverage"]) == 2
+    assert m["effrem"]["T"] == 64 and m["effrem"]["mean"][0] == 0.0 and len(m["state"]["coverage"]) == 2
     assert len(m["gap"]["nll"]) == len(rep["optimal"]["nll"]) == len(m["ppl"]["buckets"]["hi"])
     for f in ("ppl.png", "effrem.png", "state.png"):
         assert (out / f).stat().st_size > 1000
