@@ -85,8 +85,8 @@ class PassedState:
     accumulates in the forward pass only; gradients stay inside the batch). Which rows restart from zero:
       sp    rows are unrelated sequences (shuffled windows); each is reset with probability p_reset,
             so the model keeps seeing the zero state it is evaluated from.
-      tbtt  row r reads one document in consecutive chunks (tasks.DocumentStreams), chunk k after
-            chunk k-1; a row that starts a new document (batch["new_doc"]) starts from zero."""
+      tbtt  row r reads one document in consecutive chunks (data.DocumentStreams), chunk k after
+            chunk k-1; a row that starts a new document (batch.new_doc) starts from zero."""
 
     def __init__(self, lm, batch_size, p_reset=0.1, seed=0, by_document=False, **_):
         self.batch_size, self.p_reset, self.by_document = batch_size, p_reset, by_document
@@ -97,7 +97,7 @@ class PassedState:
         """h_{-1} = the previous batch's h_T, zero in the rows reset (sp) or starting a document (tbtt)."""
         if self.passed is None:  # the first batch: the zero state
             return None
-        keep = (~batch["new_doc"] if self.by_document
+        keep = (~batch.new_doc if self.by_document
                 else torch.rand(self.batch_size, generator=self.gen) >= self.p_reset)
         return [{k: v * keep.to(v).view(-1, *[1] * (v.dim() - 1)) for k, v in layer.items()}
                 for layer in self.passed]

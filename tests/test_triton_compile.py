@@ -1,6 +1,6 @@
 """Every Triton kernel compiles with the real compiler for NVIDIA sm_80 and sm_90 down to a cubin, without a
-GPU (the interpreter accepts code the compiler rejects). Run as a script (TRITON_INTERPRET unset), each layer's
-Triton form runs with every launch replaced by a compile: the shapes, dtypes and specialisations layers use."""
+GPU (the interpreter accepts code the compiler rejects). Run as a script (TRITON_INTERPRET unset), each
+layer's Triton form runs with every launch replaced by a compile: the shapes, dtypes, specialisations used."""
 import json
 import multiprocessing
 import os
