@@ -13,6 +13,7 @@ import types
 import torch
 import torch.nn.functional as F
 
+import data
 import evaluate
 import gla
 import interventions
@@ -116,8 +117,8 @@ def bench_train(args, device, vocab_size=50280):
     for name, form in [(p, f) for p in names for f in args.forms.split(",")]:
         lm = model.set_scan_impl(model.LM(cfgs[name]).to(device), form)
         optimizer = train.make_optimizer(lm, lr=1e-4, weight_decay=0.01, device=device)  # lr: no cost
-        idx = torch.randint(vocab_size, (args.batch_size, args.seq_len + 1), device=device)
-        sampler = types.SimpleNamespace(next_batch=lambda: (idx[:, :-1], idx[:, 1:]))  # cost: not the tokens
+        idx = torch.randint(vocab_size, (args.batch_size, args.seq_len + 1), device=device)  # data: not timed
+        sampler = types.SimpleNamespace(next_batch=lambda: data.Batch(idx[:, :-1], idx[:, 1:], None))
         strategy = interventions.make_strategy("zero", lm, args.batch_size)
         autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)  # as train.py
 

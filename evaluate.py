@@ -19,9 +19,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import data
 import model
 import tasks
-from tasks import check
+from data import require
 
 MIN_SEQS = 16  # below this many sequences the verdict's bootstrap means nothing: warn
 
@@ -37,7 +38,7 @@ def position_nll_naive(lm, tokens):
 @torch.inference_mode()
 def sequence_nll(lm, tokens, chunk_len=512, batch_size=8, progress=False):
     """position_nll_naive streamed: chunk_len tokens per call, the state carried; logits [b, chunk_len, V]."""
-    tokens, _ = _check(tokens, min_len=2)
+    tokens, _ = _require_eval_inputs(tokens, min_len=2)
     out = torch.empty(tokens.shape[0], tokens.shape[1] - 1)
     for r in tqdm(range(0, len(tokens), batch_size), desc="ppl", disable=not progress):
         x, state = tokens[r:r + batch_size].to(_device(lm)), None  # None: the zero initial state
@@ -63,8 +64,8 @@ def bucketize(nll, edges):
     """Each sequence's NLL [n, L] averaged per bucket first (per_seq [n, K]), then mean and standard error
     over sequences: a sequence's positions correlate, the sequences do not."""
     nll = torch.as_tensor(nll, dtype=torch.float64)
-    check(nll.dim() == 2 and edges[0] == 0 and edges[-1] == nll.shape[1] and np.all(np.diff(edges) > 0),
-          f"bucket edges must rise from 0 to L = {nll.shape[-1]} for nll [n, L]: use log_edges(L)")
+    require(nll.dim() == 2 and edges[0] == 0 and edges[-1] == nll.shape[1] and np.all(np.diff(edges) > 0),
+            f"bucket edges must rise from 0 to L = {nll.shape[-1]} for nll [n, L]: use log_edges(L)")
     per_seq = torch.stack([nll[:, lo:hi].mean(1) for lo, hi in zip(edges[:-1], edges[1:])], 1)
     return dict(lo=list(edges[:-1]), hi=list(edges[1:]), per_seq=per_seq, **_summary(per_seq))
 
@@ -122,8 +123,8 @@ def length_generalization(per_seq, lo, hi, t_train, ref=None, alpha=0.05, n_boot
     n, K = per_seq.shape
     window = [j for j in range(K) if lo[j] >= t_train // 2 and hi[j] <= t_train]
     later = [j for j in range(K) if lo[j] >= t_train]
-    check(window, f"no bucket lies within the training positions [{t_train // 2}, {t_train}): use edges that "
-                  f"include both (log_edges(L, include=[{t_train // 2}, {t_train}]))")
+    require(window, f"no bucket lies within the training positions [{t_train // 2}, {t_train}): use edges "
+                    f"that include both (log_edges(L, include=[{t_train // 2}, {t_train}]))")
     if ref is None:
         width = torch.tensor([hi[j] - lo[j] for j in window], dtype=torch.float64)
         ref = (per_seq[:, window] @ width / width.sum())[:, None].expand(n, K)  # each sequence's p* window
@@ -159,7 +160,7 @@ DISTANCES = {
 @torch.inference_mode()
 def effective_remembrance_naive(lm, tokens, T, cuts, distance="tv"):
     """The definition, one forward per cut: mean over rows of d(q(.|x[0:T]), q(.|x[t:T])) for each t."""
-    tokens, cuts = _check(tokens, T=T, cuts=cuts, distance=distance)
+    tokens, cuts = _require_eval_inputs(tokens, T=T, cuts=cuts, distance=distance)
     x = tokens[:, :T].to(_device(lm))
     p, d = _last_probs(lm(x)[0]), DISTANCES[distance]
     return torch.stack([d(p, _last_probs(lm(x[:, t:])[0])).clamp(0, 1).mean() for t in cuts.tolist()]).cpu()
@@ -171,7 +172,7 @@ def effective_remembrance(lm, tokens, T, cuts, distance="tv", batch_size=2, chun
     """EffRem_T(t) for every cut in one pass, [len(cuts)] (reduce=False: [n, len(cuts)]). Running on x[t:T] is
     the full run with the state zeroed at t: at each cut the rows of that suffix join the batch with a zero
     state (every key), the work of one forward per cut in far fewer calls. EffRem_T(0) = 0 exactly."""
-    tokens, cuts = _check(tokens, T=T, cuts=cuts, distance=distance)
+    tokens, cuts = _require_eval_inputs(tokens, T=T, cuts=cuts, distance=distance)
     starts = sorted(set(cuts.tolist()) | {0})  # rows for t = 0 are the reference
     stops = sorted(set(starts[1:]) | set(range(0, T, chunk_len)) | {T})
     out = torch.zeros(len(tokens), len(cuts), dtype=torch.float64)
@@ -205,7 +206,7 @@ def state_statistics(lm, tokens, positions=None, chunk_len=512, batch_size=8, t_
     """Per layer [P, heads] at each of positions: std and RMS of h[:, head] (batch, other dims pooled, as
     Fitted Noise). coverage (ours): mean std at context >= 4 t_train / largest std at context <= t_train;
     >> 1: late states drift where training never went (the unexplored-states hypothesis)."""
-    tokens, _ = _check(tokens)
+    tokens, _ = _require_eval_inputs(tokens)
     default = np.array(log_edges(tokens.shape[1])[1:]) - 1  # log-spaced context lengths 1, 2, 3, 4, 6, ..., T
     positions = torch.as_tensor(default if positions is None else positions).long().flatten().unique()
     assert 0 <= positions.min() and positions.max() < tokens.shape[1], "positions must lie in [0, T - 1]"
@@ -236,7 +237,7 @@ def state_statistics(lm, tokens, positions=None, chunk_len=512, batch_size=8, t_
 @torch.inference_mode()
 def greedy_answer(lm, prompt_tokens, max_new_tokens, chunk_len=512):
     """Greedy continuation [b, max_new_tokens] (lists) of prompt_tokens [b, T] from the zero state."""
-    prompts, state = _check(prompt_tokens)[0].to(_device(lm)), None  # None: the zero initial state
+    prompts, state = _require_eval_inputs(prompt_tokens)[0].to(_device(lm)), None  # None: the zero state
     for a in range(0, prompts.shape[1], chunk_len):
         logits, state = lm(prompts[:, a:a + chunk_len], state, last_only=True)
     new = [logits[:, -1].argmax(-1)]
@@ -262,7 +263,7 @@ def _answers(lm, samples, batch_size=None, chunk_len=512, slack=2):
 
 def _exact(lm, tokenizer, samples, **kw):
     """Exact match of each sample's decoded answer (cut at its first period or newline), and those texts."""
-    enc = tasks.get_tokenizer(tokenizer)
+    enc = data.get_tokenizer(tokenizer)
     texts = [tasks.cut_answer(enc.decode(p)) for p in _answers(lm, samples, **kw)]
     return [float(tasks.exact_match(p, s.meta["answer"])) for p, s in zip(texts, samples)], texts
 
@@ -285,7 +286,7 @@ def passkey_grid(lm, tokenizer, lengths, depths=10, n_per_cell=4, seed=0, progre
 
 def copy_accuracy(lm, tokenizer, lengths, n=16, seed=0, progress=False, **kw):
     """Copying (Table 1) per string length: char accuracy of each string, its mean and s.e., whole-string."""
-    eos = tasks.get_tokenizer(tokenizer).encode_single_token(tasks.COPY_EOS)
+    eos = data.get_tokenizer(tokenizer).encode_single_token(tasks.COPY_EOS)
     scores = []  # [L, n, 2]: char accuracy, whole string right
     for L in tqdm(lengths, desc="copy", disable=not progress):
         samples = [tasks.copy_sample(tokenizer, int(L), seed=[seed, int(L), i]) for i in range(n)]
@@ -423,7 +424,7 @@ def main(argv=None):
     a("--eval-len", type=positive, help="tokens per evaluation window (default: 16 x the largest t_train)")
     a("--n-seqs", type=positive, default=64, help=f"evaluation windows (the verdict needs >= {MIN_SEQS})")
     a("--t-train", type=positive, help="training length (default: train_config seq_len; official: 2048)")
-    a("--data", help="what tasks.load_data reads (default: train_config data)")
+    a("--data", help="what data.load_data reads (default: train_config data)")
     a("--tokenizer", help="bytes or PATH/tokenizer.json (default: the checkpoints' tokenizer)")
     a("--effrem-len", type=positive, help="T of EffRem_T(t) (default: --eval-len; the paper's: 4 x t_train)")
     a("--effrem-cuts", type=positive, default=32, help="number of cut points t of EffRem_T")
@@ -459,66 +460,66 @@ def _ints(text, one=False):  # an argparse type: "128,256" -> [128, 256]; one=Tr
 
 def run(args):
     """Checks the flags (defaults: train_config), measures each checkpoint on the same data -> eval.json."""
-    check(not args.labels or len(args.labels) == len(args.ckpts),
-          f"--labels has {len(args.labels or [])} names for {len(args.ckpts)} checkpoints: give one each")
+    require(not args.labels or len(args.labels) == len(args.ckpts),
+            f"--labels has {len(args.labels or [])} names for {len(args.ckpts)} checkpoints: give one each")
     for p in args.ckpts:
-        check(os.path.exists(p), f"no checkpoint at {p}: check the path (train.py writes OUT/ckpt.pt)")
+        require(os.path.exists(p), f"no checkpoint at {p}: check the path (train.py writes OUT/ckpt.pt)")
     cfgs = [model.train_config(p) for p in args.ckpts]  # a corrupt checkpoint is reported as corrupt
     args.metrics, known = args.metrics.split(","), LM_METRICS + TASK_METRICS
     lm_metrics = bool(set(args.metrics) & set(LM_METRICS))
-    check(set(args.metrics) <= set(known), f"unknown metric in --metrics {','.join(args.metrics)}: "
-                                           f"use a subset of {','.join(known)}")
-    check(args.device != "cuda" or torch.cuda.is_available(), "no CUDA device: use --device cpu")
+    require(set(args.metrics) <= set(known), f"unknown metric in --metrics {','.join(args.metrics)}: "
+                                             f"use a subset of {','.join(known)}")
+    require(args.device != "cuda" or torch.cuda.is_available(), "no CUDA device: use --device cpu")
     args.device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     t_trains = [args.t_train or c.get("seq_len") for c in cfgs]
     if lm_metrics:
         missing = ", ".join(p for p, t in zip(args.ckpts, t_trains) if not t)
-        check(not missing, f"{missing}: no train_config seq_len (an official checkpoint?): pass --t-train N "
-                           "(the official Mamba-2 checkpoints: 2048)")
+        require(not missing, f"{missing}: no train_config seq_len (an official checkpoint?): pass --t-train "
+                             "N (the official Mamba-2 checkpoints: 2048)")
         args.eval_len = args.eval_len or 16 * max(t_trains)
-        check(args.eval_len > max(t_trains), f"--eval-len {args.eval_len} must be larger than t_train "
+        require(args.eval_len > max(t_trains), f"--eval-len {args.eval_len} must be larger than t_train "
                                              f"({max(t_trains)}): try --eval-len {16 * max(t_trains)}")
-        check(not args.effrem_len or 1 < args.effrem_len <= args.eval_len, f"--effrem-len {args.effrem_len} "
-              f"must lie in [2, --eval-len {args.eval_len}]: lower it or raise --eval-len")
+        require(not args.effrem_len or 1 < args.effrem_len <= args.eval_len, f"--effrem-len "
+                f"{args.effrem_len} must lie in [2, --eval-len {args.eval_len}]: lower it or raise that")
     args.tokenizer = _agree(args, cfgs, "tokenizer", required=False) or "bytes"
     seeds = {c["seed"] for c in cfgs if c.get("seed") is not None}  # training's seed chose the data split
-    check(len(seeds) <= 1, f"the checkpoints were trained with --seed {sorted(seeds)}, which split the data "
-                           "differently: evaluate them separately")
+    require(len(seeds) <= 1, f"the checkpoints were trained with --seed {sorted(seeds)}, which split the "
+                             "data differently: evaluate them separately")
     args.data_seed = seeds.pop() if seeds else 0
     args.babi_tasks = (_agree(args, cfgs, "babi_tasks", False) or ",".join(tasks.BABI_TASKS)).split(",")
-    check(set(args.babi_tasks) <= set(tasks.BABI_TASKS), f"unknown --babi-tasks {','.join(args.babi_tasks)}: "
-                                                         f"use a subset of {','.join(tasks.BABI_TASKS)}")
+    require(set(args.babi_tasks) <= set(tasks.BABI_TASKS),
+            f"unknown --babi-tasks {','.join(args.babi_tasks)}: use a subset of {','.join(tasks.BABI_TASKS)}")
     args.labels = args.labels or [os.path.basename(os.path.dirname(p) if p.endswith(".pt") else p.rstrip("/"))
                                   for p in args.ckpts]
-    check(not args.reference or args.reference in args.labels and "ppl" in args.metrics,
-          f"--reference {args.reference} must be one of the labels {args.labels} and needs --metrics ppl")
+    require(not args.reference or args.reference in args.labels and "ppl" in args.metrics,
+            f"--reference {args.reference} must be one of the labels {args.labels} and needs --metrics ppl")
     report = dict(args=dict(vars(args)), tokenizer=args.tokenizer, models=[])
     args.windows = args.optimal = args.filler = None
     if lm_metrics or "babilong" in args.metrics:
-        data = tasks.load_data(_agree(args, cfgs, "data", required=lm_metrics) or "stdlib",
-                               tokenizer=args.tokenizer, seed=args.data_seed)
+        corpus = data.load_data(_agree(args, cfgs, "data", required=lm_metrics) or "stdlib",
+                                tokenizer=args.tokenizer, seed=args.data_seed)
     if lm_metrics:  # windows from document starts where the process has an exact Bayes-optimal NLL
-        eot = data.eot_token if data.optimal_nll else None
-        args.windows = tasks.eval_windows(data.val, args.n_seqs, args.eval_len + 1, args.seed, eot)  # int64
+        eot = corpus.eot_token if corpus.optimal_nll else None
+        args.windows = data.eval_windows(corpus.val, args.n_seqs, args.eval_len + 1, args.seed, eot)  # int64
         args.edges = log_edges(args.eval_len, include=[t // d for t in t_trains for d in (1, 2)])  # p* window
-        report["data"] = data.name
-        if data.optimal_nll:
+        report["data"] = corpus.name
+        if corpus.optimal_nll:
             try:
-                args.optimal = bucketize(torch.as_tensor(data.optimal_nll(args.windows)), args.edges)
+                args.optimal = bucketize(torch.as_tensor(corpus.optimal_nll(args.windows)), args.edges)
             except ValueError as e:
                 raise ValueError(f"no exact loss floor at --eval-len {args.eval_len}: {e}") from None
             report["optimal"] = {k: v for k, v in args.optimal.items() if k != "per_seq"}
     if "babilong" in args.metrics:  # stories hidden in the validation split (training hid them in train)
-        check(data.tokenizer is not None, f"babilong: {data.name} is a synthetic process, not text to hide "
-                                          "stories in: pass --data stdlib (or a text path)")
-        args.filler = data.val
-        report.update(babi_tasks=args.babi_tasks, babi_filler=f"{data.name} (val split)")
+        require(corpus.tokenizer is not None, f"babilong: {corpus.name} is a synthetic process, not text to "
+                                              "hide stories in: pass --data stdlib (or a text path)")
+        args.filler = corpus.val
+        report.update(babi_tasks=args.babi_tasks, babi_filler=f"{corpus.name} (val split)")
     vocab = max([int(args.windows.max()) + 1 if lm_metrics else 0]
-                + [tasks.get_tokenizer(args.tokenizer).n_vocab] * bool(set(args.metrics) & set(TASK_METRICS)))
+                + [data.get_tokenizer(args.tokenizer).n_vocab] * bool(set(args.metrics) & set(TASK_METRICS)))
     for path, label, t_train in zip(args.ckpts, args.labels, t_trains):
         lm = model.from_pretrained(path, device=args.device)
-        check(vocab <= lm.cfg.vocab_size, f"{path}: the data / tokenizer has {vocab} token ids, the model "
-                                          f"{lm.cfg.vocab_size}: use the ones it was trained with")
+        require(vocab <= lm.cfg.vocab_size, f"{path}: the data / tokenizer has {vocab} token ids, the model "
+                                            f"{lm.cfg.vocab_size}: use the ones it was trained with")
         report["models"].append(measure(lm, t_train, args, label=label, path=path))
     per_seq = {m["label"]: m.pop("per_seq", None) for m in report["models"]}  # bucketed NLL [n, K]
     for m in [m for m in report["models"] if args.reference not in (None, m["label"])]:  # the same windows:
@@ -540,13 +541,15 @@ def measure(lm, t_train, args, **out):
         buckets = bucketize(nll, args.edges)
         out["per_seq"] = per_seq = buckets.pop("per_seq")
         out["ppl"] = dict(nll=nll.mean(0), nll_sem=_sem(nll), buckets=buckets)
-        short = short_context_nll(lm, args.windows, t_train, **{k: v for k, v in kw.items() if k != "progress"})
-        ref = torch.stack([short[:, lo:hi].nanmean(1) for lo, hi in zip(buckets["lo"], buckets["hi"])], 1)
-        out["verdict"] = length_generalization(per_seq, buckets["lo"], buckets["hi"], t_train, ref, seed=args.seed)
+        short = short_context_nll(lm, args.windows, t_train, **{k: kw[k] for k in kw if k != "progress"})
+        edges = list(zip(buckets["lo"], buckets["hi"]))
+        ref = torch.stack([short[:, lo:hi].nanmean(1) for lo, hi in edges], 1)  # same tokens, T_train context
+        out["verdict"] = length_generalization(per_seq, buckets["lo"], buckets["hi"], t_train, ref,
+                                               seed=args.seed)
         if args.optimal is not None:  # the same windows: a paired difference per sequence
             out["gap"] = _summary(per_seq - args.optimal["per_seq"])
     if "effrem" in args.metrics:
-        T = args.effrem_len or args.eval_len  # past T_train, where a failing model fails (the paper: 4 T_train)
+        T = args.effrem_len or args.eval_len  # where a failing model fails (the paper's T: 4 T_train)
         cuts = default_cuts(T, args.effrem_cuts)
         rows = effective_remembrance(lm, args.windows, T, cuts, args.distance, reduce=False, **kw)
         out["effrem"] = dict(T=T, distance=args.distance, cuts=cuts, mean=rows.mean(0), sem=_sem(rows))
@@ -567,20 +570,20 @@ def measure(lm, t_train, args, **out):
 def _agree(args, cfgs, key, required=True):
     """The flag's value, else the one train_config value of all checkpoints (they share data, tokenizer)."""
     values = {c[key] for c in cfgs if c.get(key) is not None}
-    check(getattr(args, key) is not None or len(values) == 1 or not required and not values,
-          f"{'the checkpoints disagree on' if values else 'no'} train_config {key} "
-          f"{sorted(map(str, values))}: pass --{key.replace('_', '-')}")
+    require(getattr(args, key) is not None or len(values) == 1 or not required and not values,
+            f"{'the checkpoints disagree on' if values else 'no'} train_config {key} "
+            f"{sorted(map(str, values))}: pass --{key.replace('_', '-')}")
     return getattr(args, key) if getattr(args, key) is not None else next(iter(values), None)
 
 
-def _check(tokens, min_len=1, T=None, cuts=None, distance="tv"):
+def _require_eval_inputs(tokens, min_len=1, T=None, cuts=None, distance="tv"):
     """The metrics' input check: integer tokens [n, >= min_len]; for EffRem also T, the cuts and distance."""
     tokens, cuts = torch.as_tensor(tokens), None if cuts is None else torch.as_tensor(cuts).long().flatten()
-    check(tokens.dim() == 2 and tokens.shape[1] >= min_len and not tokens.dtype.is_floating_point,
-          f"tokens must be integer ids of shape [n, T >= {min_len}], got {list(tokens.shape)}")
-    check(distance in DISTANCES, f"unknown distance {distance!r}: choose one of {sorted(DISTANCES)}")
-    check(T is None or 1 <= T <= tokens.shape[1] and len(cuts) and 0 <= cuts.min() and cuts.max() < T,
-          f"effective_remembrance: need T = {T} in [1, {tokens.shape[1]}], cuts in [0, T-1]")
+    require(tokens.dim() == 2 and tokens.shape[1] >= min_len and not tokens.dtype.is_floating_point,
+            f"tokens must be integer ids of shape [n, T >= {min_len}], got {list(tokens.shape)}")
+    require(distance in DISTANCES, f"unknown distance {distance!r}: choose one of {sorted(DISTANCES)}")
+    require(T is None or 1 <= T <= tokens.shape[1] and len(cuts) and 0 <= cuts.min() and cuts.max() < T,
+            f"effective_remembrance: need T = {T} in [1, {tokens.shape[1]}], cuts in [0, T-1]")
     return tokens.long(), cuts
 
 

@@ -12,12 +12,6 @@ of long sequences. Each strategy answers one question, "what is this batch's ini
     sp      the previous batch's final states, detached; rows reset with prob p  (State Passing)
     tbtt    the final state of the previous chunk of the SAME document          (TBTT)
 
-Interface used by train.py (duck-typed, no base class):
-    s = make_strategy(name, lm, batch_size, **options)
-    state = s.initial_state(batch)     # before the forward; None means zeros
-    s.observe(final_state)             # after the forward
-    s.state_dict() / s.load_state_dict(d)   # so a resumed run continues exactly
-
 A layer's state is the matrix state "h" plus the short memory of the layer ("conv" window of Mamba,
 "shift"/"ffn_shift" token shift of RWKV). random/fitted put noise on "h" only and keep the rest at
 zero: the paper models the distribution of the matrix state, and a conv window / token shift is just
@@ -33,24 +27,22 @@ class Zero:
     """The baseline: every training sequence starts from h = 0."""
 
     def __init__(self, lm, batch_size, **_):
-        pass
+        """Nothing to hold."""
     def initial_state(self, batch):
-        return None
+        """h_{-1} = 0: None, which the model reads as its zero state."""
     def observe(self, final_state):
-        pass
+        """Nothing: h_T is not used."""
     def state_dict(self):
+        """-> {}: nothing to save."""
         return {}
     def load_state_dict(self, d):
-        pass
+        """Nothing to restore."""
 
 
 class Noise:
-    """h_{-1} ~ N(mu, var) iid, with mu and var per layer and per head (dim 1 of "h" is the head).
-    Random Noise: mu = 0, var = sigma^2 everywhere, never updated (App. F: sigma must be tuned).
+    """Random Noise: mu = 0, var = sigma^2 in all layers and heads, never updated (App. F: tune sigma).
     Fitted Noise (fit=True): mu = var = 0 at first (the first batch starts from zero), then after every
-    batch an exponential moving average (Mean/Var per head over the batch and the head's state dims):
-        mu  <- 0.9 * Mean(h_T) + 0.1 * mu
-        var <- 0.9 * Var(h_T)  + 0.1 * var"""
+    batch an exponential moving average of Mean/Var per head over the batch and the head's state dims."""
 
     def __init__(self, lm, batch_size, sigma=0.1, fit=False, seed=0, **_):
         self.lm, self.batch_size, self.fit = lm, batch_size, fit
@@ -60,6 +52,7 @@ class Noise:
         self.var = [torch.full((h,), 0.0 if fit else sigma ** 2) for h in n_heads]
 
     def initial_state(self, batch):
+        """h_{-1} ~ N(mu, var) iid, per layer and head (dim 1 of "h"); conv window / token shift stay 0."""
         state = self.lm.zero_state(self.batch_size)
         for layer, mu, var in zip(state, self.mu, self.var):
             h = layer["h"]
@@ -69,6 +62,7 @@ class Noise:
         return state
 
     def observe(self, final_state):
+        """Fitted: mu <- 0.9 * Mean(h_T) + 0.1 * mu and var <- 0.9 * Var(h_T) + 0.1 * var; random: nothing."""
         if not self.fit:
             return
         for i, layer in enumerate(final_state):
@@ -77,9 +71,11 @@ class Noise:
             self.var[i] = 0.9 * h.var(1, unbiased=False) + 0.1 * self.var[i]
 
     def state_dict(self):
+        """-> mu, var and the noise generator: a resumed run draws the h_{-1} it would have drawn."""
         return {"gen": self.gen.get_state(), "mu": self.mu, "var": self.var}
 
     def load_state_dict(self, d):
+        """Restores state_dict()'s mu, var and generator, on the CPU where the noise is drawn."""
         self.gen.set_state(d["gen"].cpu())
         self.mu, self.var = [t.cpu() for t in d["mu"]], [t.cpu() for t in d["var"]]
 
@@ -89,8 +85,8 @@ class PassedState:
     accumulates in the forward pass only; gradients stay inside the batch). Which rows restart from zero:
       sp    rows are unrelated sequences (shuffled windows); each is reset with probability p_reset,
             so the model keeps seeing the zero state it is evaluated from.
-      tbtt  row r reads one document in consecutive chunks (tasks.DocumentStreams), chunk k after
-            chunk k-1; a row that starts a new document (batch["new_doc"]) starts from zero."""
+      tbtt  row r reads one document in consecutive chunks (data.DocumentStreams), chunk k after
+            chunk k-1; a row that starts a new document (batch.new_doc) starts from zero."""
 
     def __init__(self, lm, batch_size, p_reset=0.1, seed=0, by_document=False, **_):
         self.batch_size, self.p_reset, self.by_document = batch_size, p_reset, by_document
@@ -98,20 +94,24 @@ class PassedState:
         self.passed = None  # final state of the previous batch
 
     def initial_state(self, batch):
-        if self.passed is None:
+        """h_{-1} = the previous batch's h_T, zero in the rows reset (sp) or starting a document (tbtt)."""
+        if self.passed is None:  # the first batch: the zero state
             return None
-        keep = (~batch["new_doc"] if self.by_document
+        keep = (~batch.new_doc if self.by_document
                 else torch.rand(self.batch_size, generator=self.gen) >= self.p_reset)
         return [{k: v * keep.to(v).view(-1, *[1] * (v.dim() - 1)) for k, v in layer.items()}
                 for layer in self.passed]
 
     def observe(self, final_state):
+        """Keeps h_T, every layer's whole state detached in float32, as the next batch's h_{-1}."""
         self.passed = [{k: v.detach().float() for k, v in layer.items()} for layer in final_state]
 
     def state_dict(self):
+        """-> the passed h_T and the reset generator: a resumed run continues from the same states."""
         return {"gen": self.gen.get_state(), "passed": self.passed}
 
     def load_state_dict(self, d):
+        """Restores state_dict()'s passed h_T and reset generator."""
         self.gen.set_state(d["gen"].cpu())
         self.passed = d["passed"]
 
@@ -121,6 +121,7 @@ STRATEGIES = {"zero": Zero, "random": Noise, "fitted": partial(Noise, fit=True),
 
 
 def make_strategy(name, lm, batch_size, **options):
+    """-> the strategy of --init-state `name` (STRATEGIES), for batches of batch_size rows of lm's state."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown --init-state {name!r}: choose one of {', '.join(STRATEGIES)}")
     return STRATEGIES[name](lm, batch_size, **options)

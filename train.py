@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import data
 import interventions
 import model
 import tasks
@@ -84,7 +85,7 @@ def get_args(argv=None):
     args = p.parse_args(argv)
     resolve(args)
     if not args.demo:
-        check(args)
+        exit_on_bad_flags(args)
     return args
 
 
@@ -122,7 +123,7 @@ def resolve(args):
         args.steps = max(1, int(args.tokens // per_step))
 
 
-def check(args):
+def exit_on_bad_flags(args):
     """Every flag's value, in one place: the first problem is one line naming the flag and the fix."""
     fin = math.isfinite
     positive = ("seq_len", "batch_size", "grad_accum", "steps", "ckpt_interval", "eval_interval", "eval_batches")
@@ -168,7 +169,7 @@ def main(argv=None):
     try:
         args = get_args(argv)
         return demo(f"{args.out}/demo", args.seed, args.device, args.quiet) if args.demo else train(args)
-    except (OSError, ValueError, tasks.TokenizerUnavailableError) as e:  # bad input: one line, no traceback
+    except (OSError, ValueError, data.TokenizerUnavailableError) as e:  # bad input: one line, no traceback
         sys.exit(f"error: {e}")
 
 
@@ -177,8 +178,9 @@ def accumulate_gradients(fwd, sampler, strategy, n_micro, device, autocast=nullc
     Each micro-batch is a batch for the strategy. no_sync (DDP): all-reduce on the last micro-batch only."""
     total, tokens = 0.0, 0
     for micro in range(n_micro):
-        x, y, *new_doc = (t.to(device) for t in sampler.next_batch())  # DocumentStreams: rows starting a document
-        initial_state = strategy.initial_state({"x": x, "y": y, "new_doc": new_doc[0] if new_doc else None})
+        batch = sampler.next_batch()  # data.Batch: x, y and (DocumentStreams) the rows that start a document
+        x, y = batch.x.to(device), batch.y.to(device)
+        initial_state = strategy.initial_state(batch)
         with fwd.no_sync() if no_sync and micro < n_micro - 1 else nullcontext():
             with autocast:
                 logits, final_state = fwd(x, state=initial_state)
@@ -198,18 +200,18 @@ def train(args):
         torch.distributed.init_process_group("gloo" if device.type == "cpu" else "nccl")
     os.makedirs(args.out, exist_ok=True)
     # --- data ---------------------------------------------------------------------------------------------
-    data = tasks.load_data(args.data, args.tokenizer, args.seed) if args.task in ("lm", "babilong") else None
+    corpus = data.load_data(args.data, args.tokenizer, args.seed) if args.task in ("lm", "babilong") else None
     if args.task == "lm":
-        Sampler = tasks.DocumentStreams if args.init_state == "tbtt" or args.streams else tasks.RandomWindows
-        eot = (data.eot_token,) if Sampler is tasks.DocumentStreams else ()
-        sampler = Sampler(data.train, *eot, args.batch_size, args.seq_len, args.seed + rank)
-        val_sampler = tasks.RandomWindows(data.val, args.batch_size, args.seq_len, 10_000 + args.seed)
+        Sampler = data.DocumentStreams if args.init_state == "tbtt" or args.streams else data.RandomWindows
+        eot = (corpus.eot_token,) if Sampler is data.DocumentStreams else ()
+        sampler = Sampler(corpus.train, *eot, args.batch_size, args.seq_len, args.seed + rank)
+        val_sampler = data.RandomWindows(corpus.val, args.batch_size, args.seq_len, 10_000 + args.seed)
     else:  # babilong hides its stories in --data text (train / val split); passkey and copy bring their own
-        if data is not None and data.tokenizer is None:
-            raise ValueError(f"--task babilong hides its stories in --data text, but {data.name} is not text")
-        sampler = make_task_sampler(args, args.seed + rank, data and data.train)
-        val_sampler = make_task_sampler(args, 10_000 + args.seed, data and data.val)
-    vocab_size = data.vocab_size if data else tasks.get_tokenizer(args.tokenizer).n_vocab
+        if corpus is not None and corpus.tokenizer is None:
+            raise ValueError(f"--task babilong hides its stories in --data text, but {corpus.name} is not text")
+        sampler = make_task_sampler(args, args.seed + rank, corpus and corpus.train)
+        val_sampler = make_task_sampler(args, 10_000 + args.seed, corpus and corpus.val)
+    vocab_size = corpus.vocab_size if corpus else data.get_tokenizer(args.tokenizer).n_vocab
     val_state0 = val_sampler.state_dict()  # the same validation batches at every evaluation
     # --- model, optimizer, strategy -------------------------------------------------------------------------
     ckpt_path, step = os.path.join(args.out, "ckpt.pt"), 0
@@ -240,7 +242,7 @@ def train(args):
     fwd = torch.nn.parallel.DistributedDataParallel(lm) if ddp else lm  # the model is on this rank's device
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     if master:
-        print(f"{lm.extra_repr()}, data {data.name if data else args.task}, --init-state {args.init_state}"
+        print(f"{lm.extra_repr()}, data {corpus.name if corpus else args.task}, --init-state {args.init_state}"
               f"{' --streams' * args.streams}, {args.steps} steps of {args.grad_accum * world * args.batch_size} x "
               f"{args.seq_len} tokens, lr {args.lr:g}, {device}" + (f", resuming at step {step}" if resume else ""))
     # --- the loop -------------------------------------------------------------------------------------------
@@ -332,8 +334,8 @@ def make_task_sampler(args, seed, filler_tokens):
     babi = args.task == "babilong"
     kw = dict(babi_tasks=tuple(args.babi_tasks.split(",")), filler_tokens=filler_tokens) if babi else {}
     length = tuple(map(int, args.copy_len.split(","))) if args.task == "copy" else args.seq_len + 1
-    return tasks.TaskSampler(tasks.babi_mixture if babi else tasks.TASKS[args.task], args.batch_size, seed,
-                             tokenizer=args.tokenizer, length=length, **kw)
+    return data.TaskSampler(tasks.babi_mixture if babi else tasks.TASKS[args.task], args.batch_size, seed,
+                            tokenizer=args.tokenizer, length=length, **kw)
 
 
 @torch.no_grad()
@@ -341,7 +343,7 @@ def evaluate_loss(lm, sampler, n_batches, device, autocast):
     """Mean next-token loss (tasks: per answer token) on validation batches, from the zero state."""
     lm.eval()
     total, count = 0.0, 0
-    for x, y, *_ in (sampler.next_batch() for _ in range(n_batches)):
+    for x, y, _ in (sampler.next_batch() for _ in range(n_batches)):
         with autocast:
             logits = lm(x.to(device))[0].float().flatten(0, 1)
         total += F.cross_entropy(logits, y.to(device).flatten(), ignore_index=-100, reduction="sum").item()

@@ -21,7 +21,8 @@ import model  # noqa: E402
 # a tiny train.py run on a Markov corpus (add --steps, --out and what the test is about)
 TRAIN = ["--data", "markov:k=4,alpha=0.5,doc_len=200,docs=40", "--seq-len", "16", "--batch-size", "4",
          "--eval-interval", "1000", "--quiet"]
-CORPUS_TEXT = "".join(f"def f{i}(x):\n    return x + {i}  # the river runs down to the sea\n\n" for i in range(60))
+CORPUS_TEXT = "".join(f"def f{i}(x):\n    return x + {i}  # the river runs down to the sea\n\n"
+                      for i in range(60))
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""bench.py stays runnable: its timed forms agree (CPU); a sane training row; one line for an unknown preset."""
+"""bench.py stays runnable: its timed forms agree (CPU), a sane training row, one line for a bad preset."""
 import argparse
 
 import pytest
@@ -9,7 +9,7 @@ import model
 
 
 def test_bench_scans_and_eval_time_agreeing_forms(capsys, monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # (conftest's, for the scan tests): no Triton column
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # conftest's (scan tests): no Triton column
     args = argparse.Namespace(lengths=[37], repeats=1, bf16=False, scan_batch=1, paper_shapes=False)
     rows = bench.bench_scans(args, torch.device("cpu"))
     assert [r["scan"] for r in rows] == list(bench.SCANS)

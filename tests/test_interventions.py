@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
+import data
 import interventions
-import tasks
 from conftest import tiny_lm
 
 
@@ -19,7 +19,7 @@ def known_states(lm, batch, value_fn):
 
 @pytest.mark.parametrize("arch", ["mamba2", "rwkv6"])
 def test_random_has_the_asked_sigma_and_zero_conv_or_shift(arch):
-    state = interventions.make_strategy("random", tiny_lm(arch), 64, sigma=0.37, seed=1).initial_state({})
+    state = interventions.make_strategy("random", tiny_lm(arch), 64, sigma=0.37, seed=1).initial_state(None)
     for layer in state:
         assert abs(layer["h"].std().item() - 0.37) < 0.01 and abs(layer["h"].mean().item()) < 0.01
         assert all(v.abs().sum() == 0 for k, v in layer.items() if k != "h"), "conv / token shift stay zero"
@@ -37,7 +37,7 @@ def test_fitted_follows_the_ema_rule_and_samples_its_moments():
         torch.testing.assert_close(s.var[i], torch.full_like(j, 0.1 * 0.9))
     s = interventions.make_strategy("fitted", lm, 256, seed=3)   # samples have the fitted moments
     s.observe(known_states(lm, 256, lambda i, j, shape: (j - 3.0) + (0.5 + j) * torch.randn(shape)))
-    for i, layer in enumerate(s.initial_state({})):
+    for i, layer in enumerate(s.initial_state(None)):
         h = layer["h"].transpose(0, 1).flatten(1)
         torch.testing.assert_close(h.mean(1), s.mu[i], atol=0.05, rtol=0.02)
         torch.testing.assert_close(h.var(1), s.var[i], atol=0.05, rtol=0.05)
@@ -47,12 +47,12 @@ def test_fitted_follows_the_ema_rule_and_samples_its_moments():
 def test_sp_passes_the_previous_final_state_except_reset_rows():
     lm = tiny_lm()
     s = interventions.make_strategy("sp", lm, 400, p_reset=0.1, seed=0)
-    assert s.initial_state({}) is None  # nothing to pass before the first batch: the zero state, as "zero"'s
-    assert interventions.make_strategy("zero", lm, 3).initial_state({}) is None  # None: lm.zero_state
+    assert s.initial_state(None) is None  # nothing passed before the first batch: zero, as "zero"'s
+    assert interventions.make_strategy("zero", lm, 3).initial_state(None) is None  # None: lm.zero_state
     final = [{k: torch.randn_like(v) + 5 for k, v in layer.items()} for layer in lm.zero_state(400)]
     final[0]["h"].requires_grad_(True)
     s.observe(final)
-    init = s.initial_state({})
+    init = s.initial_state(None)
     reset = init[0]["h"].flatten(1).abs().sum(1) == 0
     for layer, fin in zip(init, final):
         for k in layer:
@@ -66,24 +66,24 @@ def test_tbtt_row_starting_a_new_document_starts_from_zero_the_others_continue()
     lm = tiny_lm("rwkv6")
     s = interventions.make_strategy("tbtt", lm, 3)
     s.observe([{k: torch.randn_like(v) + 5 for k, v in layer.items()} for layer in lm.zero_state(3)])
-    init = s.initial_state({"new_doc": torch.tensor([False, True, False])})
+    init = s.initial_state(data.Batch(None, None, new_doc=torch.tensor([False, True, False])))
     for layer in init:
         for v in layer.values():
             assert v[1].abs().sum() == 0 and (v[[0, 2]] != 0).all()
-    # two documents read in chunks of 9 (tasks.DocumentStreams): with TBTT's carried state, the chunks' logits
+    # two documents read in chunks of 9 (data.DocumentStreams): with TBTT's carried state, the chunks' logits
     # equal those of each row's chunks run at once
     lm = tiny_lm("gla").eval()
     rng = np.random.default_rng(0)
     tokens = np.concatenate([np.r_[19, rng.integers(0, 19, 40)] for _ in range(2)]).astype(np.uint16)
-    sampler = tasks.DocumentStreams(tokens, 19, batch_size=2, seq_len=9, seed=0)
+    sampler = data.DocumentStreams(tokens, 19, batch_size=2, seq_len=9, seed=0)
     s = interventions.make_strategy("tbtt", lm, 2)
     xs, logits = [], []
     for k in range(4):  # 36 tokens of each 41-token document
-        x, y, new_doc = sampler.next_batch()
-        assert new_doc.tolist() == [k == 0] * 2  # each row stays in its document
-        out, final = lm(x, state=s.initial_state({"x": x, "y": y, "new_doc": new_doc}))
+        batch = sampler.next_batch()
+        assert batch.new_doc.tolist() == [k == 0] * 2  # each row stays in its document
+        out, final = lm(batch.x, state=s.initial_state(batch))
         s.observe(final)
-        xs.append(x)
+        xs.append(batch.x)
         logits.append(out.detach())
     with torch.no_grad():
         torch.testing.assert_close(torch.cat(logits, 1), lm(torch.cat(xs, 1))[0], atol=1e-5, rtol=1e-5)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+import data
 import evaluate
 import interventions
 import model
-import tasks
 import train
 from conftest import CORPUS_TEXT, ROOT, TRAIN, logged, official_dir, tiny_lm
 from test_model import OFFICIAL_CONFIG, OFFICIAL_MAMBA2_LAYER, official_state_dict
@@ -33,9 +33,10 @@ def test_resume_after_interrupt_reproduces_the_loss_trajectory(tmp_path, flags):
 
 def test_two_process_gloo_ddp_resumes_exactly(tmp_path):
     def torchrun(*flags):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-               os.path.join(ROOT, "train.py"), *TRAIN, "--steps", "4", "--ckpt-interval", "2", "--device", "cpu", *flags]
-        r = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
+               f"{ROOT}/train.py", *TRAIN, "--steps", "4", "--ckpt-interval", "2", "--device", "cpu", *flags]
+        r = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                           timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     torchrun("--out", a)
@@ -50,7 +51,7 @@ def test_post_training_inherits_data_seq_len_and_a_tenth_of_the_peak_lr(tmp_path
     # a base trained at --lr 1e-3 (not the tiny preset's 3e-3): post-training defaults to 1e-4, its data and
     # T_train; a second post-training still to 1e-4 (peak_lr is inherited); each checkpoint loads back
     base, post, post2 = (str(tmp_path / n) for n in ("base", "post", "post2"))
-    lm = train.main(TRAIN + ["--arch", "rwkv6", "--init-state", "zero", "--steps", "1", "--lr", "1e-3", "--out", base])
+    lm = train.main(TRAIN + ["--arch=rwkv6", "--init-state=zero", "--steps=1", "--lr=1e-3", "--out", base])
     x = torch.randint(0, 5, (1, 6))
     with torch.no_grad():
         torch.testing.assert_close(lm.eval()(x)[0], model.from_pretrained(base).eval()(x)[0])
@@ -69,16 +70,16 @@ def test_post_training_an_official_checkpoint_on_a_tokenizer_json_corpus(tok_jso
     official = official_dir(tmp_path / "official", sd, **config)
     post, eval_out = str(tmp_path / "post"), tmp_path / "eval"
     (tmp_path / "long.txt").write_text(CORPUS_TEXT * 3)
-    monkeypatch.setattr(tasks, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
-    data = ["--data", str(tmp_path / "long.txt"), "--tokenizer", tok_json]
-    train.main(TRAIN + data + ["--init-from", official, "--init-state", "sp", "--steps", "2", "--out", post])
+    monkeypatch.setattr(data, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
+    text = ["--data", str(tmp_path / "long.txt"), "--tokenizer", tok_json]
+    train.main(TRAIN + text + ["--init-from", official, "--init-state", "sp", "--steps", "2", "--out", post])
     assert json.load(open(os.path.join(post, "args.json")))["lr"] == pytest.approx(train.PEAK_LR["tiny"] / 10)
     assert model.from_pretrained(post).cfg == model.from_pretrained(official).cfg
     for path in (official, post):
         argv = [path, "--t-train", "16", "--eval-len", "64", "--n-seqs", "2", "--metrics", "ppl"]
-        assert evaluate.main(argv + data + ["--out", str(eval_out)]) == 0
+        assert evaluate.main(argv + text + ["--out", str(eval_out)]) == 0
         report = json.load(open(eval_out / "eval.json"))
-        assert report["args"]["tokenizer"] == tok_json and np.isfinite(report["models"][0]["ppl"]["nll"]).all()
+        assert report["args"]["tokenizer"] == tok_json and all(np.isfinite(report["models"][0]["ppl"]["nll"]))
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "rwkv6"])
@@ -88,7 +89,7 @@ def test_two_micro_batches_give_the_gradient_of_one_batch_twice_as_large(arch):
     grads = {}
     for n_micro, batches in ((1, [(x, y)]), (2, [(x[:4], y[:4]), (x[4:], y[4:])])):
         lm.zero_grad(set_to_none=True)
-        sampler = types.SimpleNamespace(next_batch=iter(batches).__next__)
+        sampler = types.SimpleNamespace(next_batch=(data.Batch(*b, None) for b in batches).__next__)
         strategy = interventions.make_strategy("zero", lm, len(batches[0][0]))
         loss, tokens = train.accumulate_gradients(lm, sampler, strategy, n_micro, torch.device("cpu"))
         assert tokens == x.numel()
