@@ -30,6 +30,159 @@ import interventions
 import model
 import tasks
 
+
+def accumulate_gradients(fwd, sampler, strategy, n_micro, device, autocast=nullcontext(), no_sync=False):
+    """The gradients of one optimizer step, the paper's loop: initial state -> forward -> backward -> observe.
+    Each micro-batch is a batch for the strategy. no_sync (DDP): all-reduce on the last micro-batch only."""
+    total = 0.0
+    tokens = 0
+    for micro in range(n_micro):
+        batch = sampler.next_batch()  # data.Batch: x, y and (DocumentStreams) the rows that start a document
+        x = batch.x.to(device)
+        y = batch.y.to(device)
+        initial_state = strategy.initial_state(batch)
+        with fwd.no_sync() if no_sync and micro < n_micro - 1 else nullcontext():
+            with autocast:
+                logits, final_state = fwd(x, state=initial_state)
+                # task batches mark every non-answer target -100: the mean over the answer tokens
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
+            (loss / n_micro).backward()  # the gradient of the mean over the micro-batches
+        strategy.observe(final_state)
+        total += loss.item()
+        tokens += x.numel()
+    return total / n_micro, tokens
+
+
+def train(args):
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    ddp = "RANK" in os.environ
+    auto = f"cuda:{rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
+    device = torch.device(auto if args.device == "auto" else args.device)
+    if ddp:  # one process per device; each rank keeps its own sampler and strategy, as one process would
+        torch.distributed.init_process_group("gloo" if device.type == "cpu" else "nccl")
+    os.makedirs(args.out, exist_ok=True)
+    sampler, val_sampler, vocab_size, source = setup_data(args, rank)
+    val_state0 = val_sampler.state_dict()  # the same validation batches at every evaluation
+    ckpt_path = os.path.join(args.out, "ckpt.pt")
+    lm, optimizer, strategy, step = setup_model(args, device, vocab_size, sampler, ckpt_path, rank, world)
+    fwd = torch.nn.parallel.DistributedDataParallel(lm) if ddp else lm  # the model is on this rank's device
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+    master = rank == 0
+    if master:
+        print(f"{lm.extra_repr()}, data {source}, --init-state {args.init_state}{' --streams' * args.streams}"
+              f", {args.steps} steps of {args.grad_accum * world * args.batch_size} x {args.seq_len} tokens, "
+              f"lr {args.lr:g}, {device}" + (f", resuming at step {step}" if step else ""))
+    with open_run(args, step) if master else nullcontext() as log:
+        bar = tqdm(total=args.steps, initial=step, disable=args.quiet or not master, file=sys.stdout)
+        t0 = time.time()
+        start = step
+        saved_step = step or None  # resumed: the checkpoint's step
+        while step < min(args.steps, args.stop_at or args.steps):  # --stop-at: as if killed after that step
+            lr = lr_at(step, args)
+            for group in optimizer.param_groups:
+                group["lr"] = lr * group["lr_scale"]
+            optimizer.zero_grad(set_to_none=True)
+            loss, tokens = accumulate_gradients(fwd, sampler, strategy, args.grad_accum, device, amp, ddp)
+            grad_norm = torch.nn.utils.clip_grad_norm_(lm.parameters(), args.grad_clip).item()
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # stop before breaking the weights
+                diverged(args, step + 1, f"loss {loss:g}, gradient norm {grad_norm:g}", saved_step)
+            optimizer.step()
+            step += 1
+            record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                      "tokens_per_s": tokens * world * (step - start) / max(time.time() - t0, 1e-9)}
+            save = step % args.ckpt_interval == 0 or step == args.steps
+            if save or step % args.eval_interval == 0:
+                val_sampler.load_state_dict(val_state0)
+                record["val_loss"] = evaluate_loss(lm, val_sampler, args.eval_batches, device, amp)
+            if master:
+                print(json.dumps(record), file=log, flush=True)
+                bar.set_postfix({k: f"{v:.3g}" for k, v in record.items() if k != "step"})
+                bar.update(1)
+            if save:
+                if not math.isfinite(record["val_loss"]):  # only weights with a finite val loss are saved
+                    diverged(args, step, "the validation loss", saved_step)
+                save_checkpoint(ckpt_path, lm, optimizer, step, args, sampler, strategy, rank, world)
+                saved_step = step
+        bar.close()
+        if master:
+            print(f"done: step {step}, {time.time() - t0:.0f}s, checkpoint {ckpt_path}")
+    if ddp:
+        torch.distributed.destroy_process_group()
+    return lm
+
+
+def setup_data(args, rank):
+    """-> (sampler, val_sampler, vocab_size, the data's name): windows of --data, or --task's examples."""
+    corpus = data.load_data(args.data, args.tokenizer, args.seed) if args.task in ("lm", "babilong") else None
+    if args.task == "babilong" and corpus.tokenizer is None:
+        raise ValueError(f"--task babilong hides its stories in --data text, but {corpus.name} is not text")
+    if args.task == "lm":
+        Sampler = data.DocumentStreams if args.init_state == "tbtt" or args.streams else data.RandomWindows
+        eot = (corpus.eot_token,) if Sampler is data.DocumentStreams else ()
+        sampler = Sampler(corpus.train, *eot, args.batch_size, args.seq_len, args.seed + rank)
+        val_sampler = data.RandomWindows(corpus.val, args.batch_size, args.seq_len, 10_000 + args.seed)
+    else:  # babilong hides its stories in --data text (train / val split); passkey and copy bring their own
+        sampler = make_task_sampler(args, args.seed + rank, corpus and corpus.train)
+        val_sampler = make_task_sampler(args, 10_000 + args.seed, corpus and corpus.val)
+    vocab_size = corpus.vocab_size if corpus else data.get_tokenizer(args.tokenizer).n_vocab
+    return sampler, val_sampler, vocab_size, corpus.name if corpus else args.task
+
+
+def setup_model(args, device, vocab_size, sampler, path, rank, world):
+    """-> (lm, optimizer, strategy, step): new, --init-from's, or resumed from `path` with the sampler."""
+    torch.manual_seed(args.seed)
+    resume = model.read_checkpoint(path, device) if args.resume else None
+    if resume:
+        if not {"model_config", "model", "optimizer", "step", "sampler", "strategy"} <= resume.keys():
+            raise ValueError(f"{path} is not a checkpoint of train.py: it cannot be resumed")
+        if len(resume["sampler"]) != world:
+            raise ValueError(f"{path} was saved by {len(resume['sampler'])} processes, this run has {world}: "
+                             f"resume with as many (torchrun --nproc_per_node {len(resume['sampler'])})")
+        lm = model.LM(model.ModelConfig(**resume["model_config"]))
+        lm.load_state_dict(resume["model"])
+    else:
+        lm = model.from_pretrained(args.init_from) if args.init_from else \
+            model.LM(model.make_config(args.arch, args.size, vocab_size=vocab_size))
+    args.arch = lm.cfg.arch
+    if lm.cfg.vocab_size < vocab_size:
+        raise ValueError(f"the data's vocabulary ({vocab_size}) exceeds the model's: use its --tokenizer")
+    optimizer = make_optimizer(lm.to(device), args.lr, args.weight_decay, device)
+    strategy = interventions.make_strategy(args.init_state, lm, args.batch_size, sigma=args.sigma,
+                                           p_reset=args.p_reset, seed=args.seed + rank)
+    if resume:
+        optimizer.load_state_dict(resume["optimizer"])
+        sampler.load_state_dict(resume["sampler"][rank])
+        strategy.load_state_dict(resume["strategy"][rank])
+    return lm, optimizer, strategy, resume["step"] if resume else 0
+
+
+# The demo: a tiny Mamba-1 whose state channels barely decay within T_train ("tiny-slow"), trained from the
+# zero state on Python source bytes at T_train = 16: past T_train its state drifts to values it never learned
+# to read and perplexity rises (the paper's failure). Then 10% more steps three ways: the zero state again
+# (the matched control), State Passing and TBTT. docs/RESULTS.md has the measured numbers.
+DEMO = dict(arch="mamba1", size="tiny-slow", data="stdlib", seq_len=16, batch_size=16, base_steps=1500,
+            post_steps=150, eval_len=1024, n_seqs=64)
+
+
+def demo(out, seed=0, device="auto", quiet=False, **overrides):
+    """Failure and fix at once: a zero-state base, post-trained three ways, evaluated to 64 x T_train."""
+    import evaluate
+    d = {**DEMO, **overrides}  # tests shrink it
+    common = ["--data", d["data"], "--seq-len", str(d["seq_len"]), "--batch-size", str(d["batch_size"]),
+              "--seed", str(seed), "--device", device, "--eval-interval", "100000"] + ["--quiet"] * quiet
+    runs = {label: os.path.join(out, label) for label in ("base", "control", "SP", "TBTT")}
+    for i, (label, strategy) in enumerate(zip(runs, ("zero", "zero", "sp", "tbtt"))):
+        print(f"demo {i + 1}/4: {label}, --init-state {strategy}" + ", post-training the base" * (i > 0))
+        model_flags = ["--init-from", runs["base"], "--steps", str(d["post_steps"])] if i else \
+            ["--arch", d["arch"], "--size", d["size"], "--steps", str(d["base_steps"])]
+        main(common + model_flags + ["--init-state", strategy, "--out", runs[label]])
+    return evaluate.main([*runs.values(), "--labels", *runs, "--metrics", "ppl,state", "--reference",
+                          "control", "--eval-len", str(d["eval_len"]), "--n-seqs", str(d["n_seqs"]), "--seed",
+                          str(seed), "--device", device, "--out", out])
+
+
+# --- flags, run files and helpers --------------------------------------------------------------------------
 # Peak learning rates from scratch: the paper's Table 2 for its sizes; tiny tuned for the CPU demos.
 PEAK_LR = {"tiny": 3e-3, "45m": 1.5e-3, "70m": 1.5e-3, "85m": 1.5e-3, "125m": 1e-3, "130m": 1e-3,
            "370m": 7.5e-4, "780m": 5e-4, "1.3b": 4e-4}
@@ -38,27 +191,27 @@ FLAGS = [
     ("init-state", list(interventions.STRATEGIES), "sp", "initial state of each training sequence"),
     ("sigma", float, 0.1, "std of the random initial state"),
     ("p-reset", float, 0.1, "SP: probability that a row restarts from zero"),
-    ("streams", bool, False, "each row reads one document in order, as TBTT (zero + --streams: TBTT's control)"),
-    ("task", ["lm"] + list(tasks.TASKS), "lm", "next-token prediction on --data, or a Sec. 5 task (loss: answer)"),
+    ("streams", bool, False, "rows read one document in order, as TBTT (zero + --streams: TBTT's control)"),
+    ("task", ["lm"] + list(tasks.TASKS), "lm", "next tokens of --data, or a Sec. 5 task (loss: the answer)"),
     ("copy-len", str, "50,100", "--task copy: string lengths LO,HI"),
     ("babi-tasks", str, ",".join(tasks.BABI_TASKS), "--task babilong: the bAbI tasks hidden in --data text"),
     ("arch", list(model.ARCHS), "mamba2", "recurrent architecture"),
     ("size", str, "tiny", "a preset of model.PRESETS"),
     ("init-from", str, None, "post-train this: a run directory or an official state-spaces/mamba one"),
     ("data", str, "stdlib", "stdlib, a text file or dir, a .bin or markov:k=8 (post-training: the parent's)"),
-    ("tokenizer", str, "bytes", "bytes or PATH/tokenizer.json, e.g. GPT-NeoX's (post-training: the parent's)"),
+    ("tokenizer", str, "bytes", "bytes or PATH/tokenizer.json, e.g. GPT-NeoX's (post-training: parent's)"),
     ("seq-len", int, 64, "T_train (post-training: the parent's)"),
     ("batch-size", int, 16, "sequences per micro-batch and process"),
     ("grad-accum", int, 1, "micro-batches per optimizer step; each is a batch for the strategy"),
     ("steps", int, 1500, "optimizer steps"),
     ("tokens", float, None, "a token budget instead of --steps (e.g. 5e6)"),
-    ("lr", float, None, "peak lr (default: PEAK_LR of the size; post-training: a tenth of the parent's peak)"),
+    ("lr", float, None, "peak lr (default: PEAK_LR of the size; post-training: a tenth of the parent's)"),
     ("min-lr", float, 1e-5, "end of the cosine decay"),
     ("warmup", float, 0.1, "fraction of the steps of linear warm-up"),
     ("weight-decay", float, 0.01, "AdamW weight decay of the matrices"),
     ("grad-clip", float, 1.0, "gradient norm clip (inf: none)"),
     ("out", str, "out", "run directory; a new run needs one without ckpt.pt"),
-    ("resume", bool, False, "continue --out as configured (--steps, intervals, --lr, --grad-clip may change)"),
+    ("resume", bool, False, "resume --out as configured (--steps, intervals, --lr, --grad-clip may change)"),
     ("ckpt-interval", int, 250, "checkpoint every N steps and at the end"),
     ("eval-interval", int, 250, "validation loss every N steps"),
     ("eval-batches", int, 8, "validation batches per evaluation"),
@@ -66,7 +219,7 @@ FLAGS = [
     ("device", str, "auto", "auto (CUDA when present), cpu, cuda, cuda:1 ..."),
     ("stop-at", int, None, "stop after this step as if killed (to test --resume)"),
     ("quiet", bool, False, "no progress bar"),
-    ("demo", bool, False, "the failure-and-fix demo (CPU minutes; uses only --out, --seed, --device, --quiet)"),
+    ("demo", bool, False, "failure-and-fix demo (CPU minutes; uses only --out, --seed, --device, --quiet)"),
 ]
 DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
 # A resumed run takes its configuration from the checkpoint. These flags describe one invocation, not
@@ -75,13 +228,21 @@ PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo")
 MAY_CHANGE = ("steps", "ckpt_interval", "eval_interval", "lr", "grad_clip")
 
 
+def main(argv=None):
+    try:
+        args = get_args(argv)
+        return demo(f"{args.out}/demo", args.seed, args.device, args.quiet) if args.demo else train(args)
+    except (OSError, ValueError, data.TokenizerUnavailableError) as e:  # bad input: one line, no traceback
+        sys.exit(f"error: {e}")
+
+
 def get_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.error = lambda message: sys.exit(f"error: {message} (see python train.py --help)")
     for name, kind, default, help in FLAGS:
         kw = dict(action="store_true") if kind is bool else \
             dict(choices=kind) if isinstance(kind, list) else dict(type=kind)
-        p.add_argument("--" + name, default=None, help=help + (f" (default {default})" if default else ""), **kw)
+        p.add_argument("--" + name, default=None, help=help + f" (default {default})" * bool(default), **kw)
     args = p.parse_args(argv)
     resolve(args)
     if not args.demo:
@@ -97,7 +258,8 @@ def resolve(args):
     if args.resume and not args.demo:
         saved = model.train_config(os.path.join(out, "ckpt.pt"))
         if not saved:
-            sys.exit(f"error: --resume but {out}/ckpt.pt does not exist: start without --resume, or fix --out")
+            sys.exit(f"error: --resume but {out}/ckpt.pt does not exist: start without --resume, or fix "
+                     "--out")
         differ = [f"--{k.replace('_', '-')} {saved[k]} (given {getattr(args, k)})" for k in sorted(given)
                   if k in saved and k not in PER_INVOCATION + MAY_CHANGE and saved[k] != getattr(args, k)]
         if differ:
@@ -110,11 +272,11 @@ def resolve(args):
             setattr(args, k, parent.get(k, v) if k in ("data", "tokenizer", "seq_len") else v)
     if args.resume:
         return
-    if args.init_from and os.path.isfile(os.path.join(args.init_from, "config.json")):  # official: size by shape
-        c = model.official_config(args.init_from)
+    if args.init_from and os.path.isfile(os.path.join(args.init_from, "config.json")):
+        c = model.official_config(args.init_from)  # official: the preset of its shape
         args.size = next((s for s, p in model.PRESETS[c.arch].items()
                           if (p["d_model"], p["n_layer"]) == (c.d_model, c.n_layer)), None)
-    args.peak_lr = parent.get("peak_lr") or (None if args.init_from else args.lr) or PEAK_LR.get(args.size, 3e-3)
+    args.peak_lr = parent.get("peak_lr") or not args.init_from and args.lr or PEAK_LR.get(args.size, 3e-3)
     args.lr = args.lr if args.lr is not None else args.peak_lr / (10 if args.init_from else 1)
     args.min_lr = args.min_lr if "min_lr" in given else min(args.min_lr, args.lr)
     if args.tokens is not None and math.isfinite(args.tokens):
@@ -126,7 +288,7 @@ def resolve(args):
 def exit_on_bad_flags(args):
     """Every flag's value, in one place: the first problem is one line naming the flag and the fix."""
     fin = math.isfinite
-    positive = ("seq_len", "batch_size", "grad_accum", "steps", "ckpt_interval", "eval_interval", "eval_batches")
+    positive = "seq_len batch_size grad_accum steps ckpt_interval eval_interval eval_batches".split()
     rules = [(k, getattr(args, k) > 0, "a positive integer") for k in positive] + [
         ("stop_at", args.stop_at is None or args.stop_at > 0, "a positive integer"),
         ("seed", args.seed >= 0, "an integer >= 0"),
@@ -142,19 +304,20 @@ def exit_on_bad_flags(args):
                 if not ok]
     lo, _, hi = args.copy_len.partition(",")
     bad_babi = [t for t in args.babi_tasks.split(",") if t not in tasks.BABI_TASKS]
-    ckpt, real = os.path.join(args.out, "ckpt.pt"), os.path.realpath
+    ckpt, real, exists = os.path.join(args.out, "ckpt.pt"), os.path.realpath, os.path.exists
     problems += [message for bad, message in [
-        (not args.init_from and args.size not in model.PRESETS[args.arch],
-         f"unknown --size {args.size!r} for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}"),
-        (args.init_from and not os.path.exists(args.init_from), f"--init-from {args.init_from} does not exist"),
+        (not args.init_from and args.size not in model.PRESETS[args.arch], f"unknown --size {args.size!r} "
+         f"for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}"),
+        (args.init_from and not exists(args.init_from), f"--init-from {args.init_from} does not exist"),
         (args.init_from and real(args.init_from) in (real(args.out), real(ckpt)),
          f"--init-from and --out are the same run ({args.out}): post-training needs another --out"),
-        (os.path.exists(args.out) and not os.path.isdir(args.out), f"--out {args.out} is a file, not a directory"),
+        (exists(args.out) and not os.path.isdir(args.out), f"--out {args.out} is a file, not a directory"),
         (args.device.startswith("cuda") and not torch.cuda.is_available(), "no CUDA here: use --device cpu"),
-        (not args.resume and os.path.exists(ckpt), f"{args.out} holds a run: --resume it, or use another --out"),
-        (args.task != "lm" and (args.init_state == "tbtt" or args.streams),
-         f"--init-state tbtt and --streams read documents in chunks; --task {args.task} examples are independent"),
-        (not (lo.isdigit() and hi.isdigit() and 0 < int(lo) <= int(hi)), "--copy-len must be LO,HI, 0 < LO <= HI"),
+        (not args.resume and exists(ckpt), f"{args.out} holds a run: --resume it, or use another --out"),
+        (args.task != "lm" and (args.init_state == "tbtt" or args.streams), "--init-state tbtt and --streams "
+         f"read documents in chunks; --task {args.task} examples are independent"),
+        (not (lo.isdigit() and hi.isdigit() and 0 < int(lo) <= int(hi)),
+         "--copy-len must be LO,HI, 0 < LO <= HI"),
         (bad_babi, f"unknown --babi-tasks {bad_babi}: choose from {','.join(tasks.BABI_TASKS)}"),
     ] if bad]
     if problems:
@@ -165,150 +328,6 @@ def exit_on_bad_flags(args):
         sys.exit(f"error: --seq-len {args.seq_len} is too short for --task {args.task}: {e}")
 
 
-def main(argv=None):
-    try:
-        args = get_args(argv)
-        return demo(f"{args.out}/demo", args.seed, args.device, args.quiet) if args.demo else train(args)
-    except (OSError, ValueError, data.TokenizerUnavailableError) as e:  # bad input: one line, no traceback
-        sys.exit(f"error: {e}")
-
-
-def accumulate_gradients(fwd, sampler, strategy, n_micro, device, autocast=nullcontext(), no_sync=False):
-    """The gradients of one optimizer step, the paper's loop: initial state -> forward -> backward -> observe.
-    Each micro-batch is a batch for the strategy. no_sync (DDP): all-reduce on the last micro-batch only."""
-    total, tokens = 0.0, 0
-    for micro in range(n_micro):
-        batch = sampler.next_batch()  # data.Batch: x, y and (DocumentStreams) the rows that start a document
-        x, y = batch.x.to(device), batch.y.to(device)
-        initial_state = strategy.initial_state(batch)
-        with fwd.no_sync() if no_sync and micro < n_micro - 1 else nullcontext():
-            with autocast:
-                logits, final_state = fwd(x, state=initial_state)
-                # task batches mark every non-answer target -100: the mean over the answer tokens
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
-            (loss / n_micro).backward()  # the gradient of the mean over the micro-batches
-        strategy.observe(final_state)
-        total, tokens = total + loss.item(), tokens + x.numel()
-    return total / n_micro, tokens
-
-
-def train(args):
-    ddp, rank, world = "RANK" in os.environ, int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    auto = f"cuda:{rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
-    device, master = torch.device(auto if args.device == "auto" else args.device), rank == 0
-    if ddp:  # one process per device; each rank keeps its own sampler and strategy, as one process would
-        torch.distributed.init_process_group("gloo" if device.type == "cpu" else "nccl")
-    os.makedirs(args.out, exist_ok=True)
-    # --- data ---------------------------------------------------------------------------------------------
-    corpus = data.load_data(args.data, args.tokenizer, args.seed) if args.task in ("lm", "babilong") else None
-    if args.task == "lm":
-        Sampler = data.DocumentStreams if args.init_state == "tbtt" or args.streams else data.RandomWindows
-        eot = (corpus.eot_token,) if Sampler is data.DocumentStreams else ()
-        sampler = Sampler(corpus.train, *eot, args.batch_size, args.seq_len, args.seed + rank)
-        val_sampler = data.RandomWindows(corpus.val, args.batch_size, args.seq_len, 10_000 + args.seed)
-    else:  # babilong hides its stories in --data text (train / val split); passkey and copy bring their own
-        if corpus is not None and corpus.tokenizer is None:
-            raise ValueError(f"--task babilong hides its stories in --data text, but {corpus.name} is not text")
-        sampler = make_task_sampler(args, args.seed + rank, corpus and corpus.train)
-        val_sampler = make_task_sampler(args, 10_000 + args.seed, corpus and corpus.val)
-    vocab_size = corpus.vocab_size if corpus else data.get_tokenizer(args.tokenizer).n_vocab
-    val_state0 = val_sampler.state_dict()  # the same validation batches at every evaluation
-    # --- model, optimizer, strategy -------------------------------------------------------------------------
-    ckpt_path, step = os.path.join(args.out, "ckpt.pt"), 0
-    torch.manual_seed(args.seed)
-    resume = model.read_checkpoint(ckpt_path, device) if args.resume else None
-    if resume:
-        if not {"model_config", "model", "optimizer", "step", "sampler", "strategy"} <= resume.keys():
-            raise ValueError(f"{ckpt_path} is not a checkpoint of train.py: it cannot be resumed")
-        if len(resume["sampler"]) != world:
-            raise ValueError(f"{ckpt_path} was saved by {len(resume['sampler'])} processes, this run has {world}: "
-                             f"resume with as many (torchrun --nproc_per_node {len(resume['sampler'])})")
-        lm = model.LM(model.ModelConfig(**resume["model_config"]))
-        lm.load_state_dict(resume["model"])
-    else:
-        lm = model.from_pretrained(args.init_from) if args.init_from else \
-            model.LM(model.make_config(args.arch, args.size, vocab_size=vocab_size))
-    args.arch = lm.cfg.arch
-    if lm.cfg.vocab_size < vocab_size:
-        raise ValueError(f"the data's vocabulary ({vocab_size}) exceeds the model's: use its --tokenizer")
-    optimizer = make_optimizer(lm.to(device), args.lr, args.weight_decay, device)
-    strategy = interventions.make_strategy(args.init_state, lm, args.batch_size, sigma=args.sigma,
-                                           p_reset=args.p_reset, seed=args.seed + rank)
-    if resume:
-        step = resume["step"]
-        optimizer.load_state_dict(resume["optimizer"])
-        sampler.load_state_dict(resume["sampler"][rank])
-        strategy.load_state_dict(resume["strategy"][rank])
-    fwd = torch.nn.parallel.DistributedDataParallel(lm) if ddp else lm  # the model is on this rank's device
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-    if master:
-        print(f"{lm.extra_repr()}, data {corpus.name if corpus else args.task}, --init-state {args.init_state}"
-              f"{' --streams' * args.streams}, {args.steps} steps of {args.grad_accum * world * args.batch_size} x "
-              f"{args.seq_len} tokens, lr {args.lr:g}, {device}" + (f", resuming at step {step}" if resume else ""))
-    # --- the loop -------------------------------------------------------------------------------------------
-    with open_run(args, step) if master else nullcontext() as log:
-        bar = tqdm(total=args.steps, initial=step, disable=args.quiet or not master, file=sys.stdout)
-        t0, start, saved_step = time.time(), step, step if resume else None
-        while step < min(args.steps, args.stop_at or args.steps):  # --stop-at: as if killed after that step
-            lr = lr_at(step, args)
-            for group in optimizer.param_groups:
-                group["lr"] = lr * group["lr_scale"]
-            optimizer.zero_grad(set_to_none=True)
-            loss, tokens = accumulate_gradients(fwd, sampler, strategy, args.grad_accum, device, autocast, ddp)
-            grad_norm = torch.nn.utils.clip_grad_norm_(lm.parameters(), args.grad_clip).item()
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # stop before the update breaks the weights
-                diverged(args, step + 1, f"loss {loss:g}, gradient norm {grad_norm:g}", saved_step)
-            optimizer.step()
-            step += 1
-            record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                      "tokens_per_s": tokens * world * (step - start) / max(time.time() - t0, 1e-9)}
-            save = step % args.ckpt_interval == 0 or step == args.steps
-            if save or step % args.eval_interval == 0:
-                val_sampler.load_state_dict(val_state0)
-                record["val_loss"] = evaluate_loss(lm, val_sampler, args.eval_batches, device, autocast)
-            if master:
-                print(json.dumps(record), file=log, flush=True)
-                bar.set_postfix({k: f"{v:.3g}" for k, v in record.items() if k != "step"})
-                bar.update(1)
-            if save:
-                if not math.isfinite(record["val_loss"]):  # only weights with a finite validation loss are saved
-                    diverged(args, step, "the validation loss", saved_step)
-                save_checkpoint(ckpt_path, lm, optimizer, step, args, sampler, strategy, rank, world)
-                saved_step = step
-        bar.close()
-        if master:
-            print(f"done: step {step}, {time.time() - t0:.0f}s, checkpoint {ckpt_path}")
-    if ddp:
-        torch.distributed.destroy_process_group()
-    return lm
-
-
-# The demo: a tiny Mamba-1 whose state channels barely decay within T_train ("tiny-slow"), trained from the
-# zero state on Python source bytes at T_train = 16: past T_train its state drifts to values it never learned
-# to read and perplexity rises (the paper's failure). Then 10% more steps three ways: the zero state again
-# (the matched control), State Passing and TBTT. docs/RESULTS.md has the measured numbers.
-DEMO = dict(arch="mamba1", size="tiny-slow", data="stdlib", seq_len=16, batch_size=16, base_steps=1500,
-            post_steps=150, eval_len=1024, n_seqs=64)
-
-
-def demo(out, seed=0, device="auto", quiet=False, **overrides):
-    """Failure and fix in one command: a zero-state base, post-trained three ways, evaluated to 64 x T_train."""
-    import evaluate
-    d = {**DEMO, **overrides}  # tests shrink it
-    common = ["--data", d["data"], "--seq-len", str(d["seq_len"]), "--batch-size", str(d["batch_size"]),
-              "--seed", str(seed), "--device", device, "--eval-interval", "100000"] + ["--quiet"] * quiet
-    runs = {label: os.path.join(out, label) for label in ("base", "control", "SP", "TBTT")}
-    for i, (label, strategy) in enumerate(zip(runs, ("zero", "zero", "sp", "tbtt"))):
-        print(f"demo {i + 1}/4: {label}, --init-state {strategy}" + ", post-training the base" * (i > 0))
-        model_flags = ["--arch", d["arch"], "--size", d["size"], "--steps", str(d["base_steps"])] if i == 0 else \
-            ["--init-from", runs["base"], "--steps", str(d["post_steps"])]
-        main(common + model_flags + ["--init-state", strategy, "--out", runs[label]])
-    return evaluate.main([*runs.values(), "--labels", *runs, "--metrics", "ppl,state", "--reference", "control",
-                          "--eval-len", str(d["eval_len"]), "--n-seqs", str(d["n_seqs"]), "--seed", str(seed),
-                          "--device", device, "--out", out])
-
-
-# --- helpers --------------------------------------------------------------------------------------------
 def lr_at(step, args):
     """Linear warm-up over the first `warmup` fraction of steps, then cosine decay to min_lr."""
     warm = int(args.warmup * args.steps)
@@ -325,12 +344,12 @@ def make_optimizer(lm, lr, weight_decay, device):
     for p in lm.parameters():
         no_decay = p.dim() < 2 or getattr(p, "_no_weight_decay", False)
         groups.setdefault((0.0 if no_decay else weight_decay, getattr(p, "_lr_scale", 1.0)), []).append(p)
-    groups = [{"params": ps, "weight_decay": wd, "lr_scale": s, "lr": lr * s} for (wd, s), ps in groups.items()]
+    groups = [dict(params=ps, weight_decay=wd, lr_scale=s, lr=lr * s) for (wd, s), ps in groups.items()]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
 
 
 def make_task_sampler(args, seed, filler_tokens):
-    """Batches of --task examples of --seq-len + 1 tokens (a bAbI story: hidden in filler_tokens), or copy's."""
+    """Batches of --task examples of --seq-len + 1 tokens (bAbI's hidden in filler_tokens), or copy's."""
     babi = args.task == "babilong"
     kw = dict(babi_tasks=tuple(args.babi_tasks.split(",")), filler_tokens=filler_tokens) if babi else {}
     length = tuple(map(int, args.copy_len.split(","))) if args.task == "copy" else args.seq_len + 1
@@ -353,22 +372,23 @@ def evaluate_loss(lm, sampler, n_batches, device, autocast):
 
 
 def diverged(args, step, what, saved_step):
-    last = (f"the last checkpoint, {args.out}/ckpt.pt (step {saved_step}), is intact: continue it with --resume "
-            f"and a lower --lr" if saved_step else "no checkpoint was saved: start again with a lower --lr")
+    last = (f"the last checkpoint, {args.out}/ckpt.pt (step {saved_step}), is intact: continue it with "
+            "--resume and a lower --lr" if saved_step else
+            "no checkpoint was saved: start again with a lower --lr")
     sys.exit(f"error: training diverged at step {step} ({what} not finite); stopped without saving: {last}")
 
 
 @contextmanager
 def open_run(args, step):
-    """--out for this process alone (a flock: the OS releases it however the process ends, even kill -9); writes
-    args.json, yields metrics.jsonl without its rows past `step` (logged after the checkpoint, to be redone)."""
+    """--out for this process alone (a flock: the OS releases it however the process ends, even kill -9);
+    writes args.json, yields metrics.jsonl without its rows past `step` (past the checkpoint: to redo)."""
     with open(os.path.join(args.out, "train.lock"), "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.seek(0)
-            sys.exit(f"error: another train.py (pid {lock.read().strip()}) is writing {args.out}: wait for it, "
-                     f"or use another --out")
+            sys.exit(f"error: another train.py (pid {lock.read().strip()}) is writing {args.out}: wait for "
+                     f"it, or use another --out")
         lock.truncate(0)
         print(os.getpid(), file=lock, flush=True)
         pathlib.Path(args.out, "args.json").write_text(json.dumps(vars(args), indent=1))
@@ -381,7 +401,7 @@ def open_run(args, step):
 
 
 def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy, rank, world):
-    """All a resume needs, with every rank's sampler and strategy state, so that every rank continues exactly."""
+    """All a resume needs, with every rank's sampler and strategy state: every rank continues exactly."""
     gathered = [{"sampler": sampler.state_dict(), "strategy": strategy.state_dict()}] * world
     if world > 1:
         torch.distributed.all_gather_object(gathered, gathered[0])
@@ -393,14 +413,15 @@ def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy, rank, wo
 
 
 def write_atomically(path, write):
-    """write(tmp) under a name unique to this process, then rename: a kill leaves the old file or the new one."""
+    """write(tmp) under a name unique to this process, then rename: a kill leaves the old file or the new."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         write(tmp)
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
         pathlib.Path(tmp).unlink(missing_ok=True)
-        sys.exit(f"error: cannot write {path} ({str(e).splitlines()[0]}; disk full?): the previous one is intact")
+        sys.exit(f"error: cannot write {path} ({str(e).splitlines()[0]}; disk full?): the previous one is "
+                 "intact")
 
 
 if __name__ == "__main__":
