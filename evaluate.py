@@ -482,8 +482,8 @@ def run(args):
         require(not args.effrem_len or 1 < args.effrem_len <= args.eval_len, f"--effrem-len "
                 f"{args.effrem_len} must lie in [2, --eval-len {args.eval_len}]: lower it or raise that")
     args.tokenizer = _agree(args, cfgs, "tokenizer", required=False) or "bytes"
-    seeds = {c["seed"] for c in cfgs if c.get("seed") is not None}  # training's seed chose the data split
-    require(len(seeds) <= 1, f"the checkpoints were trained with --seed {sorted(seeds)}, which split the "
+    seeds = {c.get("split_seed", c.get("seed")) for c in cfgs} - {None}  # which documents are validation
+    require(len(seeds) <= 1, f"the checkpoints were trained with --split-seed {sorted(seeds)}, which split the "
                              "data differently: evaluate them separately")
     args.data_seed = seeds.pop() if seeds else 0
     args.babi_tasks = (_agree(args, cfgs, "babi_tasks", False) or ",".join(tasks.BABI_TASKS)).split(",")

@@ -114,17 +114,20 @@ def train(args):
 
 def setup_data(args, rank):
     """-> (sampler, val_sampler, vocab_size, the data's name): windows of --data, or --task's examples."""
-    corpus = data.load_data(args.data, args.tokenizer, args.seed) if args.task in ("lm", "babilong") else None
+    lm_data = args.task in ("lm", "babilong")
+    corpus = data.load_data(args.data, args.tokenizer, args.split_seed) if lm_data else None
     if args.task == "babilong" and corpus.tokenizer is None:
         raise ValueError(f"--task babilong hides its stories in --data text, but {corpus.name} is not text")
     if args.task == "lm":
         Sampler = data.DocumentStreams if args.init_state == "tbtt" or args.streams else data.RandomWindows
         eot = (corpus.eot_token,) if Sampler is data.DocumentStreams else ()
-        sampler = Sampler(corpus.train, *eot, args.batch_size, args.seq_len, args.seed + rank)
-        val_sampler = data.RandomWindows(corpus.val, args.batch_size, args.seq_len, 10_000 + args.seed)
+        sampler = Sampler(corpus.train, *eot, args.batch_size, args.seq_len, args.data_seed + rank)
+        val_sampler = data.RandomWindows(corpus.val, args.batch_size, args.seq_len, 10_000)
+        if args.init_from and not args.resume:
+            read_on(sampler, args.init_from, rank)
     else:  # babilong hides its stories in --data text (train / val split); passkey and copy bring their own
-        sampler = make_task_sampler(args, args.seed + rank, corpus and corpus.train)
-        val_sampler = make_task_sampler(args, 10_000 + args.seed, corpus and corpus.val)
+        sampler = make_task_sampler(args, args.data_seed + rank, corpus and corpus.train)
+        val_sampler = make_task_sampler(args, 10_000, corpus and corpus.val)
     vocab_size = corpus.vocab_size if corpus else data.get_tokenizer(args.tokenizer).n_vocab
     return sampler, val_sampler, vocab_size, corpus.name if corpus else args.task
 
@@ -165,21 +168,89 @@ DEMO = dict(arch="mamba1", size="tiny-slow", data="stdlib", seq_len=16, batch_si
             post_steps=150, eval_len=1024, n_seqs=64)
 
 
-def demo(out, seed=0, device="auto", quiet=False, **overrides):
-    """Failure and fix at once: a zero-state base, post-trained three ways, evaluated to 64 x T_train."""
+def demo(out, seeds=(0,), device="auto", quiet=False, **overrides):
+    """Failure and fix for each training seed in OUT/seed{S} (a seed with an eval.json is kept): a zero-state
+    base, post-trained three ways, evaluated to 64 x T_train on the same windows; the summary over seeds."""
     import evaluate
     d = {**DEMO, **overrides}  # tests shrink it
-    common = ["--data", d["data"], "--seq-len", str(d["seq_len"]), "--batch-size", str(d["batch_size"]),
-              "--seed", str(seed), "--device", device, "--eval-interval", "100000"] + ["--quiet"] * quiet
-    runs = {label: os.path.join(out, label) for label in ("base", "control", "SP", "TBTT")}
-    for i, (label, strategy) in enumerate(zip(runs, ("zero", "zero", "sp", "tbtt"))):
-        print(f"demo {i + 1}/4: {label}, --init-state {strategy}" + ", post-training the base" * (i > 0))
-        model_flags = ["--init-from", runs["base"], "--steps", str(d["post_steps"])] if i else \
-            ["--arch", d["arch"], "--size", d["size"], "--steps", str(d["base_steps"])]
-        main(common + model_flags + ["--init-state", strategy, "--out", runs[label]])
-    return evaluate.main([*runs.values(), "--labels", *runs, "--metrics", "ppl,state", "--reference",
-                          "control", "--eval-len", str(d["eval_len"]), "--n-seqs", str(d["n_seqs"]), "--seed",
-                          str(seed), "--device", device, "--out", out])
+    for seed in seeds:
+        where = os.path.join(out, f"seed{seed}")
+        if os.path.exists(os.path.join(where, "eval.json")):
+            print(f"demo seed {seed}: {where}/eval.json exists, kept")
+            continue
+        common = ["--data", d["data"], "--seq-len", str(d["seq_len"]), "--batch-size", str(d["batch_size"]),
+                  "--seed", str(seed), "--device", device, "--eval-interval", "100000"] + ["--quiet"] * quiet
+        runs = {label: os.path.join(where, label) for label in ("base", "control", "SP", "TBTT")}
+        for i, (label, strategy) in enumerate(zip(runs, ("zero", "zero", "sp", "tbtt"))):
+            print(f"demo seed {seed}, {i + 1}/4: {label}, --init-state {strategy}" + ", from base" * (i > 0))
+            model_flags = ["--init-from", runs["base"], "--steps", str(d["post_steps"])] if i else \
+                ["--arch", d["arch"], "--size", d["size"], "--steps", str(d["base_steps"])]
+            main(common + model_flags + ["--init-state", strategy, "--out", runs[label]])
+        code = evaluate.main([*runs.values(), "--labels", *runs, "--metrics", "ppl,state", "--reference",
+                              "control", "--eval-len", str(d["eval_len"]), "--n-seqs", str(d["n_seqs"]),
+                              "--device", device, "--out", where])
+        if code:
+            return code
+    reports = {seed: json.loads(pathlib.Path(out, f"seed{seed}", "eval.json").read_text()) for seed in seeds}
+    return over_seeds(reports, out) if len(seeds) > 1 else 0
+
+
+def over_seeds(reports, out):
+    """The demo over training seeds: per seed the base's verdict and the last bucket's paired differences to
+    the control, their mean +- s.e. over seeds and the worst seed -> a table, seeds.json and seeds.png."""
+    import matplotlib.figure
+    import numpy as np
+    runs = {seed: {m["label"]: m for m in r["models"]} for seed, r in reports.items()}
+    seeds = list(runs)
+    t_train = runs[seeds[0]]["base"]["t_train"]
+    rows = {s: dict(base_T=r["base"]["verdict"]["generalizes_to"], censored=r["base"]["verdict"]["censored"],
+                    base_ppl_last=r["base"]["ppl"]["buckets"]["ppl"][-1],
+                    SP_T=r["SP"]["verdict"]["generalizes_to"], TBTT_T=r["TBTT"]["verdict"]["generalizes_to"],
+                    **{k: (r[k]["diff"]["nll"][-1], r[k]["diff"]["nll_sem"][-1]) for k in ("SP", "TBTT")})
+            for s, r in runs.items()}
+    summary = {"base fails within 32 x T_train": sum(not r["censored"] and r["base_T"] <= 32 * t_train
+                                                     for r in rows.values())}
+    print(f"\n{'seed':>4} {'base T':>7} {'base PPL last':>14} {'SP T':>5} {'TBTT T':>6} {'SP - control':>17} "
+          f"{'TBTT - control':>17}")
+    for s, r in rows.items():
+        print(f"{s:>4} {r['base_T']:>6}{'+' * r['censored']:<1} {r['base_ppl_last']:>14.3f} {r['SP_T']:>5} "
+              f"{r['TBTT_T']:>6}" + "".join(f"{r[k][0]:>+10.3f} +- {r[k][1]:.3f}" for k in ("SP", "TBTT")))
+    for k in ("SP", "TBTT"):
+        d = np.array([rows[s][k] for s in seeds])  # [seeds, (mean, s.e.)] of each seed's paired difference
+        summary[f"{k} - control"] = v = dict(mean=d[:, 0].mean(), sem=d[:, 0].std(ddof=1) / np.sqrt(len(d)),
+                                             worst=d[:, 0].max(), worst_seed=seeds[int(d[:, 0].argmax())],
+                                             beyond_3_sem=int((d[:, 0] < -3 * d[:, 1]).sum()))
+        print(f"{k} - control: {v['mean']:+.3f} +- {v['sem']:.3f} over {len(d)} seeds, worst "
+              f"{v['worst']:+.3f} (seed {v['worst_seed']}), below -3 s.e. on {v['beyond_3_sem']} of {len(d)}")
+    fails = summary["base fails within 32 x T_train"]
+    print(f"base fails within 32 x T_train on {fails} of {len(rows)} seeds")
+    text = json.dumps(dict(seeds=rows, summary=summary), indent=1, default=float)
+    pathlib.Path(out, "seeds.json").write_text(text)
+    fig = matplotlib.figure.Figure(figsize=(13, 4.5), layout="tight")
+    left, right = fig.subplots(1, 2)
+    for color, label in zip(matplotlib.rcParams["axes.prop_cycle"].by_key()["color"], runs[seeds[0]]):
+        b = [runs[s][label]["ppl"]["buckets"] for s in seeds]
+        x = [np.sqrt((lo + 1) * hi) for lo, hi in zip(b[0]["lo"], b[0]["hi"])]  # a bucket's geometric middle
+        nll = np.array([c["nll"] for c in b])  # [seeds, buckets]
+        mean, sem = nll.mean(0), nll.std(0, ddof=1) / np.sqrt(len(nll))
+        left.plot(x, np.exp(nll.T), color=color, lw=0.5, alpha=0.4)
+        left.plot(x, np.exp(mean), color=color, lw=2, label=f"{label}: each seed, mean of {len(nll)}")
+        left.fill_between(x, np.exp(mean - sem), np.exp(mean + sem), color=color, alpha=0.25)
+        if label in ("SP", "TBTT"):
+            d, v = np.array([rows[s][label] for s in seeds]), summary[f"{label} - control"]
+            right.errorbar(range(len(d)), d[:, 0], d[:, 1], fmt="o", color=color, label=label)
+            right.axhspan(v["mean"] - v["sem"], v["mean"] + v["sem"], color=color, alpha=0.2)
+    left.axvline(t_train, color="k", ls=":", lw=1)
+    left.set(xscale="log", title="Position-wise perplexity (band: mean +- s.e. over seeds)",
+             xlabel="context length (dotted: T_train)", ylabel="perplexity")
+    right.axhline(0, color="k", lw=0.8)
+    right.set(title="Last bucket, paired to the control (+-1 s.e.; band: over seeds)", xlabel="training seed",
+              ylabel="NLL - control NLL (nats)", xticks=range(len(seeds)), xticklabels=seeds)
+    left.legend(fontsize=8)
+    right.legend(fontsize=8)
+    fig.savefig(os.path.join(out, "seeds.png"), dpi=120)
+    print(f"wrote {out}/seeds.json, {out}/seeds.png")
+    return 0
 
 
 # --- flags, run files and helpers --------------------------------------------------------------------------
@@ -215,25 +286,39 @@ FLAGS = [
     ("ckpt-interval", int, 250, "checkpoint every N steps and at the end"),
     ("eval-interval", int, 250, "validation loss every N steps"),
     ("eval-batches", int, 8, "validation batches per evaluation"),
-    ("seed", int, 0, "seed of the model, the data order and the strategy"),
+    ("seed", int, 0, "seed of the model's init and the strategy's draws (noise, SP's resets)"),
+    ("data-seed", int, None, "seed of the training batches (default: --seed; post-training: the parent's)"),
+    ("split-seed", int, 0, "seed of the train/val split, or of the Markov corpus (post-training: parent's)"),
     ("device", str, "auto", "auto (CUDA when present), cpu, cuda, cuda:1 ..."),
     ("stop-at", int, None, "stop after this step as if killed (to test --resume)"),
     ("quiet", bool, False, "no progress bar"),
-    ("demo", bool, False, "failure-and-fix demo (CPU minutes; uses only --out, --seed, --device, --quiet)"),
+    ("demo", bool, False, "failure-and-fix demo (minutes a seed; uses --out, --seed(s), --device, --quiet)"),
+    ("seeds", str, None, "--demo: training seeds, e.g. 0-7 or 0,5: a demo each, then the summary over seeds"),
 ]
 DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
 # A resumed run takes its configuration from the checkpoint. These flags describe one invocation, not
 # the run; these may change on resume (the schedule's length, and the remedies for a divergence).
-PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo")
+PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo", "seeds")
 MAY_CHANGE = ("steps", "ckpt_interval", "eval_interval", "lr", "grad_clip")
 
 
 def main(argv=None):
     try:
         args = get_args(argv)
-        return demo(f"{args.out}/demo", args.seed, args.device, args.quiet) if args.demo else train(args)
+        seeds = parse_seeds(args.seeds) if args.seeds else [args.seed]
+        return demo(f"{args.out}/demo", seeds, args.device, args.quiet) if args.demo else train(args)
     except (OSError, ValueError, data.TokenizerUnavailableError) as e:  # bad input: one line, no traceback
         sys.exit(f"error: {e}")
+
+
+def parse_seeds(text):
+    """"0-7" -> [0, ..., 7]; "0,5" -> [0, 5]."""
+    lo, dash, hi = text.partition("-")
+    ok = lo.isdigit() and hi.isdigit() and int(lo) <= int(hi) if dash else \
+        all(v.isdigit() for v in text.split(","))
+    if not ok:
+        sys.exit(f"error: --seeds must be A-B or A,B,... (integers >= 0), got {text!r}")
+    return list(range(int(lo), int(hi) + 1)) if dash else [int(v) for v in text.split(",")]
 
 
 def get_args(argv=None):
@@ -269,7 +354,9 @@ def resolve(args):
     parent = model.train_config(args.init_from) if args.init_from and not args.resume else {}
     for k, v in DEFAULTS.items():
         if getattr(args, k) is None:
-            setattr(args, k, parent.get(k, v) if k in ("data", "tokenizer", "seq_len") else v)
+            setattr(args, k, parent.get(k, v) if k in ("data", "tokenizer", "seq_len", "split_seed") else v)
+    if args.data_seed is None:  # post-training reads on in its parent's stream (read_on)
+        args.data_seed = parent.get("data_seed", parent.get("seed", args.seed))
     if args.resume:
         return
     if args.init_from and os.path.isfile(os.path.join(args.init_from, "config.json")):
@@ -291,7 +378,7 @@ def exit_on_bad_flags(args):
     positive = "seq_len batch_size grad_accum steps ckpt_interval eval_interval eval_batches".split()
     rules = [(k, getattr(args, k) > 0, "a positive integer") for k in positive] + [
         ("stop_at", args.stop_at is None or args.stop_at > 0, "a positive integer"),
-        ("seed", args.seed >= 0, "an integer >= 0"),
+        *[(k, getattr(args, k) >= 0, "an integer >= 0") for k in ("seed", "data_seed", "split_seed")],
         ("tokens", args.tokens is None or fin(args.tokens) and args.tokens > 0, "a finite number > 0"),
         ("lr", fin(args.lr) and args.lr > 0, "finite and > 0"),
         ("min_lr", 0 <= args.min_lr <= args.lr, f"in [0, --lr] = [0, {args.lr:g}]"),
@@ -346,6 +433,19 @@ def make_optimizer(lm, lr, weight_decay, device):
         groups.setdefault((0.0 if no_decay else weight_decay, getattr(p, "_lr_scale", 1.0)), []).append(p)
     groups = [dict(params=ps, weight_decay=wd, lr_scale=s, lr=lr * s) for (wd, s), ps in groups.items()]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+
+
+def read_on(sampler, parent, rank):
+    """Post-training reads on where the parent's sampler of the same kind and seed stopped (RandomWindows: its
+    step; DocumentStreams: its next document), never the parent's batches again (the paper post-trains on
+    new data). Another kind or seed of sampler, or an official checkpoint, is a stream of its own."""
+    path = os.path.join(parent, "ckpt.pt") if os.path.isdir(parent) else parent
+    states = model.read_checkpoint(path, "cpu").get("sampler", []) if os.path.isfile(path) else []
+    state = dict(states[rank]) if rank < len(states) else {}
+    if state.keys() == sampler.state_dict().keys() and state["seed"] == sampler.seed:
+        if "row_doc" in state:  # every row starts the next unread document
+            state.update(row_doc=[-1] * sampler.batch_size, row_pos=[0] * sampler.batch_size)
+        sampler.load_state_dict(state)
 
 
 def make_task_sampler(args, seed, filler_tokens):

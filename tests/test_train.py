@@ -62,6 +62,29 @@ def test_post_training_inherits_data_seq_len_and_a_tenth_of_the_peak_lr(tmp_path
         assert a["seq_len"] == 16 and a["data"] == TRAIN[1] and a["arch"] == "rwkv6"
 
 
+def test_seeds_are_independent_and_post_training_reads_on(tmp_path):
+    # --seed: the model's init; --data-seed (default --seed): the batches; --split-seed: the validation split
+    flags = [[], ["--seed=5"], ["--seed=5", "--data-seed=0"], ["--split-seed=1"]]
+    args = [train.get_args(TRAIN + ["--out", str(tmp_path / "x"), *f]) for f in flags]
+    assert [(a.seed, a.data_seed, a.split_seed) for a in args] == [(0, 0, 0), (5, 5, 0), (5, 0, 0), (0, 0, 1)]
+    samplers = [train.setup_data(a, 0)[:2] for a in args]
+    batches, val = zip(*[(s.next_batch().x, v.next_batch().x) for s, v in samplers])
+    assert torch.equal(batches[0], batches[2]) and not torch.equal(batches[0], batches[1])
+    assert torch.equal(val[0], val[1]) and torch.equal(val[0], val[2]) and not torch.equal(val[0], val[3])
+    init = [train.setup_model(a, torch.device("cpu"), 5, None, "", 0, 1)[0].state_dict() for a in args[:3]]
+    assert all(torch.equal(init[1][k], init[2][k]) for k in init[1])
+    assert not all(torch.equal(init[0][k], init[1][k]) for k in init[0])
+    # post-training reads on where its parent's sampler stopped: RandomWindows' step, the next documents
+    ckpt = lambda run: torch.load(os.path.join(tmp_path, run, "ckpt.pt"), weights_only=True)["sampler"][0]
+    for strategy in ("zero", "tbtt"):
+        train.main(TRAIN + [f"--init-state={strategy}", "--steps=3", "--out", str(tmp_path / strategy)])
+        train.main(["--quiet", "--steps=2", "--batch-size=4", f"--init-state={strategy}", "--init-from",
+                    str(tmp_path / strategy), "--out", str(tmp_path / f"{strategy}-post")])
+    assert ckpt("zero-post") == {"seed": 0, "step": 5}  # batches 4 and 5 of the stream the base read 1-3 of
+    parent, post = ckpt("tbtt"), ckpt("tbtt-post")  # 4 rows, documents of 200 tokens: none ends in 5 chunks
+    assert (parent["cursor"], post["cursor"]) == (4, 8) and not set(parent["row_doc"]) & set(post["row_doc"])
+
+
 def test_post_training_an_official_checkpoint_on_a_tokenizer_json_corpus(tok_json, tmp_path, monkeypatch):
     # an official directory of the tiny preset's dimensions, its vocabulary padded (300 -> 304), post-trained
     # on a corpus read with a Hugging Face tokenizer.json: a tenth of that preset's peak lr; both evaluate
@@ -111,10 +134,17 @@ def test_optimizer_groups_honour_no_weight_decay_and_lr_scale_and_the_schedule()
     assert [train.lr_at(s, args) for s in (0, 10)] == pytest.approx([args.lr, args.min_lr])
 
 
-def test_demo_runs_end_to_end_small(tmp_path):
+def test_demo_over_two_seeds_end_to_end_small(tmp_path, capsys):
     out = str(tmp_path / "demo")
-    assert train.demo(out, base_steps=2, post_steps=1, n_seqs=4, eval_len=64, quiet=True) == 0
-    report = json.load(open(os.path.join(out, "eval.json")))
+    assert train.demo(out, [0, 3], base_steps=2, post_steps=1, n_seqs=4, eval_len=64, quiet=True) == 0
+    report = json.load(open(os.path.join(out, "seed3", "eval.json")))
     assert [m["label"] for m in report["models"]] == ["base", "control", "SP", "TBTT"]
     assert ["diff" in m for m in report["models"]] == [True, False, True, True]  # paired, against the control
-    assert os.path.exists(os.path.join(out, "ppl.png"))
+    seeds = json.load(open(os.path.join(out, "seeds.json")))
+    sp = [seeds["seeds"][s]["SP"][0] for s in ("0", "3")]  # each seed's SP - control, last bucket
+    assert sp == [next(m for m in json.load(open(os.path.join(out, f"seed{s}", "eval.json")))["models"]
+                       if m["label"] == "SP")["diff"]["nll"][-1] for s in (0, 3)]
+    assert seeds["summary"]["SP - control"]["mean"] == pytest.approx(np.mean(sp))
+    assert os.path.exists(os.path.join(out, "seeds.png"))
+    assert train.demo(out, [3], base_steps=2, post_steps=1, n_seqs=4, eval_len=64, quiet=True) == 0  # kept
+    assert "seed3/eval.json exists, kept" in capsys.readouterr().out
