@@ -203,18 +203,22 @@ def over_seeds(reports, out):
     runs = {seed: {m["label"]: m for m in r["models"]} for seed, r in reports.items()}
     seeds = list(runs)
     t_train = runs[seeds[0]]["base"]["t_train"]
+    verdict = lambda v: f"{v['generalizes_to']}{'+' * bool(v['censored'])}"  # +: censored, none exceeds p*
     rows = {s: dict(base_T=r["base"]["verdict"]["generalizes_to"], censored=r["base"]["verdict"]["censored"],
                     base_ppl_last=r["base"]["ppl"]["buckets"]["ppl"][-1],
-                    SP_T=r["SP"]["verdict"]["generalizes_to"], TBTT_T=r["TBTT"]["verdict"]["generalizes_to"],
+                    **{f"{k} verdict": verdict(r[k]["verdict"]) for k in ("control", "SP", "TBTT")},
                     **{k: (r[k]["diff"]["nll"][-1], r[k]["diff"]["nll_sem"][-1]) for k in ("SP", "TBTT")})
             for s, r in runs.items()}
     summary = {"base fails within 32 x T_train": sum(not r["censored"] and r["base_T"] <= 32 * t_train
                                                      for r in rows.values())}
-    print(f"\n{'seed':>4} {'base T':>7} {'base PPL last':>14} {'SP T':>5} {'TBTT T':>6} {'SP - control':>17} "
+    print(f"\nverdicts (Def. 3.2) and the last bucket's NLL - control NLL (nats, paired):\n{'seed':>4} "
+          f"{'base':>6} {'control':>7} {'SP':>6} {'TBTT':>6} {'base PPL last':>14} {'SP - control':>17} "
           f"{'TBTT - control':>17}")
     for s, r in rows.items():
-        print(f"{s:>4} {r['base_T']:>6}{'+' * r['censored']:<1} {r['base_ppl_last']:>14.3f} {r['SP_T']:>5} "
-              f"{r['TBTT_T']:>6}" + "".join(f"{r[k][0]:>+10.3f} +- {r[k][1]:.3f}" for k in ("SP", "TBTT")))
+        print(f"{s:>4} {r['base_T']:>5}{'+' * r['censored']:<1} " + " ".join(
+            f"{r[f'{k} verdict']:>{w}}" for k, w in (("control", 7), ("SP", 6), ("TBTT", 6))) +
+            f" {r['base_ppl_last']:>14.3f}" + "".join(f"{r[k][0]:>+10.3f} +- {r[k][1]:.3f}" for k in ("SP", "TBTT"))
+        )
     for k in ("SP", "TBTT"):
         d = np.array([rows[s][k] for s in seeds])  # [seeds, (mean, s.e.)] of each seed's paired difference
         summary[f"{k} - control"] = v = dict(mean=d[:, 0].mean(), sem=d[:, 0].std(ddof=1) / np.sqrt(len(d)),
@@ -234,7 +238,7 @@ def over_seeds(reports, out):
         nll = np.array([c["nll"] for c in b])  # [seeds, buckets]
         mean, sem = nll.mean(0), nll.std(0, ddof=1) / np.sqrt(len(nll))
         left.plot(x, np.exp(nll.T), color=color, lw=0.5, alpha=0.4)
-        left.plot(x, np.exp(mean), color=color, lw=2, label=f"{label}: each seed, mean of {len(nll)}")
+        left.plot(x, np.exp(mean), color=color, lw=2, label=f"{label} (thin: a seed; thick: mean of {len(nll)})")
         left.fill_between(x, np.exp(mean - sem), np.exp(mean + sem), color=color, alpha=0.25)
         if label in ("SP", "TBTT"):
             d, v = np.array([rows[s][label] for s in seeds]), summary[f"{label} - control"]
