@@ -214,11 +214,11 @@ def over_seeds(reports, out):
     print(f"\nverdicts (Def. 3.2) and the last bucket's NLL - control NLL (nats, paired):\n{'seed':>4} "
           f"{'base':>6} {'control':>7} {'SP':>6} {'TBTT':>6} {'base PPL last':>14} {'SP - control':>17} "
           f"{'TBTT - control':>17}")
+    diffs = ("SP", "TBTT")
     for s, r in rows.items():
         print(f"{s:>4} {r['base_T']:>5}{'+' * r['censored']:<1} " + " ".join(
             f"{r[f'{k} verdict']:>{w}}" for k, w in (("control", 7), ("SP", 6), ("TBTT", 6))) +
-            f" {r['base_ppl_last']:>14.3f}" + "".join(f"{r[k][0]:>+10.3f} +- {r[k][1]:.3f}" for k in ("SP", "TBTT"))
-        )
+            f" {r['base_ppl_last']:>14.3f}" + "".join(f"{r[k][0]:>+10.3f} +- {r[k][1]:.3f}" for k in diffs))
     for k in ("SP", "TBTT"):
         d = np.array([rows[s][k] for s in seeds])  # [seeds, (mean, s.e.)] of each seed's paired difference
         summary[f"{k} - control"] = v = dict(mean=d[:, 0].mean(), sem=d[:, 0].std(ddof=1) / np.sqrt(len(d)),
@@ -238,7 +238,7 @@ def over_seeds(reports, out):
         nll = np.array([c["nll"] for c in b])  # [seeds, buckets]
         mean, sem = nll.mean(0), nll.std(0, ddof=1) / np.sqrt(len(nll))
         left.plot(x, np.exp(nll.T), color=color, lw=0.5, alpha=0.4)
-        left.plot(x, np.exp(mean), color=color, lw=2, label=f"{label} (thin: a seed; thick: mean of {len(nll)})")
+        left.plot(x, np.exp(mean), color=color, lw=2, label=f"{label} (thin: a seed; thick: the mean)")
         left.fill_between(x, np.exp(mean - sem), np.exp(mean + sem), color=color, alpha=0.25)
         if label in ("SP", "TBTT"):
             d, v = np.array([rows[s][label] for s in seeds]), summary[f"{label} - control"]
