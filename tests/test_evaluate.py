@@ -1,6 +1,7 @@
 """evaluate.py: each metric against its definition on hand-made cases, the verdict's rule, tasks, the CLI."""
 import json
 import math
+import os
 import types
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch.nn as nn
 
 import evaluate as ev
 import tasks
-from conftest import checkpoint, official_dir, tiny_lm
+from conftest import ROOT, checkpoint, official_dir, tiny_lm
 
 MARKOV = "markov:k=4,alpha=0.3,doc_len=128,docs=4,val_docs=24"
 
@@ -141,6 +142,16 @@ def test_verdict_is_stable_across_evaluation_seeds():
         verdicts.append(edges.index(ev.length_generalization(bk["per_seq"], bk["lo"], bk["hi"], 16, seed=seed)
                                     ["generalizes_to"]))
     assert max(verdicts) - min(verdicts) <= 1 and 64 <= edges[min(verdicts)] <= 181, verdicts
+
+
+def test_verdict_on_real_checkpoints_detects_a_rise_and_not_a_flat_curve(tmp_path, capsys):
+    # the demo's seed-0 base (PPL 5.5 within T_train 16, 11.5 at 1024) and seed-1 TBTT (flat), as
+    # `train.py --demo` wrote them (weights only), on the demo's 64 windows of stdlib's validation split
+    runs = [os.path.join(ROOT, "tests", "fixtures", f) for f in ("demo_seed0_base.pt", "demo_seed1_TBTT.pt")]
+    rc, _, err = cli(capsys, *runs, "--metrics", "ppl", "--eval-len", "1024", "--out", str(tmp_path))
+    base, tbtt = (m["verdict"] for m in json.load(open(tmp_path / "eval.json"))["models"])
+    assert rc == 0 and not base["censored"] and base["generalizes_to"] <= 4 * 16, err
+    assert tbtt["censored"] and tbtt["generalizes_to"] == 1024
 
 
 def test_distances_of_known_distributions_and_the_default_cuts():
