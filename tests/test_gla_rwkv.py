@@ -106,8 +106,8 @@ def test_gla_forget_gate_is_logsigmoid_of_its_logits_over_16(monkeypatch):
     layer, x = GLA(64, num_heads=4), torch.randn(2, 5, 64)
     torch.nn.init.normal_(layer.gk_proj[1].bias, std=3.0)   # logits of either sign, some large
     g = scan_inputs(layer, gla.GLA_SCANS, x, monkeypatch)[3]
-    with torch.no_grad():
-        torch.testing.assert_close(g, F.logsigmoid(layer.gk_proj(x)).view(2, 5, 4, 8) / 16)  # fla's normalizer
+    with torch.no_grad():   # fla's gate_logit_normalizer: 16
+        torch.testing.assert_close(g, F.logsigmoid(layer.gk_proj(x)).view(2, 5, 4, 8) / 16)
 
 
 def test_rwkv6_decay_lora_reads_the_decays_own_token_shift_mix(monkeypatch):
