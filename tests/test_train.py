@@ -134,6 +134,15 @@ def test_optimizer_groups_honour_no_weight_decay_and_lr_scale_and_the_schedule()
     assert [train.lr_at(s, args) for s in (0, 10)] == pytest.approx([args.lr, args.min_lr])
 
 
+def test_the_training_loop_keeps_rwkv6_decay_at_twice_the_lr(tmp_path):
+    # AdamW's first step moves a weight by its lr * g / (|g| + eps): w0's largest move is about 2 lr
+    w0 = [b.mixer.w0.detach().clone() for b in tiny_lm("rwkv6").backbone.layers]   # deterministic init
+    lm = train.main(TRAIN + ["--arch=rwkv6", "--steps=1", "--lr=1e-3", "--eval-batches=1",
+                             "--out", str(tmp_path / "run")])
+    moved = max((b.mixer.w0 - w).abs().max().item() for b, w in zip(lm.backbone.layers, w0))
+    assert moved == pytest.approx(2e-3, rel=1e-3)
+
+
 def test_demo_over_two_seeds_end_to_end_small(tmp_path, capsys):
     out = str(tmp_path / "demo")
     assert train.demo(out, [0, 3], base_steps=2, post_steps=1, n_seqs=4, eval_len=64, quiet=True) == 0
