@@ -9,7 +9,9 @@ import pytest
 import torch
 import torch.nn as nn
 
+import data
 import evaluate as ev
+import model
 import tasks
 from conftest import ROOT, checkpoint, official_dir, tiny_lm
 
@@ -252,6 +254,34 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert len(m["gap"]["nll"]) == len(rep["optimal"]["nll"]) == len(m["ppl"]["buckets"]["hi"])
     for f in ("ppl.png", "effrem.png", "state.png"):
         assert (out / f).stat().st_size > 1000
+
+
+@pytest.fixture(scope="module")
+def paired(tmp_path_factory):
+    """Two runs with t_train 12, off the log grid, evaluated on the same windows, b paired to a."""
+    tmp, tc = tmp_path_factory.mktemp("paired"), dict(seq_len=12, data=MARKOV, tokenizer="bytes", seed=0)
+    paths = [checkpoint(tmp / f"run{i}", i, **tc)[0] for i in range(2)]
+    assert ev.main([*paths, "--labels", "a", "b", "--reference", "a", "--metrics", "ppl,state", "--n-seqs",
+                    "4", "--eval-len", "48", "--device", "cpu", "--out", str(tmp / "eval")]) == 0
+    return paths, json.load(open(tmp / "eval" / "eval.json"))["models"]
+
+
+def test_cli_measures_on_windows_of_the_validation_split(paired):
+    corpus = data.load_data(MARKOV, seed=0)
+    windows = data.eval_windows(corpus.val, 4, 49, seed=0, eot_token=corpus.eot_token)
+    want = ev.position_nll(model.from_pretrained(paired[0][0]), windows)
+    np.testing.assert_allclose(paired[1][0]["ppl"]["nll"], want, rtol=1e-5)
+
+
+def test_cli_paired_difference_is_the_run_minus_the_reference(paired):
+    a, b = paired[1]
+    want = np.subtract(b["ppl"]["buckets"]["nll"], a["ppl"]["buckets"]["nll"])   # positive: b is worse
+    np.testing.assert_allclose(b["diff"]["nll"], want, rtol=1e-9, atol=1e-12)
+
+
+def test_cli_buckets_and_state_positions_have_an_edge_at_t_train_off_the_log_grid(paired):
+    m = paired[1][0]
+    assert 12 not in ev.log_edges(48) and 12 in m["ppl"]["buckets"]["lo"] and 11 in m["state"]["positions"]
 
 
 def test_a_model_that_outputs_nan_is_reported_not_a_crash(tmp_path, monkeypatch, capsys):

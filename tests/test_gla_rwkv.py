@@ -5,8 +5,11 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+import gla
 import model
+import rwkv
 from gla import GLA, SwiGLU
 from rwkv import RWKV6ChannelMix, RWKV6TimeMix
 from conftest import checkpoint, tiny_lm
@@ -87,3 +90,41 @@ def test_rwkv6_init_follows_the_official_per_layer_schedule():
                       "decay_lora_up", "bonus"}
     assert first.w0._lr_scale == 2.0 and not hasattr(first.bonus, "_lr_scale")
     assert RWKV6ChannelMix(d).mu_r._no_weight_decay
+
+
+def scan_inputs(layer, forms, x, monkeypatch):
+    """The inputs the layer hands its scan (the naive form) on x."""
+    seen, naive = [], forms["naive"]
+    monkeypatch.setitem(forms, "naive", lambda *a: seen.append(a) or naive(*a))
+    layer.scan_impl = "naive"
+    with torch.no_grad():
+        layer(x)
+    return seen[0]
+
+
+def test_gla_forget_gate_is_logsigmoid_of_its_logits_over_16(monkeypatch):
+    layer, x = GLA(64, num_heads=4), torch.randn(2, 5, 64)
+    torch.nn.init.normal_(layer.gk_proj[1].bias, std=3.0)   # logits of either sign, some large
+    g = scan_inputs(layer, gla.GLA_SCANS, x, monkeypatch)[3]
+    with torch.no_grad():   # fla's gate_logit_normalizer: 16
+        torch.testing.assert_close(g, F.logsigmoid(layer.gk_proj(x)).view(2, 5, 4, 8) / 16)
+
+
+def test_rwkv6_decay_lora_reads_the_decays_own_token_shift_mix(monkeypatch):
+    # w = -exp(w0 + tanh(x_w A) B), x_w = x + (x_prev - x) * mu_w; at init mu_w = mu_k and the LoRA is zero
+    layer, x = RWKV6TimeMix(64, num_heads=4, layer_idx=1, num_layers=3), torch.randn(2, 5, 64)
+    with torch.no_grad():
+        layer.mu[1].uniform_()
+        torch.nn.init.normal_(layer.decay_lora_down, std=0.3)
+        x_w = x + (F.pad(x[:, :-1], (0, 0, 1, 0)) - x) * layer.mu[1]   # mix_lora_down = 0: mu_w alone
+        want = -torch.exp(layer.w0 + torch.tanh(x_w @ layer.decay_lora_down) @ layer.decay_lora_up)
+    torch.testing.assert_close(scan_inputs(layer, rwkv.RWKV6_SCANS, x, monkeypatch)[3], want.view(2, 5, 4, 8))
+
+
+def test_rwkv6_channel_mix_is_sigmoid_r_times_squared_relu_k_through_value():
+    cm, x = RWKV6ChannelMix(64, layer_idx=1, num_layers=3), torch.randn(2, 5, 64)
+    delta = F.pad(x[:, :-1], (0, 0, 1, 0)) - x   # the previous token minus this one (zero state)
+    with torch.no_grad():
+        k = torch.relu((x + delta * cm.mu_k) @ cm.key.weight.T).square()
+        want = torch.sigmoid((x + delta * cm.mu_r) @ cm.receptance.weight.T) * (k @ cm.value.weight.T)
+        torch.testing.assert_close(cm(x)[0], want)

@@ -45,6 +45,21 @@ def test_gradient_reaches_the_initial_state_even_after_an_inference_mode_call(ar
     assert all(p.grad is not None for p in lm.backbone.layers[0].mixer.parameters())
 
 
+@pytest.mark.parametrize("arch,outs", [("mamba2", ["out_proj"]), ("gla", ["o_proj", "down_proj"]),
+                                       ("rwkv6", ["o_proj", "value"])])
+def test_each_residual_branch_output_is_scaled_by_one_over_sqrt_of_all_branches(arch, outs):
+    # as mamba_ssm's _init_weights: every projection into the residual stream, the mixers' and the MLPs'
+    # alike, divided by sqrt(n_layer * branches per block); nothing else changes
+    lm, cfg = tiny_lm(arch, n_layer=3), model.make_config(arch, "tiny", n_layer=3)
+    torch.manual_seed(0)   # the same draws as tiny_lm: the embedding first, then the blocks
+    torch.nn.Embedding(lm.backbone.embedding.num_embeddings, cfg.d_model)
+    raw = torch.nn.ModuleList([model.Block(cfg, i) for i in range(3)])
+    branches = 3 * (1 if arch == "mamba2" else 2)
+    for name, p in raw.named_parameters():
+        scale = branches ** -0.5 if name.split(".")[-2] in outs else 1.0
+        torch.testing.assert_close(lm.backbone.layers.get_parameter(name), p * scale)
+
+
 # key -> shape, mamba_ssm's layout. Mamba-2: d_model=64, expand=2, headdim=16 (8 heads), d_state=16, d_conv=4
 OFFICIAL_MAMBA2_LAYER = {
     "norm.weight": [64], "mixer.in_proj.weight": [2 * 128 + 2 * 16 + 8, 64],  # [z, x, B, C, dt]

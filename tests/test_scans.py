@@ -225,6 +225,27 @@ def test_mixers_initialise_as_mamba_ssm_and_their_scan_forms_agree(arch):
     close(outs["triton"], outs["naive"], 1e-4)
 
 
+def test_mamba2_gated_rmsnorm_normalises_y_times_silu_z_per_group():
+    # mamba_ssm's RMSNormGated, norm_before_gate=False: rmsnorm(y * silu(z)) * weight, per group of channels
+    norm, (y, z) = ssm.RMSNormGated(8, group_size=4), torch.randn(2, 3, 2, 8, dtype=torch.float64).unbind(2)
+    torch.nn.init.normal_(norm.weight)
+    gated = (y * F.silu(z)).view(2, 3, 2, 4)
+    want = (gated / (gated.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()).flatten(-2) * norm.weight
+    close(norm(y, z), want, 1e-6)
+
+
+def test_mamba1_layer_output_recomputed_from_its_weights():
+    # Mamba (arXiv 2312.00752) as mamba_simple.py: y = (scan(x) + D * x) * silu(z), then out_proj
+    m, u = mixer("mamba1"), torch.randn(2, 7, 16)
+    torch.nn.init.normal_(m.D)
+    with torch.no_grad():
+        xs, z = m.in_proj(u).chunk(2, dim=-1)
+        xs = F.silu(m.conv1d(xs.transpose(1, 2))[..., :7].transpose(1, 2))   # causal: the first 7 outputs
+        dt_low, B, C = m.x_proj(xs).split([m.dt_rank, 16, 16], dim=-1)
+        scan = ssm.selective_scan_naive(xs, F.softplus(m.dt_proj(dt_low)), -m.A_log.exp(), B, C)[0]
+        close(m(u)[0], m.out_proj((scan + m.D * xs) * F.silu(z)), 1e-5)
+
+
 NO_TRITON = r'''
 import sys
 sys.modules["triton"] = None  # "import triton" fails, as on a machine without the wheel

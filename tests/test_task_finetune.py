@@ -2,15 +2,18 @@
 pipeline chains: LM -> post-training -> task fine-tune -> longer lengths. (Resume: test_train.py; scoring:
 test_evaluate.py.)"""
 import json
+import types
+from contextlib import nullcontext
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import evaluate
 import data
 import model
 import train
-from conftest import checkpoint, logged
+from conftest import checkpoint, logged, tiny_lm
 
 TASK_FLAGS = {"passkey": "--seq-len 160 --init-state fitted".split(),  # bytes: a passkey takes >= 124 tokens
               "copy": "--copy-len 3,12 --init-state sp".split(),
@@ -51,3 +54,14 @@ def test_task_loss_is_the_mean_cross_entropy_over_answer_tokens(tmp_path, task):
                        "--task-samples", "1", "--out", str(tmp_path / "eval")])   # and past T_train = 512
         assert json.load(open(tmp_path / "eval/eval.json"))["models"][0]["babilong"]["lengths"] == [512, 1024]
 
+
+
+def test_validation_loss_is_the_mean_over_the_answer_tokens_of_all_batches():
+    lm, g = tiny_lm(vocab_size=11), torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, 11, (2, 6, 20), generator=g).unbind()   # two batches of 3 rows
+    y = y.masked_fill(torch.rand(6, 20, generator=g) > 0.1, -100)    # ~10% of the targets are answers
+    batches = iter([data.Batch(x[:3], y[:3], None), data.Batch(x[3:], y[3:], None)])
+    with torch.no_grad():
+        want = F.cross_entropy(lm(x)[0].flatten(0, 1), y.flatten(), ignore_index=-100)
+    got = train.evaluate_loss(lm, types.SimpleNamespace(next_batch=batches.__next__), 2, "cpu", nullcontext())
+    assert got == pytest.approx(want.item(), rel=1e-5)

@@ -114,6 +114,18 @@ def test_directory_corpora_split_cache_and_skipped_files(tmp_path, monkeypatch, 
     assert d.tokenizer.decode(np.asarray(d.val[:100]).tolist()).startswith("<|endoftext|>")
 
 
+def test_a_same_size_edit_of_a_corpus_file_is_tokenized_anew(tmp_path):
+    (path, text), *_ = write_docs(tmp_path / "corpus", n=4).items()
+    cache = str(tmp_path / "cache")
+    data.load_data(str(tmp_path / "corpus"), cache_dir=cache)
+    edited = text.replace("document", "DOCUMENT")   # as many bytes: the cache key must see the new mtime
+    path.write_text(edited, encoding="utf-8")
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10 ** 9))   # a coarse clock may not have ticked
+    d = data.load_data(str(tmp_path / "corpus"), cache_dir=cache)
+    assert tuple(edited.encode()) in set(split_docs(d.train)) | set(split_docs(d.val))
+
+
 def test_single_file_bin_and_wide_vocabulary(tmp_path):
     ((path, text),) = write_docs(tmp_path / "a", n=1).items()         # one document: split by tokens
     path = str(path)

@@ -1,6 +1,7 @@
 """train.py: exact resume (also under DDP), post-training, gradient accumulation, the optimizer, the demo."""
 import json
 import os
+import socket
 import subprocess
 import sys
 import types
@@ -31,20 +32,35 @@ def test_resume_after_interrupt_reproduces_the_loss_trajectory(tmp_path, flags):
     assert logged(a) == logged(b) and len(logged(a)) == 8  # step 4's row is dropped, then redone
 
 
+DDP_RUN = """import os, sys, torch, train
+lm = train.main(sys.argv[1:])  # then each rank saves the weights it ends with, in --out (the last argument)
+torch.save(lm.state_dict(), os.path.join(sys.argv[-1], f"rank{os.environ['RANK']}.pt"))
+"""
+
+
 def test_two_process_gloo_ddp_resumes_exactly(tmp_path):
+    # --grad-accum 2: each rank all-reduces once a step, on its last micro-batch, so the ranks stay equal
+    (tmp_path / "ddp.py").write_text(DDP_RUN)
+
     def torchrun(*flags):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
-               f"{ROOT}/train.py", *TRAIN, "--steps", "4", "--ckpt-interval", "2", "--device", "cpu", *flags]
-        r = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                           timeout=300)
+        with socket.socket() as s:   # a free port, so that runs side by side do not collide
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+               str(tmp_path / "ddp.py"), *TRAIN, "--steps", "4", "--ckpt-interval", "2", "--device", "cpu",
+               "--grad-accum", "2", *flags]
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)   # ddp.py imports train
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     torchrun("--out", a)
-    torchrun("--out", b, "--stop-at", "3")
-    torchrun("--out", b, "--resume")
+    torchrun("--stop-at", "3", "--out", b)
+    torchrun("--resume", "--out", b)
     ckpt = torch.load(os.path.join(b, "ckpt.pt"), weights_only=True)
     assert ckpt["step"] == 4 and len(ckpt["sampler"]) == len(ckpt["strategy"]) == 2
-    assert logged(a) == logged(b)
+    weights = [torch.load(f"{run}/rank{r}.pt", weights_only=True) for run in (a, b) for r in (0, 1)]
+    assert all(torch.equal(weights[1][k], weights[0][k]) for k in weights[0])   # a's rank 1 = its rank 0
+    assert logged(a) == logged(b) and all(torch.equal(w[k], weights[0][k]) for w in weights[2:] for k in w)
 
 
 def test_post_training_inherits_data_seq_len_and_a_tenth_of_the_peak_lr(tmp_path):
@@ -132,6 +148,15 @@ def test_optimizer_groups_honour_no_weight_decay_and_lr_scale_and_the_schedule()
     assert group_of(lm.backbone.norm_f.weight)["weight_decay"] == 0.0
     args = train.get_args(["--steps", "10", "--out", "/nonexistent/out"])  # 1 warm-up step, cosine to min_lr
     assert [train.lr_at(s, args) for s in (0, 10)] == pytest.approx([args.lr, args.min_lr])
+
+
+def test_the_training_loop_keeps_rwkv6_decay_at_twice_the_lr(tmp_path):
+    # AdamW's first step moves a weight by its lr * g / (|g| + eps): w0's largest move is about 2 lr
+    w0 = [b.mixer.w0.detach().clone() for b in tiny_lm("rwkv6").backbone.layers]   # deterministic init
+    lm = train.main(TRAIN + ["--arch=rwkv6", "--steps=1", "--lr=1e-3", "--eval-batches=1",
+                             "--out", str(tmp_path / "run")])
+    moved = max((b.mixer.w0 - w).abs().max().item() for b, w in zip(lm.backbone.layers, w0))
+    assert moved == pytest.approx(2e-3, rel=1e-3)
 
 
 def test_demo_over_two_seeds_end_to_end_small(tmp_path, capsys):
