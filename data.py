@@ -138,7 +138,7 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
     require(files, f"{root!r} holds no files: point --data at a folder of text files")
     files, seed, cache_dir = sorted(files), int(seed), cache_dir or DEFAULT_CACHE_DIR
     stats = [(os.path.abspath(f), st.st_size, st.st_mtime_ns) for f in files   # no FIFO, nothing unreadable
-             for st in [require_file(f, f"remove it from {data!r} or make it readable")]]
+             for st in [require_file(f, "make it readable, or leave it out of --data")]]
     key = hashlib.sha1(json.dumps([CACHE_VERSION, enc.name, seed, val_fraction, stats]).encode()).hexdigest()
     stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.path.basename(data.rstrip("/")))
     base = os.path.join(cache_dir, f"{stem or 'data'}-{enc.name}-{key[:16]}")

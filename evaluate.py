@@ -501,6 +501,7 @@ def run(args):
     require(ids <= {enc.name}, f"--tokenizer {args.tokenizer} ({enc.name}) does not match the checkpoints' "
                                f"{''.join(ids)}: pass the tokenizer.json they were trained with")
     _ = set(args.metrics) & set(TASK_METRICS) and tasks.task_tokenizer(args.tokenizer)  # it spells the tasks
+    _ = "passkey" in args.metrics and tasks.passkey_sample(args.tokenizer, min(args.passkey_lengths))  # fits
     seeds = {c.get("split_seed", c.get("seed")) for c in cfgs} - {None}  # which documents are validation
     require(len(seeds) <= 1, f"the checkpoints were trained with --split-seed {sorted(seeds)}, splitting the "
                              "data differently: evaluate them separately")

@@ -450,7 +450,7 @@ def exit_on_bad_flags(args):
     try:  # one example, so that a --seq-len too short for the task, or a --tokenizer, is a clear error now
         _ = args.task != "lm" and make_task_sampler(args, 0, None).next_samples()
     except ValueError as e:
-        sys.exit(f"error: --task {args.task}, --seq-len {args.seq_len}: {e}")
+        sys.exit(f"error: --task {args.task}: {e}")
 
 
 def lr_at(step, args):
