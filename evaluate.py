@@ -533,6 +533,8 @@ def run(args):
         require(corpus.tokenizer is not None, f"babilong: {corpus.name} is a synthetic process, not text to "
                                               "hide stories in: pass --data stdlib (or a text path)")
         args.filler = corpus.val
+        for t in args.babi_tasks:  # a story of each task fits the shortest length: said before any metric
+            tasks.babi_mixture(args.tokenizer, min(args.babi_lengths), [args.seed], (t,), args.filler)
         report.update(babi_tasks=args.babi_tasks, babi_filler=f"{corpus.name} (val split)")
     vocab = max([int(args.windows.max()) + 1 if lm_metrics else 0]
                 + [data.get_tokenizer(args.tokenizer).n_vocab] * bool(set(args.metrics) & set(TASK_METRICS)))

@@ -414,6 +414,7 @@ def exit_on_bad_flags(args):
     positive = "seq_len batch_size grad_accum steps ckpt_interval eval_interval eval_batches".split()
     rules = [(k, getattr(args, k) > 0, "a positive integer") for k in positive] + [
         ("stop_at", args.stop_at is None or args.stop_at > 0, "a positive integer"),
+        ("batch_size", args.batch_size * args.seq_len <= 1 << 32, "at most 2**32 tokens / --seq-len"),
         *[(k, 0 <= getattr(args, k) < 2**63, "in [0, 2**63)") for k in ("seed", "data_seed", "split_seed")],
         ("device", args.device in ("auto", "cpu", "cuda") or args.device[:5] == "cuda:" and
          args.device[5:].isdigit(), "auto, cpu, cuda or cuda:N"),
