@@ -155,9 +155,8 @@ def main(argv=None):
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but no CUDA device is available: use --device cpu")
     device = torch.device(args.device.replace("auto", "cuda" if torch.cuda.is_available() else "cpu"))
-    forms = set(args.forms.split(","))
-    cpu_triton = "triton" in forms and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
-    if cpu_triton or not forms <= {"auto", "naive", "chunked", "triton"}:
+    forms = set(args.forms.split(",")) - {"auto", "naive", "chunked"}   # triton: CUDA or Triton's interpreter
+    if forms - {"triton"} or forms and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit(f"error: --forms {args.forms}: choose from auto, naive, chunked, triton (triton: "
                          "CUDA, or on the CPU TRITON_INTERPRET=1, slow)")
     print(f"device: {device}" + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads"))

@@ -100,8 +100,7 @@ def get_tokenizer(name="bytes"):
 def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache_dir=None):
     """data: "stdlib" (the standard library's .py files: offline text), "markov:k=8,..." (MARKOV_DEFAULTS),
     a text file or a directory of them (split train/val by document with `seed`), or a nanoGPT .bin (uint16,
-    or the "dtype" of a meta.json beside it). Text is tokenized once, into a cache keyed by the files (size
-    and mtime), the tokenizer and the split. info["key"]: these tokens' identity (with name, seed)."""
+    or meta.json's "dtype"). Text is tokenized once, in a cache keyed by the files, tokenizer and split."""
     require(isinstance(data, str) and data and is_int(seed, 0) and isinstance(val_fraction, (int, float)) and
             0 <= val_fraction < 1, f"load_data: need a data name, seed >= 0 and val_fraction in [0, 1)")
     if data == "markov" or data.startswith("markov:"):
@@ -142,7 +141,8 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
     key = hashlib.sha1(json.dumps([CACHE_VERSION, enc.name, seed, val_fraction, stats]).encode()).hexdigest()
     stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.path.basename(data.rstrip("/")))
     base = os.path.join(cache_dir, f"{stem or 'data'}-{enc.name}-{key[:16]}")
-    meta = _whole_cache(base) or _build_cache(base, data, files, enc, seed, val_fraction)
+    meta = os.path.exists(base + ".json") and _whole_cache(base) or \
+        _build_cache(base, data, files, enc, seed, val_fraction)
     tokens, n = np.memmap(base + ".bin", dtype=meta["dtype"], mode="r"), meta["n_train"]
     return Data(data, tokens[:n], tokens[n:], enc.n_vocab, enc.eot_token, enc, info=dict(meta, key=key[:16]))
 
@@ -357,9 +357,7 @@ def _whole_cache(base):   # its meta if base.bin has the size and sha1 that base
         meta, raw = json.loads(pathlib.Path(base + ".json").read_text()), np.memmap(base + ".bin", mode="r")
         if len(raw) == meta["bytes"] and hashlib.sha1(raw).hexdigest() == meta["sha1"]:
             return meta
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError):   # an empty .bin, a damaged .json
+    except (OSError, ValueError, KeyError, TypeError):   # no or an empty .bin, a damaged .json
         pass
     print(f"data: the cache {base}.bin is truncated or corrupt: rebuilding it", file=sys.stderr)
 
@@ -400,8 +398,7 @@ def _require_sampler_fits(what, tokens, batch_size, seq_len):
             f"and 1 <= seq_len < {len(tokens)} (the tokens): use a shorter seq_len or more data")
 
 
-def require_file(path, fix):
-    """-> os.stat of a regular file this process may read; else a DataError naming it (a FIFO would hang)."""
+def require_file(path, fix):   # -> os.stat of a regular file we may read, else DataError (a FIFO would hang)
     try:
         st = os.stat(path)
     except OSError as e:

@@ -434,8 +434,7 @@ def main(argv=None):
     a("--distance", default="tv", choices=sorted(DISTANCES), help="EffRem's distance (tv: the paper's)")
     a("--chunk-len", type=positive, help="tokens per model call while streaming: bounds memory, not results")
     a("--batch-size", type=positive, help="sequences per model call (EffRem: each brings one row per cut)")
-    a("--seed", type=lambda text: _ints(text, one=True, lo=0), default=0,
-      help="seed of the evaluation windows, task samples and bootstrap")
+    a("--seed", type=lambda t: _ints(t, True, 0), default=0, help="seed of the windows, samples, bootstrap")
     a("--out", default="out/eval", help="directory for eval.json and the PNGs")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"])
     a("--labels", nargs="+", help="one display name per checkpoint (default: the directory names)")
@@ -468,10 +467,8 @@ def _ints(text, one=False, lo=1):  # an argparse type: "128,256" -> [128, 256]; 
 
 def run(args):
     """Checks the flags (defaults: train_config), measures each checkpoint on the same data -> eval.json."""
-    require(not args.labels or len(args.labels) == len(args.ckpts),
-            f"--labels has {len(args.labels or [])} names for {len(args.ckpts)} checkpoints: give one each")
-    require(len(set(args.labels or [])) == len(args.labels or []), f"--labels {' '.join(args.labels or [])} "
-            "repeats a name: give each checkpoint its own")
+    require(not args.labels or len(args.ckpts) == len(args.labels) == len(set(args.labels)), f"--labels "
+            f"{' '.join(args.labels or [])}: give each of the {len(args.ckpts)} checkpoints its own name")
     require(not os.path.exists(args.out) or os.path.isdir(args.out) and os.access(args.out, os.W_OK),
             f"--out {args.out} is not a writable directory: pass another")  # now, not after the metrics
     for p in args.ckpts:

@@ -563,9 +563,8 @@ def write_atomically(path, write):
         os.replace(tmp, path)
     except BaseException as e:  # also Ctrl-C, SIGTERM: no temporary file is left
         pathlib.Path(tmp).unlink(missing_ok=True)
-        if not isinstance(e, (OSError, RuntimeError)):
+        if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a full disk as a RuntimeError
             raise
-        # torch.save reports a full disk as a RuntimeError; an OSError says why (permission denied, no space)
         why = f"{str(e).splitlines()[0]}; disk full?" if isinstance(e, RuntimeError) else e.strerror or e
         sys.exit(f"error: cannot write {path} ({why}): the previous one is intact")
 

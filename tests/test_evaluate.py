@@ -208,7 +208,7 @@ BAD_ARGV = [(["NOPE"], "no checkpoint"), (["BAD"], "corrupt"), (["CK", "CK", "--
             (["CK", "--babi-tasks", "qa99"], "unknown --babi-tasks"),
             (["CK", "--effrem-len", "999"], "--effrem-len 999 must lie"),
             # issue 19
-            (["CK", "--seed", "-1"], "--seed"), (["CK", "CK", "--labels", "a", "a"], "repeats"),
+            (["CK", "--seed", "-1"], "--seed"), (["CK", "CK", "--labels", "a", "a"], "own name"),
             (["CK", "--out", "CK/ckpt.pt"], "--out"), (["CK", "BPE"], "different tokenizers"),
             (["BPE", "--tokenizer", "bytes"], "does not match"),
             (["CK", "--metrics", "passkey", "--passkey-lengths", "50"], "--passkey-lengths"),
