@@ -155,6 +155,10 @@ def main(argv=None):
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but no CUDA device is available: use --device cpu")
     device = torch.device(args.device.replace("auto", "cuda" if torch.cuda.is_available() else "cpu"))
+    forms = set(args.forms.split(",")) - {"auto", "naive", "chunked"}   # triton: CUDA or Triton's interpreter
+    if forms - {"triton"} or forms and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit(f"error: --forms {args.forms}: choose from auto, naive, chunked, triton (triton: "
+                         "CUDA, or on the CPU TRITON_INTERPRET=1, slow)")
     print(f"device: {device}" + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads"))
     for what, bench in [("scans", bench_scans), ("eval", bench_eval), ("train", bench_train)]:
         if args.what == what or args.what == "all" and what != "train":

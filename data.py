@@ -8,6 +8,8 @@ import json
 import math
 import os
 import pathlib
+import stat
+import sys
 import sysconfig
 
 import numpy as np
@@ -16,7 +18,7 @@ from tqdm import tqdm
 
 EOT = "<|endoftext|>"
 DEFAULT_CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data_cache")  # gitignored
-CACHE_VERSION = 1  # bump when the cache layout or the document format changes
+CACHE_VERSION = 2  # bump when the cache layout or the document format changes
 
 # train, val: 1-D token ids (often np.memmaps); markov: tokenizer None, optimal_nll(windows) its exact floor.
 Data = collections.namedtuple("Data", "name train val vocab_size eot_token tokenizer optimal_nll info",
@@ -97,22 +99,32 @@ def get_tokenizer(name="bytes"):
 
 def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache_dir=None):
     """data: "stdlib" (the standard library's .py files: offline text), "markov:k=8,..." (MARKOV_DEFAULTS),
-    a text file or a directory of them (split train/val by document with `seed`), or a nanoGPT uint16 .bin.
-    Text is tokenized once, into a cache keyed by the files (size and mtime), the tokenizer and the split."""
+    a text file or a directory of them (split train/val by document with `seed`), or a nanoGPT .bin (uint16,
+    or meta.json's "dtype"). Text is tokenized once, in a cache keyed by the files, tokenizer and split."""
     require(isinstance(data, str) and data and is_int(seed, 0) and isinstance(val_fraction, (int, float)) and
             0 <= val_fraction < 1, f"load_data: need a data name, seed >= 0 and val_fraction in [0, 1)")
     if data == "markov" or data.startswith("markov:"):
         return _load_markov(data[7:], int(seed))
     enc = get_tokenizer(tokenizer)
     if data.endswith(".bin"):   # nanoGPT's prepare.py output: memory-mapped as is, val is its tail
-        size = os.path.getsize(data) if os.path.isfile(data) else 0
-        require(size and not size % 2, f"{data!r} is missing or not whole uint16 ids: pass a nanoGPT .bin")
-        require(enc.n_vocab <= 1 << 16, f"{enc.name!r} ids are past uint16: pass the text (uint32)")
-        tokens = np.memmap(data, dtype=np.uint16, mode="r")
+        meta, dtype = os.path.join(os.path.dirname(data), "meta.json"), "uint16"   # meta: a wider dtype
+        try:
+            dtype = json.loads(pathlib.Path(meta).read_text())["dtype"] if os.path.exists(meta) else dtype
+        except (ValueError, TypeError, KeyError):
+            dtype = None
+        require(dtype in ("uint16", "uint32"), f'{meta} must hold {{"dtype": "uint16"}} or "uint32": fix it')
+        require(dtype == "uint32" or enc.n_vocab <= 1 << 16, f"{enc.name!r} ids are past uint16: write "
+                f'uint32 ids and declare "dtype": "uint32" in {meta}')
+        size, width = require_file(data, "pass a nanoGPT .bin").st_size, np.dtype(dtype).itemsize
+        require(size and not size % width, f"{data!r} holds {size} bytes, not whole {dtype} ids: pass a "
+                f"nanoGPT .bin (another dtype: declare it in {meta})")
+        tokens = np.memmap(data, dtype=dtype, mode="r")
+        require(dtype != "uint16" or len(tokens) < 4 or tokens[1::2].any() or not tokens[::2].any(),
+                f'{data!r} looks like uint32 ids (odd uint16s all 0): declare "dtype": "uint32" in {meta}')
         top = int(tokens.max())   # the whole file: an id past the vocabulary would fail mid-training
         require(top < enc.n_vocab, f"{data!r} holds id {top}, past {enc.name!r}: pass its --tokenizer")
         n = len(tokens) - round(len(tokens) * val_fraction)
-        return Data(data, tokens[:n], tokens[n:], enc.n_vocab, enc.eot_token, enc)
+        return Data(data, tokens[:n], tokens[n:], enc.n_vocab, enc.eot_token, enc, info=dict(key=f"{size}B"))
     stdlib = data == "stdlib"   # its .py files, not site-packages (per machine) nor tests (often stripped)
     root = sysconfig.get_paths()["stdlib"] if stdlib else data
     require(os.path.isdir(root) or os.path.isfile(root), f"no such file or directory {data!r}: pass a "
@@ -124,15 +136,15 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
         files += [os.path.join(path, f) for f in names if f.endswith(".py" if stdlib else "") and f[0] != "."]
     require(files, f"{root!r} holds no files: point --data at a folder of text files")
     files, seed, cache_dir = sorted(files), int(seed), cache_dir or DEFAULT_CACHE_DIR
-    stats = [(os.path.abspath(f), st.st_size, st.st_mtime_ns) for f in files for st in [os.stat(f)]]
+    stats = [(os.path.abspath(f), st.st_size, st.st_mtime_ns) for f in files   # no FIFO, nothing unreadable
+             for st in [require_file(f, "make it readable, or leave it out of --data")]]
     key = hashlib.sha1(json.dumps([CACHE_VERSION, enc.name, seed, val_fraction, stats]).encode()).hexdigest()
     stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.path.basename(data.rstrip("/")))
     base = os.path.join(cache_dir, f"{stem or 'data'}-{enc.name}-{key[:16]}")
-    if not os.path.exists(base + ".json"):   # written last: it marks a complete cache
+    meta = os.path.exists(base + ".json") and _whole_cache(base) or \
         _build_cache(base, data, files, enc, seed, val_fraction)
-    meta = json.loads(pathlib.Path(base + ".json").read_text())
     tokens, n = np.memmap(base + ".bin", dtype=meta["dtype"], mode="r"), meta["n_train"]
-    return Data(data, tokens[:n], tokens[n:], enc.n_vocab, enc.eot_token, enc, info=meta)
+    return Data(data, tokens[:n], tokens[n:], enc.n_vocab, enc.eot_token, enc, info=dict(meta, key=key[:16]))
 
 
 # --- 2. The in-context Markov process and its exact Bayes floor -----------------------------------
@@ -307,6 +319,7 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
         n_val = min(len(files) - 1, max(1, round(val_fraction * len(files))))
         is_val[np.random.default_rng(seed).permutation(len(files))[:n_val]] = 1
     dtype, n, docs, skipped = np.uint16 if enc.n_vocab <= 1 << 16 else np.uint32, [0, 0], [0, 0], 0
+    sha1 = hashlib.sha1()   # of the .bin: verified before each use (_whole_cache)
     os.makedirs(os.path.dirname(base), exist_ok=True)
     try:
         with open(tmp, "wb") as out:
@@ -320,13 +333,15 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
                 if text:   # encode_ordinary: "<|endoftext|>" in a file is plain text, not a document boundary
                     ids = np.array([enc.eot_token] + enc.encode_ordinary(text), dtype)
                     out.write(ids.tobytes())
+                    sha1.update(ids.tobytes())
                     n[is_val[i]], docs[is_val[i]] = n[is_val[i]] + len(ids), docs[is_val[i]] + 1
         require(docs[0] and (docs[1] or not is_val.any()), f"{label!r}: no UTF-8 text documents for the "
                 f"{'val' if docs[0] else 'train'} split ({skipped} of {len(files)} skipped): pass text files")
         if not docs[1]:   # one document: split its tokens
             n = [n[0] - round(n[0] * val_fraction), round(n[0] * val_fraction)]
         meta = dict(source=label, tokenizer=enc.name, dtype=np.dtype(dtype).name, n_train=n[0], n_val=n[1],
-                    docs_train=docs[0], docs_val=docs[1], skipped_files=skipped)
+                    docs_train=docs[0], docs_val=docs[1], skipped_files=skipped,
+                    bytes=sum(n) * np.dtype(dtype).itemsize, sha1=sha1.hexdigest())
         os.replace(tmp, base + ".bin")
         pathlib.Path(tmp).write_text(json.dumps(meta, indent=1))
         os.replace(tmp, base + ".json")
@@ -334,19 +349,31 @@ def _build_cache(base, label, files, enc, seed, val_fraction):
         pathlib.Path(tmp).unlink(missing_ok=True)
     print(f"data: cached {label}: {docs[0]}+{docs[1]} docs, {n[0]}+{n[1]} tokens ({skipped} files skipped: "
           f"binary, not UTF-8 or empty) -> {base}.bin")
+    return meta
+
+
+def _whole_cache(base):   # its meta if base.bin has the size and sha1 that base.json (written last) records
+    try:
+        meta, raw = json.loads(pathlib.Path(base + ".json").read_text()), np.memmap(base + ".bin", mode="r")
+        if len(raw) == meta["bytes"] and hashlib.sha1(raw).hexdigest() == meta["sha1"]:
+            return meta
+    except (OSError, ValueError, KeyError, TypeError):   # no or an empty .bin, a damaged .json
+        pass
+    print(f"data: the cache {base}.bin is truncated or corrupt: rebuilding it", file=sys.stderr)
 
 
 def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): not cached on disk
     cfg, usage = dict(MARKOV_DEFAULTS), ",".join(f"{k}={v}" for k, v in MARKOV_DEFAULTS.items())
     items = [item.split("=") for item in spec.replace(" ", "").split(",") if item]
-    try:   # an unknown key, a missing "=" or a value of the wrong type
+    try:   # an unknown or repeated key, a missing "=" or a value of the wrong type
         cfg.update({k: type(cfg[k])(v) for k, v in items})
+        require(len(dict(items)) == len(items), "")
     except (KeyError, ValueError):
-        raise DataError(f"markov: bad options {spec!r}: use some of {usage}") from None
-    k, alpha, shared = cfg["k"], cfg["alpha"], cfg["shared"]
-    require(2 <= k < 65535 and alpha > 0 and cfg["doc_len"] >= 2 and min(cfg["docs"], cfg["val_docs"]) >= 1
-            and shared >= 0, f"markov: need 2 <= k < 65535, alpha > 0, doc_len >= 2, docs >= 1, val_docs "
-            f">= 1, shared >= 0; got {spec!r}")
+        raise DataError(f"markov: bad options {spec!r}: use some of {usage}, each once") from None
+    k, alpha, shared, docs = cfg["k"], cfg["alpha"], cfg["shared"], (cfg["docs"], cfg["val_docs"])
+    require(2 <= k and max(docs) * k * k <= 1 << 27 and 0 < alpha < math.inf and 0 <= shared < math.inf and
+            cfg["doc_len"] >= 2 and min(docs) >= 1, f"markov: need 2 <= k, docs x k x k <= 2**27 (1 GiB of "
+            f"transitions), finite alpha > 0, shared >= 0, doc_len >= 2, docs, val_docs >= 1; got {spec!r}")
 
     def draw(docs, split):   # -> the stream [eot d1 eot d2 ...]
         tokens, _ = sample_markov(k, alpha, cfg["doc_len"], docs, seed, split, shared)
@@ -369,6 +396,16 @@ def _batch(tokens, starts, seq_len, new_doc=None):
 def _require_sampler_fits(what, tokens, batch_size, seq_len):
     require(is_int(batch_size) and is_int(seq_len) and len(tokens) > seq_len, f"{what}: need batch_size >= 1 "
             f"and 1 <= seq_len < {len(tokens)} (the tokens): use a shorter seq_len or more data")
+
+
+def require_file(path, fix):   # -> os.stat of a regular file we may read, else DataError (a FIFO would hang)
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise DataError(f"{path}: {e.strerror}: {fix}") from None
+    require(stat.S_ISREG(st.st_mode), f"{path} is not a regular file (a FIFO, device or folder?): {fix}")
+    require(os.access(path, os.R_OK), f"{path}: permission denied: {fix}")
+    return st
 
 
 def require(ok, message):   # bad input: a one-line DataError naming the problem and the fix (evaluate's too)

@@ -11,6 +11,8 @@ import argparse
 import json
 import math
 import os
+import pathlib
+import signal
 import sys
 
 import matplotlib.figure  # no pyplot: figures written to files, no backend to choose
@@ -22,6 +24,7 @@ from tqdm import tqdm
 import data
 import model
 import tasks
+import train
 from data import require
 
 MIN_SEQS = 16  # below this many sequences the verdict's bootstrap means nothing: warn
@@ -431,7 +434,7 @@ def main(argv=None):
     a("--distance", default="tv", choices=sorted(DISTANCES), help="EffRem's distance (tv: the paper's)")
     a("--chunk-len", type=positive, help="tokens per model call while streaming: bounds memory, not results")
     a("--batch-size", type=positive, help="sequences per model call (EffRem: each brings one row per cut)")
-    a("--seed", type=int, default=0, help="seed of the evaluation windows, task samples and bootstrap")
+    a("--seed", type=lambda t: _ints(t, True, 0), default=0, help="seed of the windows, samples, bootstrap")
     a("--out", default="out/eval", help="directory for eval.json and the PNGs")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"])
     a("--labels", nargs="+", help="one display name per checkpoint (default: the directory names)")
@@ -443,25 +446,31 @@ def main(argv=None):
     a("--babi-lengths", type=_ints, default="512,1024,2048,4096", help="total lengths (stories: ~470 tokens)")
     a("--babi-tasks", help="comma-separated bAbI tasks (default: train_config babi_tasks, else all)")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: one line, below
     try:
         show(run(args), args.out)
     except (ValueError, OSError, RuntimeError) as e:  # bad input: one line naming the problem and the fix
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: {args.out}/eval.json not written (a previous one is intact)", file=sys.stderr)
+        return 1
     return 0
 
 
-def _ints(text, one=False):  # an argparse type: "128,256" -> [128, 256]; one=True: "128" -> 128
-    kind = "a positive integer" if one else "comma-separated positive integers"
-    if not all(v.isdigit() and int(v) > 0 for v in text.split(",")) or one and "," in text:
+def _ints(text, one=False, lo=1):  # an argparse type: "128,256" -> [128, 256]; one=True: "128" -> 128
+    kind = ("a positive integer" if one else "comma-separated positive integers") if lo else "in [0, 2**63)"
+    if not all(v.isdigit() and lo <= int(v) < 2**63 for v in text.split(",")) or one and "," in text:
         raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}")
     return int(text) if one else [int(v) for v in text.split(",")]
 
 
 def run(args):
     """Checks the flags (defaults: train_config), measures each checkpoint on the same data -> eval.json."""
-    require(not args.labels or len(args.labels) == len(args.ckpts),
-            f"--labels has {len(args.labels or [])} names for {len(args.ckpts)} checkpoints: give one each")
+    require(not args.labels or len(args.ckpts) == len(args.labels) == len(set(args.labels)), f"--labels "
+            f"{' '.join(args.labels or [])}: give each of the {len(args.ckpts)} checkpoints its own name")
+    require(not os.path.exists(args.out) or os.path.isdir(args.out) and os.access(args.out, os.W_OK),
+            f"--out {args.out} is not a writable directory: pass another")  # now, not after the metrics
     for p in args.ckpts:
         require(os.path.exists(p), f"no checkpoint at {p}: check the path (train.py writes OUT/ckpt.pt)")
     cfgs = [model.train_config(p) for p in args.ckpts]  # a corrupt checkpoint is reported as corrupt
@@ -481,9 +490,17 @@ def run(args):
                                              f"({max(t_trains)}): try --eval-len {16 * max(t_trains)}")
         require(not args.effrem_len or 1 < args.effrem_len <= args.eval_len, f"--effrem-len "
                 f"{args.effrem_len} must lie in [2, --eval-len {args.eval_len}]: lower it or raise that")
+    ids = {c["tokenizer_id"] for c in cfgs if c.get("tokenizer_id")}   # the runs' tokenizers (train.py)
+    require(len(ids) <= 1, f"the checkpoints were trained with different tokenizers {sorted(ids)}: evaluate "
+                           "them separately")
     args.tokenizer = _agree(args, cfgs, "tokenizer", required=False) or "bytes"
+    enc = data.get_tokenizer(args.tokenizer)
+    require(ids <= {enc.name}, f"--tokenizer {args.tokenizer} ({enc.name}) does not match the checkpoints' "
+                               f"{''.join(ids)}: pass the tokenizer.json they were trained with")
+    _ = set(args.metrics) & set(TASK_METRICS) and tasks.task_tokenizer(args.tokenizer)  # it spells the tasks
+    _ = "passkey" in args.metrics and tasks.passkey_sample(args.tokenizer, min(args.passkey_lengths))  # fits
     seeds = {c.get("split_seed", c.get("seed")) for c in cfgs} - {None}  # which documents are validation
-    require(len(seeds) <= 1, f"the checkpoints were trained with --split-seed {sorted(seeds)}, which split the "
+    require(len(seeds) <= 1, f"the checkpoints were trained with --split-seed {sorted(seeds)}, splitting the "
                              "data differently: evaluate them separately")
     args.data_seed = seeds.pop() if seeds else 0
     args.babi_tasks = (_agree(args, cfgs, "babi_tasks", False) or ",".join(tasks.BABI_TASKS)).split(",")
@@ -513,13 +530,16 @@ def run(args):
         require(corpus.tokenizer is not None, f"babilong: {corpus.name} is a synthetic process, not text to "
                                               "hide stories in: pass --data stdlib (or a text path)")
         args.filler = corpus.val
+        for t in args.babi_tasks:  # a story of each task fits the shortest length: said before any metric
+            tasks.babi_mixture(args.tokenizer, min(args.babi_lengths), [args.seed], (t,), args.filler)
         report.update(babi_tasks=args.babi_tasks, babi_filler=f"{corpus.name} (val split)")
     vocab = max([int(args.windows.max()) + 1 if lm_metrics else 0]
                 + [data.get_tokenizer(args.tokenizer).n_vocab] * bool(set(args.metrics) & set(TASK_METRICS)))
     for path, label, t_train in zip(args.ckpts, args.labels, t_trains):
         lm = model.from_pretrained(path, device=args.device)
-        require(vocab <= lm.cfg.vocab_size, f"{path}: the data / tokenizer has {vocab} token ids, the model "
-                                            f"{lm.cfg.vocab_size}: use the ones it was trained with")
+        require(vocab <= lm.cfg.vocab_size <= 2 * enc.n_vocab, f"{path}: the data / tokenizer has {vocab} "
+                f"token ids (--tokenizer {args.tokenizer}: {enc.n_vocab}), the model {lm.cfg.vocab_size}: "
+                "use the ones it was trained with (an official model: --tokenizer PATH/tokenizer.json)")
         report["models"].append(measure(lm, t_train, args, label=label, path=path))
     per_seq = {m["label"]: m.pop("per_seq", None) for m in report["models"]}  # bucketed NLL [n, K]
     for m in [m for m in report["models"] if args.reference not in (None, m["label"])]:  # the same windows:
@@ -527,8 +547,8 @@ def run(args):
     os.makedirs(args.out, exist_ok=True)
     # tensors -> lists, nan / inf -> null: strict JSON
     report = json.loads(json.dumps(report, default=lambda t: t.tolist()), parse_constant=lambda _: None)
-    with open(os.path.join(args.out, "eval.json"), "w") as f:
-        json.dump(report, f, indent=1)
+    train.write_atomically(os.path.join(args.out, "eval.json"),   # Ctrl-C: the previous one stays whole
+                           lambda tmp: pathlib.Path(tmp).write_text(json.dumps(report, indent=1)))
     return report
 
 

@@ -203,11 +203,15 @@ def official_config(path):
             c = json.load(f)
         except ValueError:
             raise ValueError(f"{file} is not valid JSON: re-download it") from None
-    bad = sorted(set(c) - OFFICIAL_KEYS) + [f"no {k}" for k in ("d_model", "n_layer", "vocab_size")
-                                            if k not in c]
+    if not isinstance(c, dict):
+        raise ValueError(f"{file} is not a JSON object (a Mamba config): re-download it")
+    sizes = ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple")   # each a positive integer
+    bad = sorted(set(c) - OFFICIAL_KEYS) + [f"no {k}" for k in sizes[:3] if k not in c] + [
+        f"{k} {c[k]!r}" for k in sizes if k in c and not (type(c[k]) is int and c[k] > 0)] + [
+        f"ssm_cfg {c.get('ssm_cfg')!r}"] * (not isinstance(c.get("ssm_cfg") or {}, dict))
     unsupported = c.get("d_intermediate") or c.get("attn_layer_idx") or not c.get("rms_norm", True)
     if bad or unsupported or not c.get("tie_embeddings", True):
-        raise ValueError(f"{file}: not a Mamba LM this repo loads faithfully (keys {bad}; hybrid "
+        raise ValueError(f"{file}: not a Mamba LM this repo loads faithfully ({', '.join(bad)}; hybrid "
                          "MLP/attention layers, LayerNorm and untied embeddings are not supported)")
     mixer = dict(c.get("ssm_cfg") or {})
     arch = "mamba2" if mixer.pop("layer", "Mamba1") == "Mamba2" else "mamba1"
@@ -230,6 +234,8 @@ def read_checkpoint(path, device, **kw):
         raise FileNotFoundError(f"{path} does not exist")
     try:
         return torch.load(path, map_location=device, weights_only=True, **kw)
+    except OSError as e:   # permission denied, not "corrupt"
+        raise ValueError(f"cannot read {path} ({e.strerror}): fix its permissions") from None
     except Exception as e:
         # (torch's own text may give advice, e.g. weights_only=False, that is wrong for an unknown file)
         raise ValueError(f"cannot read {path} (corrupt or not a torch checkpoint: {type(e).__name__}): "

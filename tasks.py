@@ -31,7 +31,7 @@ PASSKEY_QUESTION = " What is the pass key? The pass key is"
 def passkey_sample(tokenizer, length, depth=None, seed=0):
     """A 5-digit key at `depth` (fraction of filler before it, at a sentence boundary; None: uniform) in
     filler, then the question; the answer " {key}." has the paper's period: the model learns to stop."""
-    enc, (content_rng, layout_rng) = get_tokenizer(tokenizer), _rngs(seed, 2)
+    enc, (content_rng, layout_rng) = task_tokenizer(tokenizer), _rngs(seed, 2)
     key = str(int(content_rng.integers(10_000, 100_000)))
     depth = float(layout_rng.random()) if depth is None else depth
     require(0 <= depth <= 1, f"passkey_sample: depth must be in [0, 1], got {depth}")
@@ -56,7 +56,7 @@ COPY_SEP, COPY_EOS = b"\x1d", b"\x03"
 
 def copy_sample(tokenizer, length, seed=0):
     """A random string of `length` (or drawn from [lo, hi]) letters to copy: 2 * length + 3 tokens."""
-    enc, (rng,) = get_tokenizer(tokenizer), _rngs(seed, 1)
+    enc, (rng,) = task_tokenizer(tokenizer), _rngs(seed, 1)
     drawn = isinstance(length, (tuple, list))
     lo, hi = tuple(length) if drawn and len(length) == 2 else (length, length)
     require(is_int(lo) and is_int(hi, lo), f"copy_sample: need length >= 1 or (lo, hi), 1 <= lo <= hi")
@@ -228,7 +228,7 @@ def babi_story(task, seed=0):
 def babi_sample(task, tokenizer, length, seed=0, filler_tokens=None):
     """A bAbI story (task "qa1".."qa10", None: drawn uniformly) in order at random boundaries of our
     filler or of filler_tokens (a stream of the same tokenizer), "Question: ...\nAnswer:", " {answer}."."""
-    enc, (task_rng, story_rng, layout_rng) = get_tokenizer(tokenizer), _rngs(seed, 3)
+    enc, (task_rng, story_rng, layout_rng) = task_tokenizer(tokenizer), _rngs(seed, 3)
     task = _pick(task_rng, list(BABI_TASKS)) if task is None else task   # babi_story checks it
     events, question, answer, asked = babi_story(task, int(story_rng.integers(2**63)))
     facts = [f" {e['text']}" if filler_tokens is None else f"{e['text']}\n" for e in events]
@@ -250,7 +250,7 @@ def babi_mixture(tokenizer, length, seed, babi_tasks, filler_tokens=None):
         except DataError as e:
             if "too short" not in str(e):
                 raise
-    raise DataError(f"no {task} story fits in {length} tokens: use a larger --seq-len (>= 512 with bytes)")
+    raise DataError(f"no {task} story fits in {length} tokens: use a larger length (bytes: >= 512; {FLAGS})")
 
 
 # --- Scoring ----------------------------------------------------------------------------------
@@ -269,7 +269,19 @@ def cut_answer(text):
 TASKS = {"passkey": passkey_sample, "copy": copy_sample, "babilong": babi_sample}   # train.py --task
 
 
-# --- Plumbing: seeded streams, hiding facts in filler, a random pick --------------------------------
+# --- Plumbing: the tokenizer, seeded streams, hiding facts in filler, a random pick ---------------------
+FLAGS = "train.py --seq-len; evaluate.py --passkey-lengths, --babi-lengths"   # where a length comes from
+
+
+def task_tokenizer(tokenizer):
+    """get_tokenizer's, if it spells the tasks' text back exactly: answers are compared as text (a WordPiece
+    or WordLevel tokenizer.json reads the separators as [UNK] and cannot)."""
+    enc, text = get_tokenizer(tokenizer), PASSKEY_QUESTION + " 12345.\nAnswer:\x1d\x03"   # COPY_SEP, COPY_EOS
+    require(enc.decode(enc.encode_ordinary(text)) == text, f"tokenizer {tokenizer} "
+            "cannot spell the tasks' text: use a byte-level BPE (e.g. GPT-NeoX's tokenizer.json)")
+    return enc
+
+
 def _rngs(seed, n):
     return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(n)]
 
@@ -281,7 +293,7 @@ def _hide(enc, what, length, facts, question, answer, place, corpus=None, rng=No
     *pieces, question, answer = (enc.encode_ordinary(text) for text in facts + [question, answer])
     n = length - 1 - sum(map(len, pieces + [question, answer]))
     require(n >= 0, f"{what}: length {length} is too short, its sentences and question alone take "
-            f"{length - n} tokens: use a longer length (--seq-len)")
+            f"{length - n} tokens: use a longer length ({FLAGS})")
     if corpus is None:   # the LAST n tokens of our sentences repeated; boundaries between whole sentences
         sentences = [enc.encode_ordinary(s) for s in FILLER_SENTENCES]
         sentences *= n // sum(map(len, sentences)) + 1

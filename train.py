@@ -16,6 +16,7 @@ import json
 import math
 import os
 import pathlib
+import signal
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -118,6 +119,20 @@ def setup_data(args, rank):
     corpus = data.load_data(args.data, args.tokenizer, args.split_seed) if lm_data else None
     if args.task == "babilong" and corpus.tokenizer is None:
         raise ValueError(f"--task babilong hides its stories in --data text, but {corpus.name} is not text")
+    for split, tokens in (("training", corpus.train), ("validation", corpus.val)) if corpus else ():
+        if len(tokens) <= args.seq_len:
+            raise ValueError(f"the {split} split of {corpus.name} has {len(tokens)} tokens, --seq-len "
+                             f"{args.seq_len} needs more: use more text or a smaller --seq-len")
+    # what the run read, kept in its checkpoint: a resume must read the same, post-training the same tokenizer
+    now = dict(tokenizer_id=data.get_tokenizer(args.tokenizer).name, data_id=corpus and " ".join(
+        [corpus.name, str(corpus.info.get("key", "")), f"split-seed {args.split_seed}"]))
+    saved = vars(args) if args.resume else model.train_config(args.init_from) if args.init_from else {}
+    for key, flag, fix in [("tokenizer_id", "--tokenizer", "pass the tokenizer.json it was trained with")] + [
+            ("data_id", "--data", "restore its files, or start a new run")] * args.resume:
+        if saved.get(key) not in (None, now[key]):
+            raise ValueError(f"{flag} {getattr(args, flag[2:])} ({now[key]}) does not match "
+                             f"{args.out if args.resume else args.init_from}'s {saved[key]}: {fix}")
+    vars(args).update(now)
     if args.task == "lm":
         Sampler = data.DocumentStreams if args.init_state == "tbtt" or args.streams else data.RandomWindows
         eot = (corpus.eot_token,) if Sampler is data.DocumentStreams else ()
@@ -147,9 +162,14 @@ def setup_model(args, device, vocab_size, sampler, path, rank, world):
     else:
         lm = model.from_pretrained(args.init_from) if args.init_from else \
             model.LM(model.make_config(args.arch, args.size, vocab_size=vocab_size))
-    args.arch = lm.cfg.arch
+    args.arch, n_vocab = lm.cfg.arch, data.get_tokenizer(args.tokenizer).n_vocab
     if lm.cfg.vocab_size < vocab_size:
         raise ValueError(f"the data's vocabulary ({vocab_size}) exceeds the model's: use its --tokenizer")
+    if lm.cfg.vocab_size > 2 * n_vocab and args.init_from and not args.resume:  # an official LM on bytes
+        raise ValueError(f"--init-from {args.init_from} has a vocabulary of {lm.cfg.vocab_size}, --tokenizer "
+                         f"{args.tokenizer} {n_vocab}: pass the model's --tokenizer PATH/tokenizer.json")
+    if resume and args.steps < resume["step"]:
+        raise ValueError(f"--steps {args.steps} is below the step of {path} ({resume['step']}): pass more")
     optimizer = make_optimizer(lm.to(device), args.lr, args.weight_decay, device)
     strategy = interventions.make_strategy(args.init_state, lm, args.batch_size, sigma=args.sigma,
                                            p_reset=args.p_reset, seed=args.seed + rank)
@@ -307,12 +327,21 @@ MAY_CHANGE = ("steps", "ckpt_interval", "eval_interval", "lr", "grad_clip")
 
 
 def main(argv=None):
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: temporary files removed
+    args = None
     try:
         args = get_args(argv)
         seeds = parse_seeds(args.seeds) if args.seeds else [args.seed]
         return demo(f"{args.out}/demo", seeds, args.device, args.quiet) if args.demo else train(args)
     except (OSError, ValueError, data.TokenizerUnavailableError) as e:  # bad input: one line, no traceback
         sys.exit(f"error: {e}")
+    except MemoryError:
+        sys.exit("error: out of memory: lower --batch-size (and raise --grad-accum) or --seq-len")
+    except KeyboardInterrupt:  # each file is replaced whole (write_atomically): the last checkpoint is intact
+        ckpt = args and os.path.join(args.out, "ckpt.pt")
+        step = ckpt and os.path.isfile(ckpt) and model.read_checkpoint(ckpt, "cpu", mmap=True).get("step")
+        sys.exit(f"interrupted: the last checkpoint {ckpt} (step {step}) is intact; continue with --resume"
+                 if step else "interrupted before the first checkpoint: nothing to resume")
 
 
 def parse_seeds(text):
@@ -356,17 +385,20 @@ def resolve(args):
                      f"{'; '.join(differ)}. Drop them, or start a new run with another --out")
         vars(args).update({k: v for k, v in saved.items() if k not in given and k not in PER_INVOCATION})
     parent = model.train_config(args.init_from) if args.init_from and not args.resume else {}
+    if args.init_from and not args.resume and {"arch", "size"} & given:
+        sys.exit("error: the architecture and size come from --init-from: drop --arch and --size")
+    inherited = ("data", "tokenizer", "seq_len", "split_seed", "arch", "size")  # args.json: what is used
     for k, v in DEFAULTS.items():
         if getattr(args, k) is None:
-            setattr(args, k, parent.get(k, v) if k in ("data", "tokenizer", "seq_len", "split_seed") else v)
+            setattr(args, k, parent.get(k, v) if k in inherited else v)
     if args.data_seed is None:  # post-training reads on in its parent's stream (read_on)
         args.data_seed = parent.get("data_seed", parent.get("seed", args.seed))
     if args.resume:
         return
     if args.init_from and os.path.isfile(os.path.join(args.init_from, "config.json")):
         c = model.official_config(args.init_from)  # official: the preset of its shape
-        args.size = next((s for s, p in model.PRESETS[c.arch].items()
-                          if (p["d_model"], p["n_layer"]) == (c.d_model, c.n_layer)), None)
+        args.arch, args.size = c.arch, next((s for s, p in model.PRESETS[c.arch].items()
+                                             if (p["d_model"], p["n_layer"]) == (c.d_model, c.n_layer)), None)
     args.peak_lr = parent.get("peak_lr") or not args.init_from and args.lr or PEAK_LR.get(args.size, 3e-3)
     args.lr = args.lr if args.lr is not None else args.peak_lr / (10 if args.init_from else 1)
     args.min_lr = args.min_lr if "min_lr" in given else min(args.min_lr, args.lr)
@@ -382,7 +414,10 @@ def exit_on_bad_flags(args):
     positive = "seq_len batch_size grad_accum steps ckpt_interval eval_interval eval_batches".split()
     rules = [(k, getattr(args, k) > 0, "a positive integer") for k in positive] + [
         ("stop_at", args.stop_at is None or args.stop_at > 0, "a positive integer"),
-        *[(k, getattr(args, k) >= 0, "an integer >= 0") for k in ("seed", "data_seed", "split_seed")],
+        ("batch_size", args.batch_size * args.seq_len <= 1 << 32, "at most 2**32 tokens / --seq-len"),
+        *[(k, 0 <= getattr(args, k) < 2**63, "in [0, 2**63)") for k in ("seed", "data_seed", "split_seed")],
+        ("device", args.device in ("auto", "cpu", "cuda") or args.device[:5] == "cuda:" and
+         args.device[5:].isdigit(), "auto, cpu, cuda or cuda:N"),
         ("tokens", args.tokens is None or fin(args.tokens) and args.tokens > 0, "a finite number > 0"),
         ("lr", fin(args.lr) and args.lr > 0, "finite and > 0"),
         ("min_lr", 0 <= args.min_lr <= args.lr, f"in [0, --lr] = [0, {args.lr:g}]"),
@@ -391,7 +426,7 @@ def exit_on_bad_flags(args):
         ("grad_clip", args.grad_clip > 0, "> 0 (inf: no clipping)"),
         ("sigma", fin(args.sigma) and args.sigma > 0, "finite and > 0"),
         ("p_reset", 0 <= args.p_reset <= 1, "a probability in [0, 1]")]
-    problems = [f"--{k.replace('_', '-')} must be {rule}, got {getattr(args, k)}" for k, ok, rule in rules
+    problems = [f"--{k.replace('_', '-')} must be {rule}, got {getattr(args, k)!r}" for k, ok, rule in rules
                 if not ok]
     lo, _, hi = args.copy_len.partition(",")
     bad_babi = [t for t in args.babi_tasks.split(",") if t not in tasks.BABI_TASKS]
@@ -413,10 +448,10 @@ def exit_on_bad_flags(args):
     ] if bad]
     if problems:
         sys.exit(f"error: {problems[0]}")
-    try:  # one example, so that a --seq-len too short for the task is a clear error now
-        _ = args.task in ("passkey", "babilong") and make_task_sampler(args, 0, None).next_samples()
+    try:  # one example, so that a --seq-len too short for the task, or a --tokenizer, is a clear error now
+        _ = args.task != "lm" and make_task_sampler(args, 0, None).next_samples()
     except ValueError as e:
-        sys.exit(f"error: --seq-len {args.seq_len} is too short for --task {args.task}: {e}")
+        sys.exit(f"error: --task {args.task}: {e}")
 
 
 def lr_at(step, args):
@@ -495,10 +530,14 @@ def open_run(args, step):
                      f"it, or use another --out")
         lock.truncate(0)
         print(os.getpid(), file=lock, flush=True)
-        pathlib.Path(args.out, "args.json").write_text(json.dumps(vars(args), indent=1))
         path = os.path.join(args.out, "metrics.jsonl")
         rows = open(path).readlines() if os.path.exists(path) else []
-        rows = [r for r in rows if r.endswith("}\n") and json.loads(r)["step"] <= step]
+        try:  # a row cut short by a kill has no "}\n": dropped
+            rows = [r for r in rows if r.endswith("}\n") and json.loads(r)["step"] <= step]
+        except (ValueError, KeyError, TypeError):
+            sys.exit(f"error: {path} holds a row that is not train.py's (JSON with a step): move it away")
+        write_atomically(os.path.join(args.out, "args.json"), lambda tmp: pathlib.Path(tmp).write_text(
+            json.dumps(vars(args), indent=1)))
         write_atomically(path, lambda tmp: pathlib.Path(tmp).write_text("".join(rows)))
         with open(path, "a") as log:
             yield log
@@ -522,10 +561,12 @@ def write_atomically(path, write):
     try:
         write(tmp)
         os.replace(tmp, path)
-    except (OSError, RuntimeError) as e:  # torch.save reports a full disk as a RuntimeError
+    except BaseException as e:  # also Ctrl-C, SIGTERM: no temporary file is left
         pathlib.Path(tmp).unlink(missing_ok=True)
-        sys.exit(f"error: cannot write {path} ({str(e).splitlines()[0]}; disk full?): the previous one is "
-                 "intact")
+        if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a full disk as a RuntimeError
+            raise
+        why = f"{str(e).splitlines()[0]}; disk full?" if isinstance(e, RuntimeError) else e.strerror or e
+        sys.exit(f"error: cannot write {path} ({why}): the previous one is intact")
 
 
 if __name__ == "__main__":

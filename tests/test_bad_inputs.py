@@ -6,25 +6,43 @@ import hashlib
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
+import numpy as np
 import pytest
 import torch
 
+import data
+import evaluate
 import interventions
 import model
 import train
-from conftest import ROOT, TRAIN, official_dir, tiny_lm
+from conftest import CORPUS_TEXT, ROOT, TRAIN, official_dir, tiny_lm
 
 
 @pytest.fixture(scope="module")
-def user(tmp_path_factory):
+def user(tmp_path_factory, tok_json):
     """What a user has: finished runs (one as if saved by 2 processes), official-layout dirs, a file."""
     d = tmp_path_factory.mktemp("user")
     train.main(TRAIN + ["--init-state", "zero", "--steps", "2", "--out", str(d / "run")])
     ck = torch.load(shutil.copytree(d / "run", d / "two-ranks") / "ckpt.pt", weights_only=True)
     torch.save(dict(ck, sampler=ck["sampler"] * 2, strategy=ck["strategy"] * 2), d / "two-ranks/ckpt.pt")
+    for name, row in (("no-step", '{"loss": 1}\n'), ("not-json", "garbage}\n")):  # metrics.jsonl rows
+        with open(shutil.copytree(d / "run", d / name) / "metrics.jsonl", "a") as f:
+            f.write(row)
+    shutil.copy(tok_json, d / "bpe.json")
+    (d / "short.txt").write_text("tiny text\n")
+    np.arange(65, 97, dtype=np.uint32).repeat(8).tofile(d / "u32.bin")   # uint32 ids, no meta.json
+    (d / "fifo").mkdir()
+    (d / "fifo" / "a.txt").write_text(CORPUS_TEXT)
+    os.mkfifo(d / "fifo" / "pipe")
+    import tokenizers  # tok_json: installed
+    wordlevel = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "the": 1}, unk_token="[UNK]"))
+    wordlevel.add_special_tokens(["<|endoftext|>"])
+    wordlevel.save(str(d / "wordlevel.json"))
     lm = tiny_lm()
     config = dict(d_model=64, n_layer=2, vocab_size=257, ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2"),
                   rms_norm=True)
@@ -33,12 +51,15 @@ def user(tmp_path_factory):
                "untied": ({"tie_embeddings": False}, head), "head": ({}, head),
                "int-weights": ({}, {"backbone.norm_f.weight": torch.ones(64, dtype=torch.int64)}),
                "nan-weights": ({}, {"backbone.norm_f.weight": torch.full((64,), float("nan"))}),
-               "missing-weight": ({}, {"backbone.layers.1.mixer.D": None}), "good": ({}, {})}
+               "missing-weight": ({}, {"backbone.layers.1.mixer.D": None}), "good": ({}, {}),
+               "vocab-8": ({"vocab_size": -8}, {}), "pad0": ({"pad_vocab_size_multiple": 0}, {}),
+               "ssm-str": ({"ssm_cfg": "Mamba2"}, {})}
     for name, (cfg_edit, sd_edit) in damaged.items():   # None: the key removed
         official_dir(d / name, {k: v for k, v in {**lm.state_dict(), **sd_edit}.items() if v is not None},
                      **{k: v for k, v in {**config, **cfg_edit}.items() if v is not None})
-    (d / "bad-json").mkdir()
-    (d / "bad-json" / "config.json").write_text("{d_model: 64,")
+    for name, text in (("bad-json", "{d_model: 64,"), ("list-json", "[64, 2]")):
+        (d / name).mkdir()
+        (d / name / "config.json").write_text(text)
     (d / "a-file").write_text("not a directory")
     (d / "corrupt-run").mkdir()
     for path in (d / "pickle.pt", d / "corrupt-run" / "ckpt.pt"):  # not plain data: weights_only refuses it
@@ -109,11 +130,30 @@ ROWS = [  # (flags of train.py, or a callable of the user dir; exit code; key wo
     (lambda u: model.make_config("gla", "45m"), 1, "unknown arch or size"),
     (lambda u: model.set_scan_impl(torch.nn.Module(), "cuda"), 1, "scan impl"),
     (lambda u: interventions.make_strategy("warm", None, 2), 1, "unknown --init-state"),
+    # issue 19: a run knows its tokenizer, files are what they claim, no flag is ignored, one line each
+    (["--init-from", f"{U}/run", "--tokenizer", f"{U}/bpe.json"], 1, "does not match"),
+    (["--init-from", f"{U}/run", "--arch", "gla"], 1, "come from --init-from"),
+    (["--init-from", f"{U}/run", "--size", "45m"], 1, "come from --init-from"),
+    (["--resume", "--out", f"{U}/run", "--steps", "1"], 1, "below"),
+    (["--resume", "--out", f"{U}/no-step", "--steps", "5"], 1, "metrics.jsonl"),
+    (["--resume", "--out", f"{U}/not-json", "--steps", "5"], 1, "metrics.jsonl"),
+    *[(["--device", d], 1, "--device") for d in ("garbage", "mps", "meta", "")],
+    *[([f"--{k}", str(2**70)], 1, f"--{k}") for k in ("seed", "data-seed", "split-seed")],
+    (["--batch-size", "1e12"], 1, "--batch-size"), (["--batch-size", str(10**12)], 1, "--batch-size"),
+    *[(["--init-from", f"{U}/{d}"], 1, w) for d, w in (("vocab-8", "vocab_size"), ("pad0", "pad_vocab"),
+                                                        ("list-json", "JSON"), ("ssm-str", "ssm_cfg"))],
+    *[(["--data", f"markov:{m}"], 1, w) for m, w in (("k=65534", "2**27"), ("alpha=inf", "finite"),
+                                                      ("shared=inf", "finite"), ("k=8,k=9", "once"))],
+    (["--data", f"{U}/short.txt"], 1, "split of"), (["--data", f"{U}/u32.bin"], 1, "uint32"),
+    (["--data", f"{U}/fifo"], 1, "not a regular file"),
+    (["--task", "passkey", "--tokenizer", f"{U}/wordlevel.json", "--seq-len", "256"], 1, "byte-level BPE"),
+    (["--task", "copy", "--tokenizer", f"{U}/wordlevel.json"], 1, "byte-level BPE"),
 ]
 
 
 @pytest.mark.parametrize("command,code,word", ROWS)
-def test_bad_input_is_one_line_and_changes_nothing(user, tmp_path, command, code, word):
+def test_bad_input_is_one_line_and_changes_nothing(user, tmp_path, command, code, word, monkeypatch):
+    monkeypatch.setattr(data, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
     before = snapshot(user)
     got, message = outcome(lambda: command(user)) if callable(command) else \
         train_main(TRAIN + ["--steps=1", "--out", f"{tmp_path}/new"] + [c.format(user=user) for c in command])
@@ -161,3 +201,78 @@ def test_a_full_disk_is_one_line_and_leaves_the_previous_checkpoint(user, tmp_pa
     code, message = train_main(["--out", str(run), "--resume", "--steps", "3"])
     assert code == 1 and "disk full" in message and "\n" not in message
     assert not list(run.glob("*.tmp")) and (run / "ckpt.pt").read_bytes() == before
+
+
+def test_a_run_refuses_another_tokenizer_or_changed_data(tmp_path, tok_json, monkeypatch, capsys):
+    monkeypatch.setattr(data, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
+    text, tok = tmp_path / "a.txt", pathlib.Path(shutil.copy(tok_json, tmp_path / "tok.json"))
+    text.write_text(CORPUS_TEXT)
+    runs = {name: str(tmp_path / name) for name in ("bytes", "bpe")}
+    train.main(TRAIN + ["--steps", "1", "--out", runs["bytes"], "--data", str(text)])
+    train.main(TRAIN + ["--steps", "1", "--out", runs["bpe"], "--tokenizer", str(tok)])
+    assert model.train_config(runs["bpe"])["tokenizer_id"] == data.get_tokenizer(str(tok)).name
+    code, message = train_main(["--init-from", runs["bpe"], "--tokenizer", "bytes", "--out", f"{tmp_path}/x"])
+    assert code == 1 and "--tokenizer bytes" in message and "json-" in message
+    text.write_text(CORPUS_TEXT + "# edited\n")   # a resume must read the data it was trained on
+    assert "--data" in train_main(["--resume", "--out", runs["bytes"], "--steps", "2"])[1]
+    tok.write_text(tok.read_text() + "\n")   # another file at the same path (a new process reads it anew)
+    data._load_tokenizer.cache_clear()
+    assert "--tokenizer" in train_main(["--resume", "--out", runs["bpe"], "--steps", "2"])[1]
+    for argv, word in ([runs["bpe"], runs["bytes"]], "different tokenizers"), ([runs["bpe"]], "not match"):
+        assert evaluate.main(argv + ["--tokenizer", "bytes", "--out", str(tmp_path / "ev")]) == 2
+        assert word in capsys.readouterr().err
+    lm = tiny_lm(vocab_size=50280)   # an official directory of GPT-NeoX's vocabulary, without --tokenizer
+    official = official_dir(tmp_path / "neox", lm.state_dict(), d_model=64, n_layer=2, vocab_size=50280,
+                            ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2"))
+    assert "--tokenizer PATH" in train_main(TRAIN + ["--init-from", official, "--out", f"{tmp_path}/y"])[1]
+    argv = [official, "--t-train", "16", "--eval-len", "64", "--data", TRAIN[1], "--out", f"{tmp_path}/ev"]
+    assert evaluate.main(argv) == 2
+    assert "tokenizer.json" in capsys.readouterr().err and not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_wider_bin_is_declared_in_meta_json_and_a_cache_is_verified(tmp_path, monkeypatch, capsys):
+    ids = np.arange(3000) % 200 + 10
+    ids.astype(np.uint32).tofile(tmp_path / "ids.bin")
+    with pytest.raises(data.DataError, match="looks like uint32"):
+        data.load_data(str(tmp_path / "ids.bin"))
+    (tmp_path / "meta.json").write_text('{"dtype": "uint32"}')
+    d = data.load_data(str(tmp_path / "ids.bin"), val_fraction=0.1)
+    assert np.array_equal(np.concatenate([d.train, d.val]), ids)
+    (tmp_path / "meta.json").write_text('{"dtype": "int8"}')
+    with pytest.raises(data.DataError, match="meta.json"):
+        data.load_data(str(tmp_path / "ids.bin"))
+    (tmp_path / "a.txt").write_text(CORPUS_TEXT)
+    first = np.array(data.load_data(str(tmp_path / "a.txt"), cache_dir=str(tmp_path / "c")).val)
+    os.truncate(next((tmp_path / "c").glob("*.bin")), 1000)   # a truncated cache is rebuilt, not read
+    again = data.load_data(str(tmp_path / "a.txt"), cache_dir=str(tmp_path / "c"))
+    assert np.array_equal(first, again.val) and "truncated" in capsys.readouterr().err
+
+
+def denied(*args, **kwargs):   # as chmod 000 or a read-only directory would (root reads and writes anything)
+    raise PermissionError(13, "Permission denied")
+
+
+def test_permission_denied_is_said_not_corrupt_nor_disk_full(user, tmp_path, monkeypatch):
+    run = shutil.copytree(user / "run", tmp_path / "run")
+    with monkeypatch.context() as m:
+        m.setattr(torch, "load", denied)
+        code, message = train_main(["--resume", "--out", str(run)])
+        assert code == 1 and "Permission denied" in message and "corrupt" not in message
+    monkeypatch.setattr(os, "replace", denied)
+    code, message = train_main(["--resume", "--out", str(run), "--steps", "3"])
+    assert code == 1 and "Permission denied" in message and "disk full" not in message
+    assert not list(run.glob("*.tmp"))
+
+
+def test_sigterm_during_training_leaves_the_last_checkpoint_and_no_temporary_file(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, f"{ROOT}/train.py", *TRAIN, "--steps=99999", "--ckpt-interval=5", f"--out={out}"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (out / "ckpt.pt").exists() and time.time() < deadline and p.poll() is None:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    err = p.communicate(timeout=60)[1].strip()
+    assert p.returncode == 1 and len(err.splitlines()) == 1 and err.startswith("interrupted"), err
+    assert not list(tmp_path.rglob("*.tmp")) and torch.load(out / "ckpt.pt", weights_only=True)["step"] >= 5

@@ -219,7 +219,13 @@ BAD_ARGV = [(["NOPE"], "no checkpoint"), (["BAD"], "corrupt"), (["CK", "CK", "--
             (["CK", "--effrem-cuts", "0"], "positive"), (["SYNTH", "--metrics", "babilong"], "synthetic"),
             (["OFFICIAL", "--data", MARKOV], "2048"), (["CK", "--reference", "nope"], "--reference"),
             (["CK", "--babi-tasks", "qa99"], "unknown --babi-tasks"),
-            (["CK", "--effrem-len", "999"], "--effrem-len 999 must lie")]
+            (["CK", "--effrem-len", "999"], "--effrem-len 999 must lie"),
+            # issue 19
+            (["CK", "--seed", "-1"], "--seed"), (["CK", "CK", "--labels", "a", "a"], "own name"),
+            (["CK", "--out", "CK/ckpt.pt"], "--out"), (["CK", "BPE"], "different tokenizers"),
+            (["BPE", "--tokenizer", "bytes"], "does not match"),
+            (["CK", "--metrics", "passkey", "--passkey-lengths", "50"], "--passkey-lengths"),
+            (["CK", "--metrics", "babilong", "--babi-lengths", "100"], "--babi-lengths")]
 
 
 @pytest.mark.parametrize("call, word", BAD_CALLS + BAD_ARGV)
@@ -228,13 +234,16 @@ def test_bad_inputs_get_one_line_naming_the_problem(call, word, tmp_path, capsys
         with pytest.raises(ValueError, match=word):
             call()
         return
-    ck, lm = checkpoint(tmp_path / "run", seq_len=16, data="stdlib", tokenizer="bytes", seed=0)
+    ck, lm = checkpoint(tmp_path / "run", seq_len=16, data="stdlib", tokenizer="bytes", seed=0,
+                        tokenizer_id="bytes")
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
     paths = dict(CK=ck, NOPE=str(tmp_path / "nope.pt"), BAD=str(tmp_path / "bad.pt"),
+                 BPE=checkpoint(tmp_path / "bpe", seq_len=16, data="stdlib", tokenizer_id="json-0")[0],
                  OFFICIAL=official_dir(tmp_path / "official", lm.state_dict(), d_model=64, n_layer=2,
                                        vocab_size=257, ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2")),
                  SYNTH=checkpoint(tmp_path / "synth", seq_len=16, data=MARKOV, tokenizer="bytes")[0])
-    rc, _, err = cli(capsys, *[paths.get(a, a) for a in call], "--out", str(tmp_path / "eval"))
+    argv = [paths.get(a, a).replace("CK/", ck + "/") for a in call]
+    rc, _, err = cli(capsys, *argv, *["--out", str(tmp_path / "eval")] * ("--out" not in call))
     assert rc == 2 and word in err and len(err.strip().splitlines()) == 1, (call, err)
 
 
