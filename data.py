@@ -312,6 +312,20 @@ def _load_tokenizer(name):
     return ByteTokenizer() if name == "bytes" else JsonTokenizer(name)
 
 
+def write_atomically(path, write):
+    """write(tmp) under a name unique to this process, then rename: a kill leaves the old file or the new."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:  # also Ctrl-C, SIGTERM: no temporary file is left
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a full disk as a RuntimeError
+            raise
+        why = f"{str(e).splitlines()[0]}; disk full?" if isinstance(e, RuntimeError) else e.strerror or e
+        raise OSError(f"cannot write {path} ({why}): the previous one is intact") from None
+
+
 def _build_cache(base, label, files, enc, seed, val_fraction):
     """Files -> base.bin (eot + text each, train then a seeded val_fraction of them) and base.json."""
     tmp, is_val = f"{base}.{os.getpid()}.tmp", np.zeros(len(files), dtype=int)   # no half cache is left

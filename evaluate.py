@@ -24,7 +24,6 @@ from tqdm import tqdm
 import data
 import model
 import tasks
-import train
 from data import require
 
 MIN_SEQS = 16  # below this many sequences the verdict's bootstrap means nothing: warn
@@ -502,7 +501,7 @@ def run(args):
     seeds = {c.get("split_seed", c.get("seed")) for c in cfgs} - {None}  # which documents are validation
     require(len(seeds) <= 1, f"the checkpoints were trained with --split-seed {sorted(seeds)}, splitting the "
                              "data differently: evaluate them separately")
-    args.data_seed = seeds.pop() if seeds else 0
+    args.split_seed = seeds.pop() if seeds else 0
     args.babi_tasks = (_agree(args, cfgs, "babi_tasks", False) or ",".join(tasks.BABI_TASKS)).split(",")
     require(set(args.babi_tasks) <= set(tasks.BABI_TASKS),
             f"unknown --babi-tasks {','.join(args.babi_tasks)}: use a subset of {','.join(tasks.BABI_TASKS)}")
@@ -514,7 +513,7 @@ def run(args):
     args.windows = args.optimal = args.filler = None
     if lm_metrics or "babilong" in args.metrics:
         corpus = data.load_data(_agree(args, cfgs, "data", required=lm_metrics) or "stdlib",
-                                tokenizer=args.tokenizer, seed=args.data_seed)
+                                tokenizer=args.tokenizer, seed=args.split_seed)
     if lm_metrics:  # windows from document starts where the process has an exact Bayes-optimal NLL
         eot = corpus.eot_token if corpus.optimal_nll else None
         args.windows = data.eval_windows(corpus.val, args.n_seqs, args.eval_len + 1, args.seed, eot)  # int64
@@ -547,7 +546,7 @@ def run(args):
     os.makedirs(args.out, exist_ok=True)
     # tensors -> lists, nan / inf -> null: strict JSON
     report = json.loads(json.dumps(report, default=lambda t: t.tolist()), parse_constant=lambda _: None)
-    train.write_atomically(os.path.join(args.out, "eval.json"),   # Ctrl-C: the previous one stays whole
+    data.write_atomically(os.path.join(args.out, "eval.json"),   # Ctrl-C: the previous one stays whole
                            lambda tmp: pathlib.Path(tmp).write_text(json.dumps(report, indent=1)))
     return report
 

@@ -536,9 +536,9 @@ def open_run(args, step):
             rows = [r for r in rows if r.endswith("}\n") and json.loads(r)["step"] <= step]
         except (ValueError, KeyError, TypeError):
             sys.exit(f"error: {path} holds a row that is not train.py's (JSON with a step): move it away")
-        write_atomically(os.path.join(args.out, "args.json"), lambda tmp: pathlib.Path(tmp).write_text(
+        data.write_atomically(os.path.join(args.out, "args.json"), lambda tmp: pathlib.Path(tmp).write_text(
             json.dumps(vars(args), indent=1)))
-        write_atomically(path, lambda tmp: pathlib.Path(tmp).write_text("".join(rows)))
+        data.write_atomically(path, lambda tmp: pathlib.Path(tmp).write_text("".join(rows)))
         with open(path, "a") as log:
             yield log
 
@@ -552,21 +552,7 @@ def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy, rank, wo
         ckpt = {"model_config": asdict(lm.cfg), "model": lm.state_dict(), "optimizer": optimizer.state_dict(),
                 "train_config": vars(args), "step": step, "sampler": [g["sampler"] for g in gathered],
                 "strategy": [g["strategy"] for g in gathered]}
-        write_atomically(path, lambda tmp: torch.save(ckpt, tmp))
-
-
-def write_atomically(path, write):
-    """write(tmp) under a name unique to this process, then rename: a kill leaves the old file or the new."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException as e:  # also Ctrl-C, SIGTERM: no temporary file is left
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a full disk as a RuntimeError
-            raise
-        why = f"{str(e).splitlines()[0]}; disk full?" if isinstance(e, RuntimeError) else e.strerror or e
-        sys.exit(f"error: cannot write {path} ({why}): the previous one is intact")
+        data.write_atomically(path, lambda tmp: torch.save(ckpt, tmp))
 
 
 if __name__ == "__main__":
