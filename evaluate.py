@@ -233,84 +233,7 @@ def state_statistics(lm, tokens, positions=None, chunk_len=512, batch_size=8, t_
     return out
 
 
-# ==== 5. Long-context tasks (Sec. 5): greedy answers from the zero state ====
-# Prompts are streamed carrying the state, answers decoded one token at a time from it (= argmax decoding of
-# the whole sequence). Sample i of a cell (depth, length, bAbI task) is seeded by (seed, cell, i) only.
-@torch.inference_mode()
-def greedy_answer(lm, prompt_tokens, max_new_tokens, chunk_len=512):
-    """Greedy continuation [b, max_new_tokens] (lists) of prompt_tokens [b, T] from the zero state."""
-    prompts, state = _require_eval_inputs(prompt_tokens)[0].to(_device(lm)), None  # None: the zero state
-    for a in range(0, prompts.shape[1], chunk_len):
-        logits, state = lm(prompts[:, a:a + chunk_len], state, last_only=True)
-    new = [logits[:, -1].argmax(-1)]
-    while len(new) < max_new_tokens:
-        logits, state = lm(new[-1][:, None], state)  # one step from the carried state
-        new.append(logits[:, -1].argmax(-1))
-    return torch.stack(new, 1).tolist()
-
-
-def _answers(lm, samples, batch_size=None, chunk_len=512, slack=2):
-    """Greedy answers (token lists), slack tokens longer than the longest answer (scoring cuts them). Prompts
-    of equal length are decoded together, never padded (a recurrent model would keep the padding)."""
-    prompts, answers = zip(*(tasks.split_answer(s) for s in samples))
-    out = {}  # sample index -> its answer
-    for length in sorted(set(map(len, prompts))):
-        rows = [i for i, p in enumerate(prompts) if len(p) == length]
-        for r in range(0, len(rows), batch_size or len(rows)):
-            idx = rows[r:r + (batch_size or len(rows))]
-            new = max(len(answers[i]) for i in idx) + slack
-            out.update(zip(idx, greedy_answer(lm, np.stack([prompts[i] for i in idx]), new, chunk_len)))
-    return [out[i] for i in range(len(samples))]
-
-
-def _exact(lm, tokenizer, samples, **kw):
-    """Exact match of each sample's decoded answer (cut at its first period or newline), and those texts."""
-    enc = data.get_tokenizer(tokenizer)
-    texts = [tasks.cut_answer(enc.decode(p)) for p in _answers(lm, samples, **kw)]
-    return [float(tasks.exact_match(p, s.meta["answer"])) for p, s in zip(texts, samples)], texts
-
-
-def passkey_grid(lm, tokenizer, lengths, depths=10, n_per_cell=4, seed=0, progress=False, **kw):
-    """Passkey retrieval on total length x insertion depth (Fig. 7); depths: a count in [0, 1] or a list.
-    Returns exact and digits [L][D] (exact match, per-digit accuracy) and exact_mean [L]."""
-    depths = [float(d) for d in (np.linspace(0, 1, depths) if isinstance(depths, int) else depths)]
-    exact, digits = [], []
-    for L in tqdm(lengths, desc="passkey", disable=not progress):
-        flat = [tasks.passkey_sample(tokenizer, L, depth=d, seed=[seed, j, i])  # depth-major
-                for j, d in enumerate(depths) for i in range(n_per_cell)]
-        ok, texts = _exact(lm, tokenizer, flat, **kw)
-        per_digit = [tasks.passkey_digit_accuracy(p, s.meta["key"]) for p, s in zip(texts, flat)]
-        exact.append(np.reshape(ok, (len(depths), n_per_cell)).mean(1).tolist())
-        digits.append(np.reshape(per_digit, (len(depths), n_per_cell)).mean(1).tolist())
-    return dict(lengths=[int(L) for L in lengths], depths=depths, n_per_cell=n_per_cell, exact=exact,
-                digits=digits, exact_mean=[sum(r) / len(r) for r in exact])
-
-
-def copy_accuracy(lm, tokenizer, lengths, n=16, seed=0, progress=False, **kw):
-    """Copying (Table 1) per string length: char accuracy of each string, its mean and s.e., whole-string."""
-    eos = data.get_tokenizer(tokenizer).encode_single_token(tasks.COPY_EOS)
-    scores = []  # [L, n, 2]: char accuracy, whole string right
-    for L in tqdm(lengths, desc="copy", disable=not progress):
-        samples = [tasks.copy_sample(tokenizer, int(L), seed=[seed, int(L), i]) for i in range(n)]
-        preds = [p[:p.index(eos)] if eos in p else p for p in _answers(lm, samples, slack=0, **kw)]
-        scores.append([tasks.copy_scores(p, s.meta["target"]) for p, s in zip(preds, samples)])
-    char, whole = torch.tensor(scores, dtype=torch.float64).unbind(-1)
-    return dict(lengths=[int(L) for L in lengths], n=n, char=char.tolist(), char_mean=char.mean(1).tolist(),
-                char_sem=_sem(char.T).tolist(), whole_mean=whole.mean(1).tolist())
-
-
-def babilong_accuracy(lm, tokenizer, babi_tasks, lengths, n=8, seed=0, filler=None, progress=False, **kw):
-    """BABILong-style QA (Fig. 6): exact match per bAbI task and length, stories hidden in `filler` tokens."""
-    acc, cell = [], {t: k for k, t in enumerate(tasks.BABI_TASKS)}  # acc: [L, tasks]
-    for L in tqdm(lengths, desc="babilong", disable=not progress):
-        samples = [tasks.babi_mixture(tokenizer, int(L), [seed, cell[t], i], (t,), filler)
-                   for t in babi_tasks for i in range(n)]
-        acc.append(np.reshape(_exact(lm, tokenizer, samples, **kw)[0], (len(babi_tasks), n)).mean(1).tolist())
-    return dict(tasks=list(babi_tasks), lengths=[int(L) for L in lengths], n=n, mean=np.mean(acc, 1).tolist(),
-                acc={t: [row[k] for row in acc] for k, t in enumerate(babi_tasks)})
-
-
-# ==== 6. Report and plots: each curve is printed (a few columns) and drawn (a PNG panel) from one table ====
+# ==== 5. Report and plots: each curve is printed (a few columns) and drawn (a PNG panel) from one table ====
 CTX = "context length (dotted: T_train)"
 # curve -> PNG file holding its panel (None: printed only), title, x label, y label, scale (log x, log-log)
 PANELS = {
@@ -413,7 +336,7 @@ def show(report, out):
     print("\nwrote " + ", ".join(os.path.join(out, file) for file in ["eval.json", *figs]))
 
 
-# ==== 7. Command line ====
+# ==== 6. Command line ====
 LM_METRICS, TASK_METRICS = ("ppl", "effrem", "state"), ("passkey", "copy", "babilong")
 
 
@@ -575,14 +498,14 @@ def measure(lm, t_train, args, **out):
     if "state" in args.metrics:
         positions = np.array(log_edges(args.eval_len, include=[t_train])[1:]) - 1
         out["state"] = state_statistics(lm, args.windows, positions, t_train=t_train, **kw)
-    n, kw = args.task_samples, dict(kw, seed=args.seed)
+    n, kw, enc = args.task_samples, dict(kw, seed=args.seed), args.tokenizer
     if "passkey" in args.metrics:
-        out["passkey"] = passkey_grid(lm, args.tokenizer, args.passkey_lengths, args.passkey_depths, n, **kw)
+        out["passkey"] = tasks.passkey_grid(lm, enc, args.passkey_lengths, args.passkey_depths, n, **kw)
     if "copy" in args.metrics:
-        out["copy"] = copy_accuracy(lm, args.tokenizer, args.copy_lengths, n, **kw)
+        out["copy"] = tasks.copy_accuracy(lm, enc, args.copy_lengths, n, **kw)
     if "babilong" in args.metrics:
-        out["babilong"] = babilong_accuracy(lm, args.tokenizer, args.babi_tasks, args.babi_lengths, n,
-                                            filler=args.filler, **kw)
+        out["babilong"] = tasks.babilong_accuracy(lm, enc, args.babi_tasks, args.babi_lengths, n,
+                                                  filler=args.filler, **kw)
     return out
 
 

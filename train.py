@@ -216,40 +216,26 @@ def demo(out, seeds=(0,), device="auto", quiet=False, **overrides):
 
 
 def over_seeds(reports, out):
-    """The demo over training seeds: per seed the base's verdict and the last bucket's paired differences to
-    the control, their mean +- s.e. over seeds and the worst seed -> a table, seeds.json and seeds.png."""
+    """The demo over training seeds: per seed the verdicts and the last bucket's NLL paired to the control,
+    their mean +- s.e. over seeds and the worst seed -> a table, seeds.json and seeds.png."""
     import matplotlib.figure
     import numpy as np
     runs = {seed: {m["label"]: m for m in r["models"]} for seed, r in reports.items()}
-    seeds = list(runs)
+    seeds, fixes = list(runs), ("SP", "TBTT")
     t_train = runs[seeds[0]]["base"]["t_train"]
     verdict = lambda v: f"{v['generalizes_to']}{'+' * bool(v['censored'])}"  # +: censored, none exceeds p*
-    rows = {s: dict(base_T=r["base"]["verdict"]["generalizes_to"], censored=r["base"]["verdict"]["censored"],
-                    base_ppl_last=r["base"]["ppl"]["buckets"]["ppl"][-1],
-                    **{f"{k} verdict": verdict(r[k]["verdict"]) for k in ("control", "SP", "TBTT")},
-                    **{k: (r[k]["diff"]["nll"][-1], r[k]["diff"]["nll_sem"][-1]) for k in ("SP", "TBTT")})
+    rows = {s: {**{f"{k} verdict": verdict(m["verdict"]) for k, m in r.items()},
+                "base PPL last": r["base"]["ppl"]["buckets"]["ppl"][-1],
+                **{k: (r[k]["diff"]["nll"][-1], r[k]["diff"]["nll_sem"][-1]) for k in fixes}}
             for s, r in runs.items()}
-    summary = {"base fails within 32 x T_train": sum(not r["censored"] and r["base_T"] <= 32 * t_train
-                                                     for r in rows.values())}
-    print(f"\nverdicts (Def. 3.2) and the last bucket's NLL - control NLL (nats, paired):\n{'seed':>4} "
-          f"{'base':>6} {'control':>7} {'SP':>6} {'TBTT':>6} {'base PPL last':>14} {'SP - control':>17} "
-          f"{'TBTT - control':>17}")
-    diffs = ("SP", "TBTT")
+    fails = sum(not v["censored"] and v["generalizes_to"] <= 32 * t_train
+                for v in (r["base"]["verdict"] for r in runs.values()))
+    summary = {"base fails within 32 x T_train": fails}
+    print("\nverdicts (Def. 3.2) and the last bucket's NLL - control NLL (nats, paired)\n seed" +
+          "".join(f"{k:>17}" for k in rows[seeds[0]]))
     for s, r in rows.items():
-        print(f"{s:>4} {r['base_T']:>5}{'+' * r['censored']:<1} " + " ".join(
-            f"{r[f'{k} verdict']:>{w}}" for k, w in (("control", 7), ("SP", 6), ("TBTT", 6))) +
-            f" {r['base_ppl_last']:>14.3f}" + "".join(f"{r[k][0]:>+10.3f} +- {r[k][1]:.3f}" for k in diffs))
-    for k in ("SP", "TBTT"):
-        d = np.array([rows[s][k] for s in seeds])  # [seeds, (mean, s.e.)] of each seed's paired difference
-        summary[f"{k} - control"] = v = dict(mean=d[:, 0].mean(), sem=d[:, 0].std(ddof=1) / np.sqrt(len(d)),
-                                             worst=d[:, 0].max(), worst_seed=seeds[int(d[:, 0].argmax())],
-                                             beyond_3_sem=int((d[:, 0] < -3 * d[:, 1]).sum()))
-        print(f"{k} - control: {v['mean']:+.3f} +- {v['sem']:.3f} over {len(d)} seeds, worst "
-              f"{v['worst']:+.3f} (seed {v['worst_seed']}), below -3 s.e. on {v['beyond_3_sem']} of {len(d)}")
-    fails = summary["base fails within 32 x T_train"]
-    print(f"base fails within 32 x T_train on {fails} of {len(rows)} seeds")
-    text = json.dumps(dict(seeds=rows, summary=summary), indent=1, default=float)
-    pathlib.Path(out, "seeds.json").write_text(text)
+        print(f"{s:>5}" + "".join(f"{v:>17}" if isinstance(v, str) else f"{v:>17.3f}" if k == "base PPL last"
+                                  else f"{v[0]:>+10.3f} +- {v[1]:.3f}" for k, v in r.items()))
     fig = matplotlib.figure.Figure(figsize=(13, 4.5), layout="tight")
     left, right = fig.subplots(1, 2)
     for color, label in zip(matplotlib.rcParams["axes.prop_cycle"].by_key()["color"], runs[seeds[0]]):
@@ -260,19 +246,26 @@ def over_seeds(reports, out):
         left.plot(x, np.exp(nll.T), color=color, lw=0.5, alpha=0.4)
         left.plot(x, np.exp(mean), color=color, lw=2, label=f"{label} (thin: a seed; thick: the mean)")
         left.fill_between(x, np.exp(mean - sem), np.exp(mean + sem), color=color, alpha=0.25)
-        if label in ("SP", "TBTT"):
-            d, v = np.array([rows[s][label] for s in seeds]), summary[f"{label} - control"]
+        if label in fixes:  # [seeds, (mean, s.e.)] of each seed's paired difference
+            d = np.array([rows[s][label] for s in seeds])
+            summary[f"{label} - control"] = v = dict(
+                mean=d[:, 0].mean(), sem=d[:, 0].std(ddof=1) / np.sqrt(len(d)), worst=d[:, 0].max(),
+                worst_seed=seeds[int(d[:, 0].argmax())], beyond_3_sem=int((d[:, 0] < -3 * d[:, 1]).sum()))
+            print(f"{label} - control: {v['mean']:+.3f} +- {v['sem']:.3f} over {len(d)} seeds, worst "
+                  f"{v['worst']:+.3f} (seed {v['worst_seed']}), below -3 s.e. on {v['beyond_3_sem']}")
             right.errorbar(range(len(d)), d[:, 0], d[:, 1], fmt="o", color=color, label=label)
             right.axhspan(v["mean"] - v["sem"], v["mean"] + v["sem"], color=color, alpha=0.2)
+    print(f"base fails within 32 x T_train on {fails} of {len(rows)} seeds")
     left.axvline(t_train, color="k", ls=":", lw=1)
     left.set(xscale="log", title="Position-wise perplexity (band: mean +- s.e. over seeds)",
              xlabel="context length (dotted: T_train)", ylabel="perplexity")
     right.axhline(0, color="k", lw=0.8)
     right.set(title="Last bucket, paired to the control (+-1 s.e.; band: over seeds)", xlabel="training seed",
               ylabel="NLL - control NLL (nats)", xticks=range(len(seeds)), xticklabels=seeds)
-    left.legend(fontsize=8)
-    right.legend(fontsize=8)
+    left.legend(fontsize=8), right.legend(fontsize=8)
     fig.savefig(os.path.join(out, "seeds.png"), dpi=120)
+    pathlib.Path(out, "seeds.json").write_text(json.dumps(dict(seeds=rows, summary=summary), indent=1,
+                                                          default=float))
     print(f"wrote {out}/seeds.json, {out}/seeds.png")
     return 0
 

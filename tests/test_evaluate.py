@@ -308,22 +308,22 @@ def test_streamed_greedy_answer_equals_argmax_of_full_forwards():
     with torch.no_grad():
         for _ in range(9):   # the definition: re-read everything, take the argmax of the last position
             seq = torch.cat([seq, lm(seq)[0][:, -1].argmax(-1, keepdim=True)], 1)
-    assert ev.greedy_answer(lm, prompts, 9, chunk_len=8) == seq[:, 41:].tolist()
-    assert ev.greedy_answer(lm, prompts[1:2], 9) == [seq[1, 41:].tolist()]
+    assert tasks.greedy_answer(lm, prompts, 9, chunk_len=8) == seq[:, 41:].tolist()
+    assert tasks.greedy_answer(lm, prompts[1:2], 9) == [seq[1, 41:].tolist()]
     # prompts of different lengths are decoded in equal-length groups and handed back in order
     samples = [tasks.copy_sample("bytes", L, seed=i) for i, L in enumerate([3, 5, 3, 4, 5])]
-    want = [ev.greedy_answer(lm, tasks.split_answer(s)[0][None], s.meta["length"] + 3)[0] for s in samples]
-    assert ev._answers(lm, samples, batch_size=1) == ev._answers(lm, samples) == want
+    want = [tasks.greedy_answer(lm, tasks.split_answer(s)[0][None], s.meta["length"] + 3)[0] for s in samples]
+    assert tasks._answers(lm, samples, batch_size=1) == tasks._answers(lm, samples) == want
 
 
 @pytest.mark.parametrize("right", [True, False])
 def test_always_right_answers_score_one_and_wrong_ones_zero(right, monkeypatch):
     def answers(lm, samples, **kw):   # the answer tokens themselves, or "###"
         return [tasks.split_answer(s)[1].tolist() if right else [35] * 3 for s in samples]
-    monkeypatch.setattr(ev, "_answers", answers)
-    pk = ev.passkey_grid(None, "bytes", [128, 200], [0.0, 0.5, 1.0], 2, seed=3)
-    cp = ev.copy_accuracy(None, "bytes", [4, 9], 3, seed=3)
-    bb = ev.babilong_accuracy(None, "bytes", ["qa1", "qa8"], [512], 2, seed=3)
+    monkeypatch.setattr(tasks, "_answers", answers)
+    pk = tasks.passkey_grid(None, "bytes", [128, 200], [0.0, 0.5, 1.0], 2, seed=3)
+    cp = tasks.copy_accuracy(None, "bytes", [4, 9], 3, seed=3)
+    bb = tasks.babilong_accuracy(None, "bytes", ["qa1", "qa8"], [512], 2, seed=3)
     assert np.array(pk["exact"]).shape == (2, 3) and np.all(np.array(pk["exact"]) == right)
     assert np.equal(pk["digits"], right).all() and cp["whole_mean"] == cp["char_mean"] == [float(right)] * 2
     assert bb["acc"] == {"qa1": [float(right)], "qa8": [float(right)]} and bb["mean"] == [float(right)]
