@@ -255,73 +255,6 @@ def babi_mixture(tokenizer, length, seed, babi_tasks, filler_tokens=None):
     raise DataError(f"no {task} story fits in {length} tokens: use a larger length (bytes: >= 512; {FLAGS})")
 
 
-# --- Scoring ----------------------------------------------------------------------------------
-def exact_match(pred_text, answer_text):
-    """Equal after normalising case, whitespace runs, spaces around commas and one trailing period."""
-    a, b = (re.sub(r" ?, ?", ",", " ".join(t.strip().lower().split())) for t in (pred_text, answer_text))
-    return (a[:-1].rstrip() if a.endswith(".") else a) == (b[:-1].rstrip() if b.endswith(".") else b)
-
-
-def cut_answer(text):
-    """A generated continuation up to and including the first period, or up to the first newline."""
-    ends = [i + keep for stop, keep in ((".", 1), ("\n", 0)) for i in [text.find(stop)] if i >= 0]
-    return text[:min(ends, default=len(text))]
-
-
-TASKS = {"passkey": passkey_sample, "copy": copy_sample, "babilong": babi_sample}   # train.py --task
-
-
-# --- Plumbing: the tokenizer, seeded streams, hiding facts in filler, a random pick ---------------------
-FLAGS = "train.py --seq-len; evaluate.py --passkey-lengths, --babi-lengths"   # where a length comes from
-
-
-def task_tokenizer(tokenizer):
-    """get_tokenizer's, if it spells the tasks' text back exactly: answers are compared as text (a WordPiece
-    or WordLevel tokenizer.json reads the separators as [UNK] and cannot)."""
-    enc, text = get_tokenizer(tokenizer), PASSKEY_QUESTION + " 12345.\nAnswer:\x1d\x03"   # COPY_SEP, COPY_EOS
-    require(enc.decode(enc.encode_ordinary(text)) == text, f"tokenizer {tokenizer} "
-            "cannot spell the tasks' text: use a byte-level BPE (e.g. GPT-NeoX's tokenizer.json)")
-    return enc
-
-
-def _rngs(seed, n):
-    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(n)]
-
-
-def _hide(enc, what, length, facts, question, answer, place, corpus=None, rng=None):
-    """eot, filler (ours, or from the token stream `corpus`) with the facts at place(boundaries, n_filler),
-    question, answer: `length` tokens -> (tokens, answer_mask, each fact's start, n_filler)."""
-    require(is_int(length), f"{what}: length must be an integer >= 1, got {length!r}")
-    *pieces, question, answer = (enc.encode_ordinary(text) for text in facts + [question, answer])
-    n = length - 1 - sum(map(len, pieces + [question, answer]))
-    require(n >= 0, f"{what}: length {length} is too short, its sentences and question alone take "
-            f"{length - n} tokens: use a longer length ({FLAGS})")
-    if corpus is None:   # the LAST n tokens of our sentences repeated; boundaries between whole sentences
-        sentences = [enc.encode_ordinary(s) for s in FILLER_SENTENCES]
-        sentences *= n // sum(map(len, sentences)) + 1
-        ends = np.cumsum([0] + [len(s) for s in sentences])
-        cut = ends[-1] - n   # tokens dropped from the front
-        filler, boundaries = np.concatenate(sentences).astype(np.int64)[cut:], ends[ends >= cut] - cut
-    else:   # its eots become newlines (it must read as one text); boundaries at line starts
-        require(len(corpus) >= n, f"{what}: filler_tokens has {len(corpus)} tokens, {n} needed: pass more")
-        start = int(rng.integers(0, len(corpus) - n + 1))
-        filler = np.asarray(corpus[start:start + n]).astype(np.int64)
-        require((filler < enc.n_vocab).all(), f"{what}: filler_tokens must come from the same tokenizer")
-        filler[filler == enc.eot_token] = enc.encode_ordinary("\n")[-1]
-        ends_line = [enc.decode([t]).endswith("\n") for t in filler.tolist()]   # part of a character: U+FFFD
-        boundaries = np.union1d(np.flatnonzero(ends_line) + 1, [0])
-    positions = place(boundaries, n)   # each fact's start: after the eot and the facts before it
-    starts = [pos + 1 + sum(map(len, pieces[:i])) for i, pos in enumerate(positions)]
-    parts = [x for segment, piece in zip(np.split(filler, positions), pieces + [question + answer])
-             for x in (segment, piece)]
-    tokens = np.concatenate([[enc.eot_token]] + parts).astype(np.int64)
-    return tokens, np.arange(len(tokens)) >= len(tokens) - len(answer), starts, n
-
-
-def _pick(rng, items):
-    return items[rng.integers(len(items))] if items else None
-
-
 # --- Scoring: greedy answers from the zero state ------------------------------------------------------
 # Prompts are streamed carrying the state, answers decoded one token at a time from it (= argmax decoding of
 # the whole sequence). Sample i of a cell (depth, length, bAbI task) is seeded by (seed, cell, i) only.
@@ -399,3 +332,69 @@ def babilong_accuracy(lm, tokenizer, babi_tasks, lengths, n=8, seed=0, filler=No
         acc.append(np.reshape(_exact(lm, tokenizer, samples, **kw)[0], (len(babi_tasks), n)).mean(1).tolist())
     return dict(tasks=list(babi_tasks), lengths=[int(L) for L in lengths], n=n, mean=np.mean(acc, 1).tolist(),
                 acc={t: [row[k] for row in acc] for k, t in enumerate(babi_tasks)})
+
+
+def exact_match(pred_text, answer_text):
+    """Equal after normalising case, whitespace runs, spaces around commas and one trailing period."""
+    a, b = (re.sub(r" ?, ?", ",", " ".join(t.strip().lower().split())) for t in (pred_text, answer_text))
+    return (a[:-1].rstrip() if a.endswith(".") else a) == (b[:-1].rstrip() if b.endswith(".") else b)
+
+
+def cut_answer(text):
+    """A generated continuation up to and including the first period, or up to the first newline."""
+    ends = [i + keep for stop, keep in ((".", 1), ("\n", 0)) for i in [text.find(stop)] if i >= 0]
+    return text[:min(ends, default=len(text))]
+
+
+TASKS = {"passkey": passkey_sample, "copy": copy_sample, "babilong": babi_sample}   # train.py --task
+
+
+# --- Plumbing: the tokenizer, seeded streams, hiding facts in filler, a random pick ---------------------
+FLAGS = "train.py --seq-len; evaluate.py --passkey-lengths, --babi-lengths"   # where a length comes from
+
+
+def task_tokenizer(tokenizer):
+    """get_tokenizer's, if it spells the tasks' text back exactly: answers are compared as text (a WordPiece
+    or WordLevel tokenizer.json reads the separators as [UNK] and cannot)."""
+    enc, text = get_tokenizer(tokenizer), PASSKEY_QUESTION + " 12345.\nAnswer:\x1d\x03"   # COPY_SEP, COPY_EOS
+    require(enc.decode(enc.encode_ordinary(text)) == text, f"tokenizer {tokenizer} "
+            "cannot spell the tasks' text: use a byte-level BPE (e.g. GPT-NeoX's tokenizer.json)")
+    return enc
+
+
+def _rngs(seed, n):
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(n)]
+
+
+def _hide(enc, what, length, facts, question, answer, place, corpus=None, rng=None):
+    """eot, filler (ours, or from the token stream `corpus`) with the facts at place(boundaries, n_filler),
+    question, answer: `length` tokens -> (tokens, answer_mask, each fact's start, n_filler)."""
+    require(is_int(length), f"{what}: length must be an integer >= 1, got {length!r}")
+    *pieces, question, answer = (enc.encode_ordinary(text) for text in facts + [question, answer])
+    n = length - 1 - sum(map(len, pieces + [question, answer]))
+    require(n >= 0, f"{what}: length {length} is too short, its sentences and question alone take "
+            f"{length - n} tokens: use a longer length ({FLAGS})")
+    if corpus is None:   # the LAST n tokens of our sentences repeated; boundaries between whole sentences
+        sentences = [enc.encode_ordinary(s) for s in FILLER_SENTENCES]
+        sentences *= n // sum(map(len, sentences)) + 1
+        ends = np.cumsum([0] + [len(s) for s in sentences])
+        cut = ends[-1] - n   # tokens dropped from the front
+        filler, boundaries = np.concatenate(sentences).astype(np.int64)[cut:], ends[ends >= cut] - cut
+    else:   # its eots become newlines (it must read as one text); boundaries at line starts
+        require(len(corpus) >= n, f"{what}: filler_tokens has {len(corpus)} tokens, {n} needed: pass more")
+        start = int(rng.integers(0, len(corpus) - n + 1))
+        filler = np.asarray(corpus[start:start + n]).astype(np.int64)
+        require((filler < enc.n_vocab).all(), f"{what}: filler_tokens must come from the same tokenizer")
+        filler[filler == enc.eot_token] = enc.encode_ordinary("\n")[-1]
+        ends_line = [enc.decode([t]).endswith("\n") for t in filler.tolist()]   # part of a character: U+FFFD
+        boundaries = np.union1d(np.flatnonzero(ends_line) + 1, [0])
+    positions = place(boundaries, n)   # each fact's start: after the eot and the facts before it
+    starts = [pos + 1 + sum(map(len, pieces[:i])) for i, pos in enumerate(positions)]
+    parts = [x for segment, piece in zip(np.split(filler, positions), pieces + [question + answer])
+             for x in (segment, piece)]
+    tokens = np.concatenate([[enc.eot_token]] + parts).astype(np.int64)
+    return tokens, np.arange(len(tokens)) >= len(tokens) - len(answer), starts, n
+
+
+def _pick(rng, items):
+    return items[rng.integers(len(items))] if items else None
