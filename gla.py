@@ -1,58 +1,44 @@
 """Gated Linear Attention (GLA; Yang et al. 2024, arXiv:2312.06635, Sec. 4.1), one of the paper's four models;
-official code: flash-linear-attention (fla/layers/gla.py, fla/ops/gla). Per head:
-
+official code: flash-linear-attention (fla/layers/gla.py, fla/ops/gla). Per head, the paper's recurrence
+(arXiv 2507.02782, Sec. 2) with A_t = diag(exp(g_t)) (decay) and B_t x_t = k_t^T v_t (write):
     h_t = diag(exp(g_t)) h_{t-1} + k_t^T v_t        o_t = scale * q_t h_t
-
-the paper's h_t = A_t h_{t-1} + B_t x_t (arXiv 2507.02782, Sec. 2), A_t = diag(exp(g_t)), B_t x_t = k_t^T v_t.
-Every form takes `initial_state` (h_{-1}, None: zeros); returns o in q's dtype, final_state in compute_dtype.
-
-Glossary (code name: paper symbol, shape; b batch, t time, H heads, dk / dv key / value channels per head)
-  q, k, v       q_t, k_t, v_t, query, key and value          [b, t, H, dk], v: [b, t, H, dv]
-  g             g_t <= 0, the log forget gate (per key)      [b, t, H, dk]
-  h             h_t, the matrix state (GLA's paper: S_t)     [b, H, dk, dv]
-  decay, write  one step's diag(exp(g_t)) and k_t^T v_t
+Shapes (b batch, t time, H heads, dk / dv key / value channels per head): query q, key k [b, t, H, dk];
+value v [b, t, H, dv]; log forget gate g <= 0 [b, t, H, dk]; state h (GLA's paper: S_t) [b, H, dk, dv].
+initial_state and dtypes: as in ssm.py.
 """
-from functools import partial
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ssm import check_triton, compute_dtype, pick_form, tl, triton, triton_scan
+from ssm import compute_dtype, pick_form, tl, triton, triton_scan
 
 
 def gla_naive(q, k, v, g, initial_state=None, scale=None):
     """h_t = diag(exp(g_t)) h_{t-1} + k_t^T v_t, o_t = scale q_t h_t, one step at a time: the definition."""
-    (b, t, H, dk), dv = q.shape, v.shape[-1]
+    b, t, H, dk = q.shape
     scale = dk ** -0.5 if scale is None else scale
-    out_dtype, dtype = q.dtype, compute_dtype(q, k, v, g, initial_state)
-    q, k, v, g = (x.to(dtype) for x in (q, k, v, g))
-    h = q.new_zeros(b, H, dk, dv) if initial_state is None else initial_state.to(dtype)
-    decay = g.exp()  # [b, t, H, dk]
+    dtype = compute_dtype(q, k, v, g, initial_state)
+    h = q.new_zeros(b, H, dk, v.shape[-1], dtype=dtype) if initial_state is None else initial_state.to(dtype)
+    k, v = k.to(dtype), v.to(dtype)
+    decay = g.to(dtype).exp()  # [b, t, H, dk]
     o = []
     for i in range(t):
         write = k[:, i, :, :, None] * v[:, i, :, None, :]  # [b, H, dk, dv]
         h = decay[:, i, :, :, None] * h + write
-        o.append(scale * torch.einsum("bHk,bHkv->bHv", q[:, i], h))
-    return torch.stack(o, dim=1).to(out_dtype), h
+        o.append(scale * torch.einsum("bHk,bHkv->bHv", q[:, i].to(dtype), h))  # [b, H, dv]
+    return torch.stack(o, dim=1).to(q.dtype), h
 
 
 # --- Chunked form (Yang et al. 2024, Sec. 4; shared with RWKV-6) ---------------------------------------
 # Time is cut into chunks of L tokens; in a chunk G_i = g_0 + ... + g_i is the log decay from its start,
 # and token i reads the state decayed by Gq_i: Gq = G for GLA (o_t reads h_t); RWKV-6 (o_t reads h_{t-1})
-# passes shift=True, Gq_i = G_{i-1}, and adds its bonus diagonal itself.
-#   1. state at each chunk boundary:  h' = exp(G_last) h + sum_j (k_j exp(G_last - G_j))^T v_j
-#   2. what token i reads from the state before its chunk:  (q_i exp(Gq_i)) h
-#   3. what it reads inside its chunk:  sum_{j <= i} (sum_d q_id k_jd exp(Gq_id - G_jd)) v_j  (j < i if shift)
-# 1-2 only exponentiate numbers <= 0. In 3 the textbook (q exp(Gq)) @ (k exp(-G))^T overflows float32 once
-# a chunk decays by ~88 nats (g = -10 per step: 9 steps), so 3 bisects the chunk as far as the decay needs.
-# A level halves blocks: for i in the upper and j in the lower half, m the last lower position,
-# exp(Gq_i - G_j) = exp(Gq_i - G_m) exp(G_m - G_j), both exponents <= 0: one unmasked matmul. A leaf block
-# takes r = G just before it: q exp(Gq - r), k exp(r - G), exponents bounded by the block's decay <=
-# _MAX_LEAF_DECAY (e^20 is harmless in float32): one masked matmul. Usually the leaf is the whole chunk.
-_MAX_LEAF_DECAY = 20.0
-
-
+# passes shift=True, Gq_i = G_{i-1}, and adds its bonus diagonal itself. Steps 1-2 only exponentiate numbers
+# <= 0. In step 3 the textbook (q exp(Gq)) @ (k exp(-G))^T overflows float32 once a chunk decays by ~88 nats
+# (g = -10 per step: 9 steps), so step 3 bisects the chunk as far as the decay needs. A level halves blocks:
+# for i in the upper and j in the lower half, m the last lower position, exp(Gq_i - G_j) = exp(Gq_i - G_m)
+# exp(G_m - G_j), both exponents <= 0: one unmasked matmul. A leaf block takes r = G just before it:
+# q exp(Gq - r), k exp(r - G), exponents bounded by the block's decay (at most 20 nats: e^20 is harmless
+# in float32): one masked matmul. Usually the leaf is the whole chunk.
 def gla_chunked(q, k, v, g, initial_state=None, scale=None, chunk_size=64):
     """h_t = diag(exp(g_t)) h_{t-1} + k_t^T v_t, o_t = scale q_t h_t, by chunks: chunked_scan, then scale."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -66,16 +52,14 @@ def chunked_scan(q, k, v, g, initial_state, chunk_size, shift):
     dtype = compute_dtype(q, k, v, g, initial_state)
     L = min(chunk_size, 1 << (t - 1).bit_length())  # no point padding a short input to a long chunk
     pad = (-t) % L
-
     def chunks(x):  # [b, t, H, d] -> [b, H, chunk, L, d]; padding with k = v = g = 0 keeps the state
         x = F.pad(x.to(dtype), (0, 0, 0, 0, 0, pad)) if pad else x.to(dtype)
         return x.view(b, -1, L, H, x.shape[-1]).permute(0, 3, 1, 2, 4).contiguous()
-
     before = lambda x: F.pad(x[..., :-1, :], (0, 0, 1, 0))  # x_{i-1}, 0 at the chunk start
     q, k, v, g = (chunks(x) for x in (q, k, v, g))
     G = g.cumsum(dim=-2)
     Gq = before(G) if shift else G
-    # 1. the chunk-boundary states from initial_state (arXiv 2507.02782, Appendix I), one step per chunk
+    # 1. boundary states (arXiv 2507.02782, App. I): h' = exp(G_last) h + sum_j (k_j exp(G_last - G_j))^T v_j
     G_last = G[..., -1:, :]
     writes = (k * (G_last - G).exp()).transpose(-1, -2) @ v  # [b, H, chunk, dk, dv]
     h = q.new_zeros(b, H, dk, dv) if initial_state is None else initial_state.to(dtype)
@@ -83,12 +67,13 @@ def chunked_scan(q, k, v, g, initial_state, chunk_size, shift):
     for decay, write in zip(G_last.transpose(-1, -2).exp().unbind(2), writes.unbind(2)):
         states.append(h)
         h = torch.addcmul(write, decay, h)
-    # 2. reads from the state before each chunk
+    # 2. reads from the state before each chunk: (q_i exp(Gq_i)) h
     q_decayed = q * Gq.exp()
     o = q_decayed @ torch.stack(states, dim=2)
-    # 3. reads inside each chunk. Leaf size s: halve while some block decays by more than the bound.
+    # 3. reads inside each chunk: sum_{j <= i} (sum_d q_id k_jd exp(Gq_id - G_jd)) v_j (j < i if shift).
+    # Leaf size s: halve while some block decays by more than 20 nats.
     s = L
-    while s > 1 and (before(G[..., s - 1::s, :]) - G[..., s - 1::s, :]).max() > _MAX_LEAF_DECAY:
+    while s > 1 and (before(G[..., s - 1::s, :]) - G[..., s - 1::s, :]).max() > 20.0:
         s //= 2
     half = L // 2
     while half >= s:  # levels: upper-half queries x lower-half keys, no mask needed
@@ -122,7 +107,6 @@ def head_dims(layer, d_model, num_heads, expand_k, expand_v):
 class GLA(nn.Module):
     """q, k, v; forget gate g = logsigmoid(W2 W1 x + b2) / 16 (low rank, the only bias); scan; per-head
     RMSNorm (eps: fla's GLAConfig.norm_eps = 1e-6) times swish(g_proj x); o_proj. No short conv."""
-
     def __init__(self, d_model, num_heads=4, expand_k=0.5, expand_v=1.0, gate_low_rank_dim=16,
                  gate_logit_normalizer=16, norm_eps=1e-6, layer_idx=None, scan_impl="auto"):
         super().__init__()
@@ -159,7 +143,6 @@ class GLA(nn.Module):
 
 class SwiGLU(nn.Module):
     """fla's GatedMLP: down(swish(gate(x)) * up(x)), no biases, stateless; hidden size as fla picks it."""
-
     def __init__(self, d_model, hidden_ratio=4):
         super().__init__()
         self.intermediate_size = intermediate_size = -(-int(d_model * hidden_ratio * 2 / 3) // 256) * 256
@@ -211,8 +194,7 @@ def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, u_ptr, h0_ptr, o_ptr, ht_ptr, 
         if not BONUS:
             o = tl.sum(h * q[:, None], axis=0) * scale
         tl.store(o_ptr + p_v, o.to(o_ptr.dtype.element_ty), mask=mask_v)
-        p_k += H * DK
-        p_v += H * DV
+        p_k, p_v = p_k + H * DK, p_v + H * DV
     tl.store(ht_ptr + p_state, h, mask=mask_kv)
 
 
@@ -230,11 +212,8 @@ def recurrent_forward(q, k, v, g, initial_state, scale, u=None):
 
 
 def gla_triton(q, k, v, g, initial_state=None, scale=None):
-    """_recurrent_kernel (forward), backward through gla_chunked; CUDA or TRITON_INTERPRET."""
-    check_triton("gla_triton", q)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return triton_scan(partial(recurrent_forward, scale=scale), partial(gla_chunked, scale=scale),
-                       q, k, v, g, initial_state)
+    return triton_scan(recurrent_forward, gla_chunked, q, k, v, g, initial_state, scale=scale)
 
 
 GLA_SCANS = {"naive": gla_naive, "chunked": gla_chunked, "triton": gla_triton}

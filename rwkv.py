@@ -1,48 +1,39 @@
 """RWKV-6 (Finch's time mixing; Peng et al. 2024, arXiv:2404.05892), one of the paper's four recurrent models;
 official code: BlinkDL/RWKV-LM, RWKV-v5/rwkv_v6_demo.py (RWKV_Tmix_x060 / RWKV_CMix_x060), layer dimensions
-(expand_k = 0.5) as flash-linear-attention's RWKV6Attention. Per head:
-
+(expand_k = 0.5) as flash-linear-attention's RWKV6Attention. Per head, the paper's recurrence (arXiv
+2507.02782, Sec. 2) with A_t = diag(exp(w_t)) (decay), B_t x_t = k_t^T v_t (write); the output reads the
+state before the step plus the current token's bonus u:
     o_t = scale * r_t (h_{t-1} + diag(u) k_t^T v_t)        h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t
-
-the paper's h_t = A_t h_{t-1} + B_t x_t (arXiv 2507.02782, Sec. 2), A_t = diag(exp(w_t)), B_t x_t = k_t^T v_t.
-Every form takes `initial_state` (h_{-1}, None: zeros); returns o in r's dtype, final_state in compute_dtype.
-
-Glossary (code name: paper symbol, shape; b batch, t time, H heads, dk / dv key / value channels per head)
-  r, k, v       r_t, k_t, v_t, receptance (the query), key and value    [b, t, H, dk], v: [b, t, H, dv]
-  w             w_t <= 0, the data-dependent log decay (per key)        [b, t, H, dk]
-  u             u, the current token's bonus (not an input)             [H, dk]
-  h             h_t, the matrix state                                   [b, H, dk, dv]
-  decay, write  one step's diag(exp(w_t)) and k_t^T v_t
+Shapes (b batch, t time, H heads, dk / dv key / value channels per head): receptance r (the query), key k
+[b, t, H, dk]; value v [b, t, H, dv]; data-dependent log decay w <= 0 [b, t, H, dk]; u [H, dk];
+h [b, H, dk, dv]. initial_state and dtypes: as in ssm.py.
 """
-from functools import partial
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from gla import chunked_scan, head_dims, recurrent_forward
-from ssm import check_triton, compute_dtype, pick_form, triton_scan
+from ssm import compute_dtype, pick_form, triton_scan
 
 
 def rwkv6_naive(r, k, v, w, u, initial_state=None, scale=1.0):
     """o_t = scale r_t (h_{t-1} + diag(u) k_t^T v_t), h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t, as a loop."""
-    (b, t, H, dk), dv = r.shape, v.shape[-1]
-    out_dtype, dtype = r.dtype, compute_dtype(r, k, v, w, initial_state)
-    r, k, v, w, u = (x.to(dtype) for x in (r, k, v, w, u))
-    h = r.new_zeros(b, H, dk, dv) if initial_state is None else initial_state.to(dtype)
-    decay = w.exp()  # [b, t, H, dk]
+    b, t, H, dk = r.shape
+    dtype = compute_dtype(r, k, v, w, initial_state)
+    h = r.new_zeros(b, H, dk, v.shape[-1], dtype=dtype) if initial_state is None else initial_state.to(dtype)
+    k, v, u = k.to(dtype), v.to(dtype), u.to(dtype)
+    decay = w.to(dtype).exp()  # [b, t, H, dk]
     o = []
     for i in range(t):
         write = k[:, i, :, :, None] * v[:, i, :, None, :]  # [b, H, dk, dv]
-        o.append(scale * torch.einsum("bHk,bHkv->bHv", r[:, i], h + u[:, :, None] * write))
+        o.append(scale * torch.einsum("bHk,bHkv->bHv", r[:, i].to(dtype), h + u[:, :, None] * write))
         h = decay[:, i, :, :, None] * h + write
-    return torch.stack(o, dim=1).to(out_dtype), h
+    return torch.stack(o, dim=1).to(r.dtype), h
 
 
 def rwkv6_chunked(r, k, v, w, u, initial_state=None, scale=1.0, chunk_size=32):
     """o_t = scale r_t (h_{t-1} + diag(u) k_t^T v_t), h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t, by chunks."""
-    # gla.chunked_scan (stable for any decay) with shift=True: r_t reads h_{t-1}, not h_t. The bonus only
-    # pairs a token with itself: (r_t . (u * k_t)) v_t.
+    # gla.chunked_scan, shift=True: r_t reads h_{t-1}; the bonus pairs a token with itself: (r_t . u k_t) v_t
     o, final_state = chunked_scan(r, k, v, w, initial_state, chunk_size, shift=True)
     bonus = (r.to(o.dtype) * u.to(o.dtype) * k.to(o.dtype)).sum(-1, keepdim=True) * v.to(o.dtype)
     return (scale * (o + bonus)).to(r.dtype), final_state
@@ -51,19 +42,12 @@ def rwkv6_chunked(r, k, v, w, u, initial_state=None, scale=1.0, chunk_size=32):
 # --- Layers: time mix (the recurrent mixer) and channel mix (the MLP) -----------------------------------
 # Token shift: both sub-layers mix each token with the previous token's input, which is therefore part of
 # the recurrent state ("shift", "ffn_shift"), or splitting a sequence would change each piece's first token.
-#
-# Init: BlinkDL's per-layer schedule (rwkv_v6_demo.py). Layer l of L has ratio_0_to_1 = l / (L - 1) and
-# ratio_1_to_almost0 = 1 - l / L; ramp_c = c / d_model over channels, key_ramp_c = c / (key_dim - 1) over key
-# channels (all heads together). Lower layers lean more on the previous token and decay faster:
-#   token-shift mixes (time_maa_*)  1 - ramp^ratio_1_to_almost0 (r, g: half exponent; v: - 0.3 ratio_0_to_1)
-#   decay (time_decay)  w0 = -6 + 5 key_ramp^(0.7 + 1.3 ratio_0_to_1): log decay -exp(w0), -0.0025 to -0.37
-#   bonus (time_faaaa)  u = ratio_0_to_1 (1 - key_ramp) + zigzag (0, 0.1, -0.1, ...): zigzag alone in layer 0
-#   read-out GroupNorm weight  ((l + 1) / L)^0.7 (generate_init_weight in RWKV-v5/src/model.py)
-# The official optimizer (configure_optimizers, RWKV-v5/src/model.py) exempts the mixes, decay, bonus and
-# LoRAs from weight decay and gives the decay twice the learning rate: marked _no_weight_decay / _lr_scale.
+# Init: BlinkDL's per-layer schedule (rwkv_v6_demo.py; read-out GroupNorm weight: generate_init_weight in
+# RWKV-v5/src/model.py): lower layers lean more on the previous token and decay faster. The official
+# optimizer (configure_optimizers, ibid.) exempts the mixes, decay, bonus and LoRAs from weight decay and
+# gives the decay twice the learning rate: marked _no_weight_decay / _lr_scale.
 class RWKV6TimeMix(nn.Module):
     """ddlerp token shift, data-dependent decay, matrix-state scan, per-head GroupNorm, output gate."""
-
     def __init__(self, d_model, num_heads=4, proj_low_rank_dim=32, gate_low_rank_dim=64, expand_k=0.5,
                  expand_v=1.0, norm_eps=6.4e-4, layer_idx=0, num_layers=1, scan_impl="auto"):
         super().__init__()
@@ -71,12 +55,11 @@ class RWKV6TimeMix(nn.Module):
         dims = head_dims("RWKV6", d_model, num_heads, expand_k, expand_v)
         self.key_dim, self.value_dim, self.head_k_dim, self.head_v_dim = dims
         self.norm_eps = norm_eps  # BlinkDL's ln_x: 1e-5 * head_size_divisor**2 = 6.4e-4 (fla: 1e-5)
-
         ratio_0_to_1, ratio_1_to_almost0 = layer_idx / max(num_layers - 1, 1), 1.0 - layer_idx / num_layers
         ramp = torch.arange(d_model) / d_model
-        key_ramp = torch.arange(self.key_dim) / max(self.key_dim - 1, 1)
-        zigzag = ((torch.arange(self.key_dim) + 1) % 3 - 1) * 0.1
-        shift_share = 1.0 - ramp.pow(ratio_1_to_almost0)
+        key_ramp = torch.arange(self.key_dim) / max(self.key_dim - 1, 1)  # over the key channels of all heads
+        zigzag = ((torch.arange(self.key_dim) + 1) % 3 - 1) * 0.1  # bonus (time_faaaa) of layer 0: 0, .1, -.1
+        shift_share = 1.0 - ramp.pow(ratio_1_to_almost0)  # token-shift mixes (time_maa_*); r, g: half_share
         half_share = 1.0 - ramp.pow(0.5 * ratio_1_to_almost0)
         # ddlerp: x_c = x + (x_prev - x) * (mu_c + lora_c(x + (x_prev - x) * mu_x)), c in (r, w, k, v, g)
         self.mu_x = nn.Parameter(shift_share.clone())
@@ -84,7 +67,7 @@ class RWKV6TimeMix(nn.Module):
                                             shift_share - 0.3 * ratio_0_to_1, half_share]))
         self.mix_lora_down = nn.Parameter(torch.zeros(d_model, 5 * proj_low_rank_dim))
         self.mix_lora_up = nn.Parameter(torch.empty(5, proj_low_rank_dim, d_model).uniform_(-0.01, 0.01))
-        # log decay w = -exp(w0 + lora(x_w))
+        # log decay w = -exp(w0 + lora(x_w)) (time_decay), at init from -0.0025 (w0 = -6) to -0.37 (w0 = -1)
         self.w0 = nn.Parameter(-6.0 + 5.0 * key_ramp.pow(0.7 + 1.3 * ratio_0_to_1))
         self.w0._lr_scale = 2.0
         self.decay_lora_down = nn.Parameter(torch.zeros(d_model, gate_low_rank_dim))
@@ -93,7 +76,6 @@ class RWKV6TimeMix(nn.Module):
         for p in (self.mu_x, self.mu, self.mix_lora_down, self.mix_lora_up, self.w0, self.decay_lora_down,
                   self.decay_lora_up, self.bonus):
             p._no_weight_decay = True
-
         self.r_proj = nn.Linear(d_model, self.key_dim, bias=False)
         self.k_proj = nn.Linear(d_model, self.key_dim, bias=False)
         self.v_proj = nn.Linear(d_model, self.value_dim, bias=False)
@@ -113,7 +95,6 @@ class RWKV6TimeMix(nn.Module):
         lora = torch.tanh((x + delta * self.mu_x) @ self.mix_lora_down).view(b, t, 5, -1)
         mix = torch.einsum("btfr,frd->btfd", lora, self.mix_lora_up) + self.mu  # [b, t, 5, d_model]
         x_r, x_w, x_k, x_v, x_g = (x.unsqueeze(2) + delta.unsqueeze(2) * mix).unbind(2)
-
         heads = (b, t, self.num_heads, -1)
         r, k, v = self.r_proj(x_r).view(heads), self.k_proj(x_k).view(heads), self.v_proj(x_v).view(heads)
         w = -torch.exp(self.w0 + torch.tanh(x_w @ self.decay_lora_down) @ self.decay_lora_up).view(heads)
@@ -125,7 +106,6 @@ class RWKV6TimeMix(nn.Module):
 
 class RWKV6ChannelMix(nn.Module):
     """Token shift, squared-ReLU key, sigmoid receptance gate; hidden size 3.5 d_model (a multiple of 32)."""
-
     def __init__(self, d_model, hidden_ratio=3.5, layer_idx=0, num_layers=1):
         super().__init__()
         self.d_model, self.hidden_dim = d_model, 32 * -(-int(d_model * hidden_ratio) // 32)
@@ -152,10 +132,8 @@ def _token_shift(x, shift_state):  # x_prev - x (x_prev at position 0: shift_sta
 
 
 def rwkv6_triton(r, k, v, w, u, initial_state=None, scale=1.0):
-    """gla._recurrent_kernel, BONUS on (forward), backward through rwkv6_chunked; CUDA or TRITON_INTERPRET."""
-    check_triton("rwkv6_triton", r)
-    kernel = lambda r, k, v, w, u, h0: recurrent_forward(r, k, v, w, h0, scale, u=u)
-    return triton_scan(kernel, partial(rwkv6_chunked, scale=scale), r, k, v, w, u, initial_state)
+    launch = lambda r, k, v, w, u, h0, scale: recurrent_forward(r, k, v, w, h0, scale, u=u)
+    return triton_scan(launch, rwkv6_chunked, r, k, v, w, u, initial_state, scale=scale)
 
 
 RWKV6_SCANS = {"naive": rwkv6_naive, "chunked": rwkv6_chunked, "triton": rwkv6_triton}

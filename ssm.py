@@ -1,25 +1,22 @@
 """State space mixers of the paper: Mamba-2 (SSD) and Mamba-1 (selective scan). Each scan comes in three
-forms, a naive loop (the definition), a chunked PyTorch form and a Triton kernel; then the two layers.
-
+forms, a naive loop (the definition), a chunked PyTorch form and a Triton kernel; then the two layers; at
+the bottom the kernels and the scan plumbing that gla.py and rwkv.py share.
 The paper (Buitrago Ruiz & Gu 2025, arXiv 2507.02782), Sec. 2: a recurrent layer carries a state h in time,
     h_t = A_t h_{t-1} + B_t x_t,    y_t = C_t^T h_t,    from the initial state h_{-1}.
 Both Mamba layers take A_t = exp(dt_t A) and the input term dt_t B_t x_t, dt_t an input-dependent step size.
-Every scan takes `initial_state` (h_{-1}; None: zeros), returns `(y, final_state)` (h_{T-1}): training from
-a non-zero state (Sec. 4: State Passing, TBTT, noise) and evaluating past the training length need just that.
-
-Glossary (code name: paper symbol; shape for Mamba-2 | Mamba-1)
-  x             x_t, the scan's input                             [b, t, H, p] | [b, t, d]
-  dt            dt_t > 0, the step size (after softplus)           [b, t, H]    | [b, t, d]
-  A             A < 0, so that A_t = exp(dt_t A) lies in (0, 1)    [H]          | [d, n]
-  B, C          B_t, C_t, the input and output projections         [b, t, g, n] | [b, t, n]
-  h             h_t, the recurrent state                           [b, H, p, n] | [b, d, n]
-  decay, write  one step's A_t = exp(dt_t A) and dt_t x_t B_t (mamba-minimal's deltaA and deltaB_u)
-  b batch, t time, H heads, p headdim, g groups, n d_state, d d_inner, L chunk length.
+Every scan (GLA's and RWKV-6's too) takes `initial_state` (h_{-1}; None: zeros) and returns `(y, final_state)`
+(h_{T-1}): training from a non-zero state (Sec. 4: State Passing, TBTT, noise) and evaluating past the
+training length need just that. Scans compute in float32 (float64 when an input is, in tests: a long product
+of decays loses too much in bf16) and return y in x's dtype, the final state in the compute dtype.
+Shapes, Mamba-2 | Mamba-1 (b batch, t time, H heads, p headdim, g groups, n d_state, d d_inner, L chunk):
+  x [b, t, H, p] | [b, t, d]; dt > 0 [b, t, H] | [b, t, d]; A < 0 [H] | [d, n]; B, C [b, t, g, n] | [b, t, n];
+  h [b, H, p, n] | [b, d, n]; decay, write: a step's A_t, dt_t x_t B_t (mamba-minimal's deltaA, deltaB_u).
 A layer's state is the dict {"h": scan state, "conv": causal-conv window}.
 """
 import math
 import os
 import types
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -27,32 +24,27 @@ import torch.nn.functional as F
 
 
 # ==== Mamba-2 (SSD): Dao & Gu 2024, "Transformers are SSMs" (arXiv 2405.21060); official code: mamba_ssm
-# (github.com/state-spaces/mamba, modules/mamba2.py). A scalar decay per head; head i reads the B, C of
-# group i // (H // g):
-#     h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T        h_t: [p, n] per head
-#     y_t = h_t C_t                                      y_t: [p]
+# (github.com/state-spaces/mamba, modules/mamba2.py). A scalar decay per head, a state [p, n] per head.
 def ssd_naive(x, dt, A, B, C, initial_state=None):
     """h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T, y_t = h_t C_t, one step at a time: the definition."""
-    (b, t, H, p), n = x.shape, B.shape[-1]
-    out_dtype, dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
-    x, dt, A = x.to(dtype), dt.to(dtype), A.to(dtype)
+    b, t, H, p = x.shape
+    dtype = compute_dtype(x, dt, A, B, C, initial_state)
+    h = x.new_zeros(b, H, p, B.shape[-1], dtype=dtype) if initial_state is None else initial_state.to(dtype)
     B, C = (v.to(dtype).repeat_interleave(H // v.shape[2], dim=2) for v in (B, C))  # [b, t, H, n]
-    h = x.new_zeros(b, H, p, n) if initial_state is None else initial_state.to(dtype)
-    decay = torch.exp(dt * A)  # [b, t, H]
-    dt_x = dt[..., None] * x  # [b, t, H, p]
+    decay = torch.exp(dt.to(dtype) * A.to(dtype))  # [b, t, H]
+    dt_x = dt.to(dtype)[..., None] * x.to(dtype)  # [b, t, H, p]
     ys = []
     for i in range(t):
         write = dt_x[:, i, :, :, None] * B[:, i, :, None, :]  # [b, H, p, n]
         h = decay[:, i, :, None, None] * h + write
-        ys.append(torch.einsum("bHpn,bHn->bHp", h, C[:, i]))
-    return torch.stack(ys, dim=1).to(out_dtype), h
+        ys.append(torch.einsum("bHpn,bHn->bHp", h, C[:, i]))  # [b, H, p]
+    return torch.stack(ys, dim=1).to(x.dtype), h
 
 
 def ssd_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
     """h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T, y_t = h_t C_t, by chunks: SSD (Dao & Gu 2024, Sec. 6)."""
-    # With log decays a = dt * A <= 0 summed within a chunk, cs_i = a_0 + ... + a_i, step j's input
-    # reaches step i >= j scaled by exp(cs_i - cs_j). Every exponent is a sum of non-positive log decays
-    # (the causal mask goes in before exp), so nothing overflows however strong the decay.
+    # With log decays a = dt * A <= 0 summed within a chunk, cs_i = a_0 + ... + a_i, step j's input reaches
+    # step i >= j scaled by exp(cs_i - cs_j) <= 1 (the causal mask goes in before exp): no decay overflows.
     (b, t, H, p), (g, n) = x.shape, B.shape[2:]
     out_dtype, dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
     h = x.new_zeros(b, H, p, n, dtype=dtype) if initial_state is None else initial_state.to(dtype)
@@ -87,29 +79,25 @@ def ssd_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
     states_in = torch.stack(states_in, dim=1)  # the state entering each chunk [b, c, g, r, p, n]
     # 4. State to output (off-diagonal blocks): what the incoming state adds to every step of its chunk.
     y = y + (C @ states_in.transpose(-1, -2)) * decay_from_start[..., None]
-    y = y.permute(0, 1, 4, 2, 3, 5).reshape(b, nc * L, H, p)[:, :t]
-    return y.to(out_dtype), h.reshape(b, H, p, n)
+    return y.permute(0, 1, 4, 2, 3, 5).reshape(b, nc * L, H, p)[:, :t].to(out_dtype), h.reshape(b, H, p, n)
 
 
-# ==== Mamba-1 (selective scan): Gu & Dao 2023, "Mamba" (arXiv 2312.00752), Sec. 3.2 and Algorithm 2;
-# official code: mamba_ssm (modules/mamba_simple.py). Each channel has its own step size and a diagonal
-# state of size n; B_t, C_t are shared by all channels:
-#     h_t = exp(dt_t A) * h_{t-1} + dt_t x_t B_t        h_t: [d, n], elementwise decay
-#     y_t = h_t C_t                                      y_t: [d]
+# ==== Mamba-1 (selective scan): Gu & Dao 2023, "Mamba" (arXiv 2312.00752), Sec. 3.2 and Algorithm 2; official
+# code: mamba_ssm (modules/mamba_simple.py). Per channel: a step size, a diagonal state [n]; B_t, C_t shared.
 def selective_scan_naive(x, dt, A, B, C, initial_state=None):
     """h_t = exp(dt_t A) * h_{t-1} + dt_t x_t B_t, y_t = h_t C_t, one step at a time: the definition."""
     b, t, d = x.shape
-    out_dtype, dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
-    x, dt, A, B, C = (v.to(dtype) for v in (x, dt, A, B, C))
-    h = x.new_zeros(b, d, A.shape[1]) if initial_state is None else initial_state.to(dtype)
-    dt_x = dt * x  # [b, t, d]
+    dtype = compute_dtype(x, dt, A, B, C, initial_state)
+    h = x.new_zeros(b, d, A.shape[1], dtype=dtype) if initial_state is None else initial_state.to(dtype)
+    dt, A, B, C = (v.to(dtype) for v in (dt, A, B, C))
+    dt_x = dt * x.to(dtype)  # [b, t, d]
     ys = []
     for i in range(t):
         decay = torch.exp(dt[:, i, :, None] * A)  # [b, d, n]
         write = dt_x[:, i, :, None] * B[:, i, None, :]  # [b, d, n]
         h = decay * h + write
         ys.append((h * C[:, i, None, :]).sum(-1))  # [b, d]
-    return torch.stack(ys, dim=1).to(out_dtype), h
+    return torch.stack(ys, dim=1).to(x.dtype), h
 
 
 def selective_scan_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
@@ -126,18 +114,14 @@ def selective_scan_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
     # [b, nc, L, ...] split into L per-position tensors once: indexing inside the loops would make
     # autograd scatter each step's gradient into a full-size zero tensor
     dt_j, dt_x_j, B_j, C_j = (v.view(b, nc, L, v.shape[-1]).unbind(2) for v in (dt, dt_x, B, C))
-    # Under autograd step 1's decays are saved anyway, so step 3 reuses them; else it recomputes them
-    keep_decays = torch.is_grad_enabled() and any(
-        v is not None and v.requires_grad for v in (x, dt, A, B, C, initial_state))
-    # 1. Every chunk runs its L steps from a zero state, keeping its end state. (addcmul(w, a, h) = w + a * h
-    # in one pass: the passes over [b, nc, d, n] are the cost.)
+    keep_decays = torch.is_grad_enabled()  # autograd saves step 1's decays anyway: step 3 reuses them
+    # 1. Every chunk runs its L steps from a zero state, keeping its end state (addcmul(w, a, h) = w + a h)
     decays, h = [], x.new_zeros(b, nc, d, n)
     for j in range(L):
         decay = torch.exp(dt_j[j][..., None] * A)
         decays.append(decay if keep_decays else None)
         h = torch.addcmul(dt_x_j[j][..., None] * B_j[j][:, :, None, :], decay, h)
-    # 2. The state walks along the chunk boundaries from initial_state (arXiv 2507.02782, Appendix I): into
-    # chunk c + 1 = exp(A * chunk c's summed dt) * (into chunk c) + (chunk c's end state from step 1).
+    # 2. The state walks along the chunk boundaries from initial_state (arXiv 2507.02782, Appendix I).
     chunk_decay = torch.exp(dt.view(b, nc, L, d).sum(2)[..., None] * A).unbind(1)  # [b, d, n] each
     carry = x.new_zeros(b, d, n) if initial_state is None else initial_state.to(dtype)
     carried_in = []
@@ -150,8 +134,7 @@ def selective_scan_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
         decay = decays[j] if keep_decays else torch.exp(dt_j[j][..., None] * A)
         h = torch.addcmul(dt_x_j[j][..., None] * B_j[j][:, :, None, :], decay, h)
         ys.append(torch.einsum("bcdn,bcn->bcd", h, C_j[j]))
-    y = torch.stack(ys, dim=2).reshape(b, nc * L, d)[:, :t]
-    return y.to(out_dtype), carry
+    return torch.stack(ys, dim=2).reshape(b, nc * L, d)[:, :t].to(out_dtype), carry
 
 
 # ==== Layers
@@ -233,14 +216,10 @@ class Mamba1(nn.Module):
                                 padding=d_conv - 1, bias=conv_bias)
         self.x_proj = nn.Linear(self.d_inner, self.dt_rank + 2 * d_state, bias=False)
         self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True)
-        # dt_proj weight: keeps the variance of dt_proj(dt_low) independent of dt_rank at init
-        std = self.dt_rank ** -0.5 * dt_scale
+        std = self.dt_rank ** -0.5 * dt_scale  # the variance of dt_proj(dt_low) does not depend on dt_rank
         assert dt_init in ("random", "constant"), dt_init
         with torch.no_grad():
-            if dt_init == "random":
-                self.dt_proj.weight.uniform_(-std, std)
-            else:
-                self.dt_proj.weight.fill_(std)
+            self.dt_proj.weight.uniform_(-std, std) if dt_init == "random" else self.dt_proj.weight.fill_(std)
             self.dt_proj.bias.copy_(inverse_softplus_dt(self.d_inner, dt_min, dt_max, dt_init_floor))
         # S4D-real init: A[d, k] = -(k + 1), stored as its log so that A = -exp(A_log) stays negative
         self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1.0).repeat(self.d_inner, 1)))
@@ -266,13 +245,12 @@ class Mamba1(nn.Module):
 
 
 # ==== Triton kernels (the naive loops fused, forward only), then scan plumbing shared with gla.py, rwkv.py
-try:
+try:  # no Triton wheel (e.g. macOS): the naive and chunked forms still work, and the kernels still parse
     import triton
     import triton.language as tl
-    HAS_TRITON = True
-except ImportError:  # no Triton wheel (e.g. macOS): the naive and chunked forms still work
-    HAS_TRITON = False
-    triton = tl = types.SimpleNamespace(jit=lambda fn: fn, constexpr=None)  # so the kernels still parse
+except ImportError:
+    triton = tl = types.SimpleNamespace(jit=lambda fn: fn, constexpr=None)
+HAS_TRITON = not isinstance(triton, types.SimpleNamespace)
 
 
 @triton.jit
@@ -300,17 +278,14 @@ def _ssd_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, H,
         C = tl.load(C_ptr + bc_offs, mask=mask_n, other=0.0).to(tl.float32)
         h = tl.exp(dt * A) * h + (dt * x)[:, None] * B[None, :]
         tl.store(y_ptr + x_offs, tl.sum(h * C[None, :], axis=1), mask=mask_p)
-        x_offs += H * P
-        dt_off += H
-        bc_offs += G * N
+        x_offs, dt_off, bc_offs = x_offs + H * P, dt_off + H, bc_offs + G * N
     tl.store(hT_ptr + h_offs, h, mask=h_mask)
 
 
 def _ssd_launch(x, dt, A, B, C, initial_state):
     (b, t, H, p), (g, n) = x.shape, B.shape[2:]
     state_dtype = compute_dtype(x, dt, A, B, C, initial_state)
-    # The Mamba2 layer's x, B, C are views of the transposed conv output (channel stride t): one
-    # copy to contiguous [b, t, ...] makes every per-step load a contiguous (coalesced) run.
+    # the layer's x, B, C are views of the transposed conv output: contiguous copies coalesce every load
     x, dt, A, B, C = (v.contiguous() for v in (x, dt, A.float(), B, C))
     h0 = (x.new_zeros(b, H, p, n) if initial_state is None else initial_state).float().contiguous()
     y, final_state = x.new_empty(b, t, H, p, dtype=torch.float32), torch.empty_like(h0)
@@ -321,8 +296,6 @@ def _ssd_launch(x, dt, A, B, C, initial_state):
 
 
 def ssd_triton(x, dt, A, B, C, initial_state=None):
-    """_ssd_kernel (forward), backward through ssd_chunked; CUDA or TRITON_INTERPRET."""
-    check_triton("ssd_triton", x)
     return triton_scan(_ssd_launch, ssd_chunked, x, dt, A, B, C, initial_state)
 
 
@@ -365,8 +338,6 @@ def _selective_scan_launch(x, dt, A, B, C, initial_state):
 
 
 def selective_scan_triton(x, dt, A, B, C, initial_state=None):
-    """_selective_scan_kernel (forward), backward through selective_scan_chunked; CUDA or TRITON_INTERPRET."""
-    check_triton("selective_scan_triton", x)
     return triton_scan(_selective_scan_launch, selective_scan_chunked, x, dt, A, B, C, initial_state)
 
 
@@ -375,9 +346,7 @@ SELECTIVE_SCANS = {"naive": selective_scan_naive, "chunked": selective_scan_chun
                    "triton": selective_scan_triton}
 
 
-def compute_dtype(*tensors):
-    """Every scan computes in float32 (float64 when an input is, in tests): a long product of decays
-    loses too much in bf16. It returns y in its input's dtype and the final state in this one."""
+def compute_dtype(*tensors):  # the module docstring says why
     return torch.float64 if torch.float64 in [v.dtype for v in tensors if v is not None] else torch.float32
 
 
@@ -388,22 +357,22 @@ def pick_form(forms, impl, x):
     return forms[impl]
 
 
-def check_triton(name, x):
+def triton_scan(launch, chunked, *inputs, **kw):
+    """(y, final_state) = launch(*inputs, **kw), a Triton kernel, on CUDA (or under TRITON_INTERPRET=1);
+    backward by recomputing chunked(*inputs, **kw), the PyTorch form, under autograd."""
     if not HAS_TRITON:
-        raise RuntimeError(f"{name} needs Triton (on Linux: pip install triton); use the chunked form")
-    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        raise RuntimeError(f"{name} needs CUDA tensors, or TRITON_INTERPRET=1 set before triton is imported")
+        raise RuntimeError("a Triton scan needs Triton (on Linux: pip install triton); use the chunked form")
+    if not (inputs[0].is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        raise RuntimeError("a Triton scan needs CUDA tensors, or TRITON_INTERPRET=1 set before triton loads")
+    return _TritonForward.apply(partial(launch, **kw), partial(chunked, **kw), *inputs)
 
 
-class _TritonForward(torch.autograd.Function):
-    """(y, final_state) = kernel_forward(*inputs), a Triton kernel; backward by recomputing the chunked
-    PyTorch form chunked(*inputs) under autograd: the same function, so the same gradients, with no
-    backward kernel to keep in sync. Non-tensor arguments (scale, chunk size): functools.partial."""
+class _TritonForward(torch.autograd.Function):  # no backward kernel: the same function, the same gradients
     @staticmethod
-    def forward(ctx, kernel_forward, chunked, *inputs):
+    def forward(ctx, launch, chunked, *inputs):
         ctx.chunked = chunked
         ctx.save_for_backward(*inputs)
-        return kernel_forward(*inputs)
+        return launch(*inputs)
 
     @staticmethod
     def backward(ctx, dy, dfinal_state):
@@ -412,19 +381,14 @@ class _TritonForward(torch.autograd.Function):
             inputs = [v if v is None else v.detach().requires_grad_(need)
                       for v, need in zip(ctx.saved_tensors, needs)]
             y, final_state = ctx.chunked(*inputs)
-            wanted = [v for v in inputs if v is not None and v.requires_grad]
+            wanted = [v for v, need in zip(inputs, needs) if need]
             grads = iter(torch.autograd.grad((y, final_state), wanted, (dy, dfinal_state), allow_unused=True))
         return (None, None) + tuple(next(grads) if need else None for need in needs)
 
 
-triton_scan = _TritonForward.apply  # triton_scan(kernel_forward, chunked, *inputs) -> (y, final_state)
-
-
 def causal_conv1d(x, weight, bias, conv_state):
-    """Depthwise causal convolution over time carrying its window as state, for both Mamba layers.
-    x [b, t, c]; weight [c, 1, k], bias [c] (nn.Conv1d's layout, as mamba_ssm); conv_state [b, k-1, c],
-    the k-1 inputs before x (zeros at a sequence start). Returns y [b, t, c] (a transposed view, time
-    stride 1) and the new conv_state, so conv(x[:, :a]) then conv(x[:, a:]) equals conv(x)."""
+    """Depthwise causal conv of x [b, t, c] by nn.Conv1d's weight and bias, after conv_state [b, k-1, c] (the
+    inputs before x; zeros at a start): y [b, t, c], new state; conv(x[:, :a]), conv(x[:, a:]) = conv(x)."""
     xx = torch.cat([conv_state.to(x.dtype), x], dim=1)  # [b, k-1+t, c]
     bias = None if bias is None else bias.to(x.dtype)
     y = F.conv1d(xx.transpose(1, 2), weight.to(x.dtype), bias, groups=x.shape[-1])
