@@ -1,44 +1,13 @@
-"""What is specific to gla.py / rwkv.py (test_scans.py checks that the three forms of every scan agree):
-the stable bisection of the shared chunked form in every decay regime, the layers' sizes and init, and
-RWKV-6's per-layer init schedule (BlinkDL's rwkv_v6_demo.py) with the parameters its optimizer sets apart."""
-import math
-
+"""The GLA and RWKV-6 layers (their scans: test_scans.py): sizes and init as fla's, RWKV-6's per-layer init
+schedule (rwkv_v6_demo.py) and the parameters its optimizer sets apart, what each computes from weights."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-import gla
 import model
-import rwkv
-from gla import GLA, SwiGLU
-from rwkv import RWKV6ChannelMix, RWKV6TimeMix
+from gla import GLA, GLA_SCANS, SwiGLU
+from rwkv import RWKV6_SCANS, RWKV6ChannelMix, RWKV6TimeMix
 from conftest import checkpoint, tiny_lm
-from test_scans import SCANS, call, close
-
-
-# Per-step log decay: leaves of a whole chunk (0.01), a few bisection levels (0.3, 2), down to
-# two-token leaves (10: a 32-token chunk decays by ~160 nats) and one-token leaves (40).
-@pytest.mark.parametrize("decay", [0.01, 0.3, 2.0, 10.0, 40.0])
-@pytest.mark.parametrize("name", ["gla", "rwkv6"])
-def test_chunked_bisection_is_exact_in_every_decay_regime(name, decay):
-    inputs, kw = SCANS[name][3](torch.Generator().manual_seed(0), t=75)   # the log decay (g, w): U(-decay, 0)
-    inputs[3] = -decay * torch.rand(inputs[3].shape, generator=torch.Generator().manual_seed(1)).double()
-    ref = call(SCANS[name][0], inputs, kw)
-    for chunk_size in (8, 32):
-        close(call(SCANS[name][1], inputs, {**kw, "chunk_size": chunk_size}), ref, 1e-10)
-
-
-@pytest.mark.parametrize("name", ["gla", "rwkv6"])
-def test_chunked_float32_survives_decays_past_88_nats_per_chunk(name):
-    # -10 nats per step: a 64-token chunk decays by 640; exp(-cumsum(g)) would be inf and give nan.
-    inputs, kw = SCANS[name][3](torch.Generator().manual_seed(0), t=200)
-    inputs[3] = torch.full_like(inputs[3], -10.0)
-    ref = call(SCANS[name][0], inputs, kw)
-    inputs = [v.float().requires_grad_() for v in inputs]
-    y, s = call(SCANS[name][1], inputs, {**kw, "chunk_size": 64})
-    close((y, s), ref, 1e-4)
-    (y.sum() + s.sum()).backward()
-    assert all(torch.isfinite(v.grad).all() for v in inputs)
 
 
 def test_gla_layer_mlp_and_lm_are_sized_and_initialised_as_fla(tmp_path):
@@ -63,14 +32,13 @@ def test_gla_layer_mlp_and_lm_are_sized_and_initialised_as_fla(tmp_path):
 
 def test_rwkv6_init_follows_the_official_per_layer_schedule():
     L, d, K = 12, 64, 32
-    first, last = RWKV6TimeMix(d, num_heads=4, layer_idx=0, num_layers=L), \
-        RWKV6TimeMix(d, num_heads=4, layer_idx=L - 1, num_layers=L)
+    first, last = (RWKV6TimeMix(d, num_heads=4, layer_idx=i, num_layers=L) for i in (0, L - 1))
     zigzag = torch.tensor([0.0, 0.1, -0.1] * 11)[:K].view(4, 8)
     torch.testing.assert_close(first.bonus.data, zigzag)                      # ratio_0_to_1 = 0
     torch.testing.assert_close(last.bonus.data, (1 - torch.arange(K) / (K - 1)).view(4, 8) + zigzag)
     for layer, exponent in [(first, 0.7), (last, 2.0)]:                       # 0.7 + 1.3 ratio_0_to_1
-        assert layer.w0[0] == -6.0 and math.isclose(layer.w0[-1].item(), -1.0, rel_tol=1e-6)
-        assert math.isclose(layer.w0[16].item(), -6 + 5 * (16 / 31) ** exponent, rel_tol=1e-5)
+        assert layer.w0[0] == -6.0 and layer.w0[-1].item() == pytest.approx(-1.0, rel=1e-6)
+        assert layer.w0[16].item() == pytest.approx(-6 + 5 * (16 / 31) ** exponent, rel=1e-5)
     assert (first.w0[1:-1] > last.w0[1:-1]).all()  # lower layers decay faster
     ramp = torch.arange(d) / d
     torch.testing.assert_close(first.mu_x.data, 1 - ramp)                      # ratio_1_to_almost0 = 1
@@ -92,33 +60,27 @@ def test_rwkv6_init_follows_the_official_per_layer_schedule():
     assert RWKV6ChannelMix(d).mu_r._no_weight_decay
 
 
-def scan_inputs(layer, forms, x, monkeypatch):
-    """The inputs the layer hands its scan (the naive form) on x."""
+@pytest.mark.parametrize("arch", ["gla", "rwkv6"])
+def test_each_layer_hands_its_scan_the_log_decay_of_its_formula(arch, monkeypatch):
+    # GLA (fla): g = logsigmoid(gk_proj(x)) / gate_logit_normalizer (16). RWKV-6: w = -exp(w0 + tanh(x_w A) B)
+    # with the decay's own token-shift mix x_w = x + (x_prev - x) * mu_w (mix_lora_down = 0 at init)
+    x, forms = torch.randn(2, 5, 64), GLA_SCANS if arch == "gla" else RWKV6_SCANS
+    layer = GLA(64, num_heads=4) if arch == "gla" else RWKV6TimeMix(64, 4, layer_idx=1, num_layers=3)
+    with torch.no_grad():
+        if arch == "gla":
+            torch.nn.init.normal_(layer.gk_proj[1].bias, std=3.0)   # logits of either sign, some large
+            want = F.logsigmoid(layer.gk_proj(x)) / 16
+        else:  # at init mu_w = mu_k and the LoRA is zero
+            layer.mu[1].uniform_()
+            torch.nn.init.normal_(layer.decay_lora_down, std=0.3)
+            x_w = x + (F.pad(x[:, :-1], (0, 0, 1, 0)) - x) * layer.mu[1]
+            want = -torch.exp(layer.w0 + torch.tanh(x_w @ layer.decay_lora_down) @ layer.decay_lora_up)
     seen, naive = [], forms["naive"]
     monkeypatch.setitem(forms, "naive", lambda *a: seen.append(a) or naive(*a))
     layer.scan_impl = "naive"
     with torch.no_grad():
         layer(x)
-    return seen[0]
-
-
-def test_gla_forget_gate_is_logsigmoid_of_its_logits_over_16(monkeypatch):
-    layer, x = GLA(64, num_heads=4), torch.randn(2, 5, 64)
-    torch.nn.init.normal_(layer.gk_proj[1].bias, std=3.0)   # logits of either sign, some large
-    g = scan_inputs(layer, gla.GLA_SCANS, x, monkeypatch)[3]
-    with torch.no_grad():   # fla's gate_logit_normalizer: 16
-        torch.testing.assert_close(g, F.logsigmoid(layer.gk_proj(x)).view(2, 5, 4, 8) / 16)
-
-
-def test_rwkv6_decay_lora_reads_the_decays_own_token_shift_mix(monkeypatch):
-    # w = -exp(w0 + tanh(x_w A) B), x_w = x + (x_prev - x) * mu_w; at init mu_w = mu_k and the LoRA is zero
-    layer, x = RWKV6TimeMix(64, num_heads=4, layer_idx=1, num_layers=3), torch.randn(2, 5, 64)
-    with torch.no_grad():
-        layer.mu[1].uniform_()
-        torch.nn.init.normal_(layer.decay_lora_down, std=0.3)
-        x_w = x + (F.pad(x[:, :-1], (0, 0, 1, 0)) - x) * layer.mu[1]   # mix_lora_down = 0: mu_w alone
-        want = -torch.exp(layer.w0 + torch.tanh(x_w @ layer.decay_lora_down) @ layer.decay_lora_up)
-    torch.testing.assert_close(scan_inputs(layer, rwkv.RWKV6_SCANS, x, monkeypatch)[3], want.view(2, 5, 4, 8))
+    torch.testing.assert_close(seen[0][3], want.view(2, 5, 4, 8))
 
 
 def test_rwkv6_channel_mix_is_sigmoid_r_times_squared_relu_k_through_value():

@@ -1,10 +1,8 @@
-"""The four scans (Mamba-2 SSD, Mamba-1 selective scan, GLA, RWKV-6), each in three forms: the naive loop
-(the definition), the chunked PyTorch form and the Triton kernel (Triton's interpreter on a CPU, see
-conftest.py). They agree in outputs, final states and gradients, with and without an initial state,
-and running a sequence in pieces while carrying the state equals one pass."""
+"""The four scans' three forms (naive loop, chunked, Triton kernel: interpreted on a CPU, see conftest.py)
+agree in outputs, final states and gradients, from zero or a given state, in pieces with the state carried
+and at any decay; then the Mamba layers (GLA's and RWKV-6's: test_gla_rwkv.py)."""
 import functools
 import math
-import os
 import subprocess
 import sys
 
@@ -18,64 +16,47 @@ import ssm
 from conftest import ROOT
 
 
-# Input makers: (inputs, keyword arguments). inputs end with the initial state; those whose first two
-# dims are (b, t) have a time axis. strong=True gives log decays of 5-10 nats per step (in some channels).
-def draws(gen):   # float64 tensors of the given shape: standard normal, uniform in [0, 1)
-    return [functools.partial(f, generator=gen, dtype=torch.float64) for f in (torch.randn, torch.rand)]
-
-
-def ssd_inputs(gen, b=2, t=13, strong=False):
-    (N, U), (h, p, g, n) = draws(gen), (4, 6, 2, 12)  # p, n not powers of two: the kernel's masks at work
-    A = -(U(h) * (10.0 if strong else 2.0) + 0.1)
-    return [N(b, t, h, p), U(b, t, h) + 0.01, A, N(b, t, g, n), N(b, t, g, n), N(b, h, p, n)], {}
-
-
-def selective_inputs(gen, b=2, t=13, strong=False):
-    (N, U), (d, n) = draws(gen), (12, 5)
-    dt, A = U(b, t, d) * (10.0 if strong else 0.5) + 1e-3, -U(d, n) * (20.0 if strong else 2.0) - 0.05
-    return [N(b, t, d), dt, A, N(b, t, n), N(b, t, n), 3 * N(b, d, n)], {}
-
-
-def gla_inputs(gen, b=2, t=13, strong=False):
-    (N, U), (h, dk, dv) = draws(gen), (2, 12, 6)
-    g = F.logsigmoid(N(b, t, h, dk)) / 16  # the layer's range
-    if strong:  # odd channels lose 5-10 nats a step, even ones barely decay
-        g[..., 1::2] = -5 - 5 * U(b, t, h, dk // 2)
-    return [N(b, t, h, dk), N(b, t, h, dk), N(b, t, h, dv), g, N(b, h, dk, dv)], {"scale": 0.5}
-
-
-def rwkv_inputs(gen, b=2, t=13, strong=False):
-    (N, U), (h, dk, dv) = draws(gen), (2, 8, 40)  # dv = 40: two kernel value blocks, the second one masked
+def make_inputs(name, seed, b=2, t=13, strong=False):
+    """(inputs, keyword arguments) of scan `name`, float64. inputs end with the initial state; those whose
+    first two dims are (b, t) have a time axis. strong: log decays of 5-10 nats a step in some channels."""
+    gen = torch.Generator().manual_seed(seed)
+    N, U = (functools.partial(f, generator=gen, dtype=torch.float64) for f in (torch.randn, torch.rand))
+    if name == "ssd":  # p = 6, n = 12, not powers of two: the kernel's masks at work
+        (h, p, g, n), A = (4, 6, 2, 12), -(U(4) * (10.0 if strong else 2.0) + 0.1)
+        return [N(b, t, h, p), U(b, t, h) + 0.01, A, N(b, t, g, n), N(b, t, g, n), N(b, h, p, n)], {}
+    if name == "selective_scan":
+        d, n = 12, 5
+        dt, A = U(b, t, d) * (10.0 if strong else 0.5) + 1e-3, -U(d, n) * (20.0 if strong else 2.0) - 0.05
+        return [N(b, t, d), dt, A, N(b, t, n), N(b, t, n), 3 * N(b, d, n)], {}
+    if name == "gla":
+        h, dk, dv = 2, 12, 6
+        g = F.logsigmoid(N(b, t, h, dk)) / 16  # the layer's range
+        if strong:  # odd channels lose 5-10 nats a step, even ones barely decay
+            g[..., 1::2] = -5 - 5 * U(b, t, h, dk // 2)
+        return [N(b, t, h, dk), N(b, t, h, dk), N(b, t, h, dv), g, N(b, h, dk, dv)], {"scale": 0.5}
+    h, dk, dv = 2, 8, 40  # dv = 40: two kernel value blocks, the second one masked
     w = -U(b, t, h, dk) * (10.0 if strong else 1.0)
     if strong:  # half the channels barely decay
         w[..., : dk // 2] = -0.05 * U(b, t, h, dk // 2)
     return [N(b, t, h, dk), N(b, t, h, dk), N(b, t, h, dv), w, N(h, dk), N(b, h, dk, dv)], {"scale": 0.7}
 
 
-SCANS = {  # name: (naive, chunked, triton, make_inputs)
-    "ssd": (ssm.ssd_naive, ssm.ssd_chunked, ssm.ssd_triton, ssd_inputs),
-    "selective_scan": (ssm.selective_scan_naive, ssm.selective_scan_chunked, ssm.selective_scan_triton,
-                       selective_inputs),
-    "gla": (gla.gla_naive, gla.gla_chunked, gla.gla_triton, gla_inputs),
-    "rwkv6": (rwkv.rwkv6_naive, rwkv.rwkv6_chunked, rwkv.rwkv6_triton, rwkv_inputs),
-}
+SCANS = {"ssd": ssm.SSD_SCANS, "selective_scan": ssm.SELECTIVE_SCANS, "gla": gla.GLA_SCANS,
+         "rwkv6": rwkv.RWKV6_SCANS}   # each {"naive", "chunked", "triton"} -> the form
 GPU = torch.cuda.is_available()  # then the Triton form runs compiled (else interpreted: conftest.py)
 
 
-def on_gpu(scan):
-    """scan on CUDA copies of the inputs, its results back on the CPU (gradients flow through .to)."""
-    def run(*inputs, initial_state=None, **kw):
-        y, s = scan(*(v.cuda() for v in inputs), initial_state=initial_state if initial_state is None
-                    else initial_state.cuda(), **kw)
-        return y.cpu(), s.cpu()
-    return run
+def on_gpu(scan):  # scan on CUDA copies of the inputs, results back on the CPU (gradients flow through .to)
+    cuda = lambda v: None if v is None else v.cuda()
+    return lambda *inputs, initial_state=None, **kw: [v.cpu() for v in scan(
+        *map(cuda, inputs), initial_state=cuda(initial_state), **kw)]
 
 
 def forms(name):
     """The three forms; chunks of 4, so that t = 13 ends in a partial chunk."""
-    naive, chunked, triton_form, _ = SCANS[name]
-    return {"naive": naive, "chunked": functools.partial(chunked, chunk_size=4),
-            "triton": on_gpu(triton_form) if GPU else triton_form}
+    scans = SCANS[name]
+    return {**scans, "chunked": functools.partial(scans["chunked"], chunk_size=4),
+            "triton": on_gpu(scans["triton"]) if GPU else scans["triton"]}
 
 
 def call(scan, inputs, kw, with_state=True):
@@ -91,24 +72,6 @@ def close(actual, expected, tol):
     assert err <= tol * (1 + expected.double().abs().max().item()), err
 
 
-@pytest.mark.parametrize("strong", [False, True], ids=["mild", "strong"])
-@pytest.mark.parametrize("name", SCANS)
-def test_three_forms_agree(name, strong):
-    inputs, kw = SCANS[name][3](torch.Generator().manual_seed(0), strong=strong)
-    inputs32 = [v.float() for v in inputs]
-    for with_state in (True, False):
-        ref = call(SCANS[name][0], inputs, kw, with_state)
-        close(call(forms(name)["chunked"], inputs, kw, with_state), ref, 1e-10)
-        for form in ("chunked", "triton"):  # float32, as they run in a model; no overflow at strong decay
-            y, s = call(forms(name)[form], inputs32, kw, with_state)
-            assert y.dtype == s.dtype == torch.float32
-            close((y, s), ref, 1e-4)
-    for scan in (SCANS[name][0], forms(name)["chunked"]):  # initial_state=None means zeros
-        zeros = inputs32[:-1] + [torch.zeros_like(inputs32[-1])]
-        for a, b in zip(call(scan, inputs32, kw, with_state=False), call(scan, zeros, kw)):
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
-
-
 def grads(scan, inputs, kw, weights, with_state=True):
     """Gradients of <y, w_y> + <final_state, w_s> w.r.t. every input (the initial state included)."""
     leaves = [v.detach().clone().requires_grad_() for v in inputs]
@@ -119,28 +82,38 @@ def grads(scan, inputs, kw, weights, with_state=True):
 
 @pytest.mark.parametrize("strong", [False, True], ids=["mild", "strong"])
 @pytest.mark.parametrize("name", SCANS)
-def test_gradients_agree(name, strong):
-    inputs, kw = SCANS[name][3](torch.Generator().manual_seed(1), t=10, strong=strong)
-    y, s = call(SCANS[name][0], inputs, kw)
-    weights = [torch.randn(y.shape, dtype=y.dtype), torch.randn(s.shape, dtype=s.dtype)]
-    ref = grads(SCANS[name][0], inputs, kw, weights)
-    close(grads(forms(name)["chunked"], inputs, kw, weights), ref, 1e-8)
+def test_three_forms_agree_in_outputs_states_and_gradients(name, strong):
+    naive, form = SCANS[name]["naive"], forms(name)
+    inputs, kw = make_inputs(name, 0, strong=strong)
     inputs32 = [v.float() for v in inputs]
-    got = grads(forms(name)["triton"], inputs32, kw, weights)
+    for with_state in (True, False):
+        ref = call(naive, inputs, kw, with_state)
+        close(call(form["chunked"], inputs, kw, with_state), ref, 1e-10)
+        for f in ("chunked", "triton"):  # float32, as they run in a model; no overflow at strong decay
+            y, s = call(form[f], inputs32, kw, with_state)
+            assert y.dtype == s.dtype == torch.float32
+            close((y, s), ref, 1e-4)
+    zeros = inputs32[:-1] + [torch.zeros_like(inputs32[-1])]
+    for scan in (naive, form["chunked"]):  # initial_state=None means zeros
+        torch.testing.assert_close(call(scan, inputs32, kw, False), call(scan, zeros, kw), rtol=0, atol=0)
+    weights = [torch.randn(v.shape, dtype=v.dtype) for v in ref]
+    ref = grads(naive, inputs, kw, weights)
+    close(grads(form["chunked"], inputs, kw, weights), ref, 1e-8)
+    got = grads(form["triton"], inputs32, kw, weights)
     assert all(g.dtype == torch.float32 for g in got)
     close(got, ref, 1e-3)
-    assert all(torch.isfinite(g).all() for g in grads(forms(name)["chunked"], inputs32, kw, weights))
+    assert all(torch.isfinite(g).all() for g in grads(form["chunked"], inputs32, kw, weights))
     # a loss on y alone, from the zero state: the Triton form's backward gets a zero final-state gradient
     weights = [weights[0], torch.zeros_like(weights[1])]
-    got = grads(forms(name)["triton"], inputs32, kw, weights, with_state=False)
-    close(got[:-1], grads(SCANS[name][0], inputs, kw, weights, with_state=False)[:-1], 1e-3)
+    got = grads(form["triton"], inputs32, kw, weights, with_state=False)
+    close(got[:-1], grads(naive, inputs, kw, weights, with_state=False)[:-1], 1e-3)
 
 
 @pytest.mark.parametrize("form", ["naive", "chunked", "triton"])
 @pytest.mark.parametrize("name", SCANS)
 def test_pieces_with_the_state_carried_equal_one_pass_and_bf16_computes_in_float32(name, form):
     b, t = 2, 10
-    inputs, kw = SCANS[name][3](torch.Generator().manual_seed(2), b=b, t=t)
+    inputs, kw = make_inputs(name, 2, b=b, t=t)
     inputs, tol = ([v.float() for v in inputs], 1e-5) if form == "triton" else (inputs, 1e-10)
     scan = forms(name)[form]
     ref = call(scan, inputs, kw)
@@ -156,6 +129,23 @@ def test_pieces_with_the_state_carried_equal_one_pass_and_bf16_computes_in_float
     assert y.dtype == torch.bfloat16 and s.dtype == torch.float32
     close(y, y32, 1e-2)
     close(s, s32, 1e-5)
+
+
+# Per-step log decay U(-decay, 0): leaves of a whole chunk (0.01), a few bisection levels (0.3, 2), two-token
+# (10: a 32-token chunk decays by ~160 nats) and one-token leaves (40); float32 past ~88 nats per chunk.
+@pytest.mark.parametrize("decay", [0.01, 0.3, 2.0, 10.0, 40.0])
+@pytest.mark.parametrize("name", ["gla", "rwkv6"])
+def test_chunked_bisection_is_exact_and_float32_finite_in_every_decay_regime(name, decay):
+    inputs, kw = make_inputs(name, 0, t=75)   # the log decay (g, w): U(-decay, 0)
+    inputs[3] = -decay * torch.rand(inputs[3].shape, generator=torch.Generator().manual_seed(1)).double()
+    ref = call(SCANS[name]["naive"], inputs, kw)
+    for chunk_size in (8, 32):
+        close(call(SCANS[name]["chunked"], inputs, {**kw, "chunk_size": chunk_size}), ref, 1e-10)
+    inputs = [v.float().requires_grad_() for v in inputs]
+    y, s = call(SCANS[name]["chunked"], inputs, {**kw, "chunk_size": 64})
+    close((y, s), ref, 1e-4)
+    (y.sum() + s.sum()).backward()
+    assert all(torch.isfinite(v.grad).all() for v in inputs)
 
 
 @pytest.mark.parametrize("form", ["naive", "chunked", "triton"])
@@ -177,7 +167,7 @@ def test_known_values_by_hand(form):
 def test_ssd_is_a_selective_scan_with_shared_head_parameters():
     # Two independent implementations: SSD with one group equals the selective scan over d = h * p
     # channels whose step size and decay are their head's.
-    (x, dt, A, B, C, s0), _ = ssd_inputs(torch.Generator().manual_seed(4), t=19)
+    (x, dt, A, B, C, s0), _ = make_inputs("ssd", 4, t=19)
     (b, t, h, p), B, C = x.shape, B[:, :, :1], C[:, :, :1]
     y, s = ssm.ssd_chunked(x, dt, A, B, C, initial_state=s0)
     A_sel = A.repeat_interleave(p)[:, None].expand(h * p, B.shape[-1])
@@ -186,14 +176,13 @@ def test_ssd_is_a_selective_scan_with_shared_head_parameters():
     close((y.reshape(b, t, h * p), s.reshape(b, h * p, -1)), (y_sel, s_sel), 1e-10)
 
 
-def mixer(arch):
+def mixer(arch):  # Mamba-2: two groups, and a larger dt than at init, so that the state carries information
     torch.manual_seed(0)
-    if arch == "mamba2":  # two groups; larger dt than the default init, so the state carries real information
-        m = ssm.Mamba2(d_model=32, d_state=16, headdim=16, ngroups=2, chunk_size=8)
-        with torch.no_grad():
-            m.dt_bias.add_(2.0)
-        return m
-    return ssm.Mamba1(d_model=16)
+    if arch == "mamba1":
+        return ssm.Mamba1(d_model=16)
+    m = ssm.Mamba2(d_model=32, d_state=16, headdim=16, ngroups=2, chunk_size=8)
+    m.dt_bias.data += 2.0
+    return m
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "mamba1"])
@@ -221,8 +210,7 @@ def test_mixers_initialise_as_mamba_ssm_and_their_scan_forms_agree(arch):
         (y.square().sum() + state["h"].sum()).backward()
         outs[impl] = [v.cpu() for v in (y, state["h"], state["conv"], h0.grad, m.A_log.grad, m.D.grad,
                                         m.in_proj.weight.grad)]
-    close(outs["chunked"], outs["naive"], 1e-4)
-    close(outs["triton"], outs["naive"], 1e-4)
+        close(outs[impl], outs["naive"], 1e-4)
 
 
 def test_mamba2_gated_rmsnorm_normalises_y_times_silu_z_per_group():
@@ -250,25 +238,19 @@ NO_TRITON = r'''
 import sys
 sys.modules["triton"] = None  # "import triton" fails, as on a machine without the wheel
 sys.path.insert(0, "tests")
-import torch, model, test_scans
+import pytest, torch, model, test_scans
 for arch in ("mamba2", "mamba1", "gla", "rwkv6"):
-    logits, state = model.LM(model.make_config(arch, "tiny", vocab_size=20))(torch.randint(0, 20, (2, 9)))
-    logits.sum().backward()
-for name, (naive, chunked, triton_form, make) in test_scans.SCANS.items():
-    inputs, kw = make(torch.Generator().manual_seed(0), t=5)
-    naive(*inputs[:-1], initial_state=inputs[-1], **kw)
-    chunked(*inputs[:-1], initial_state=inputs[-1], **kw)
-    try:
-        triton_form(*inputs[:-1], initial_state=inputs[-1], **kw)
-    except RuntimeError as e:
-        print(name, "raised:", e)
+    model.LM(model.make_config(arch, "tiny", vocab_size=20))(torch.randint(0, 20, (2, 9)))[0].sum().backward()
+for name, forms in test_scans.SCANS.items():
+    inputs, kw = test_scans.make_inputs(name, 0, t=5)
+    for form in ("naive", "chunked"):
+        test_scans.call(forms[form], inputs, kw)
+    with pytest.raises(RuntimeError, match="needs Triton"):
+        test_scans.call(forms["triton"], inputs, kw)
+print("done")
 '''
 
 
 def test_without_triton_the_other_forms_work_and_triton_forms_say_why():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", NO_TRITON], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    raised = dict(line.split(" raised: ", 1) for line in r.stdout.splitlines() if " raised: " in line)
-    assert all("needs Triton" in raised.get(name, "") for name in SCANS), r.stdout
+    r = subprocess.run([sys.executable, "-c", NO_TRITON], cwd=ROOT, capture_output=True, timeout=300)
+    assert r.returncode == 0 and r.stdout == b"done\n", r.stderr[-3000:].decode()

@@ -63,8 +63,7 @@ def main():
     os.environ["TRITON_INTERPRET"] = "1"  # the kernels exist for the compiler: this only opens the CPU guard
     for arch in PAPER_SIZE:
         for size in ("tiny", PAPER_SIZE[arch]):
-            lm = model.LM(model.make_config(arch, size, vocab_size=64, n_layer=1))
-            model.set_scan_impl(lm, "triton")
+            lm = model.set_scan_impl(model.LM(model.make_config(arch, size, 64, n_layer=1)), "triton")
             for bf16 in (False, True):
                 WHERE[0] = f"{arch} {size} {'bf16 autocast' if bf16 else 'fp32'}"
                 with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
