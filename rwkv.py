@@ -1,8 +1,8 @@
 """RWKV-6 (Finch's time mixing; Peng et al. 2024, arXiv:2404.05892), one of the paper's four recurrent models;
 official code: BlinkDL/RWKV-LM, RWKV-v5/rwkv_v6_demo.py (RWKV_Tmix_x060 / RWKV_CMix_x060), layer dimensions
-(expand_k = 0.5) as flash-linear-attention's RWKV6Attention. Per head, the paper's recurrence (arXiv
-2507.02782, Sec. 2) with A_t = diag(exp(w_t)) (decay), B_t x_t = k_t^T v_t (write); the output reads the
-state before the step plus the current token's bonus u:
+(expand_k = 0.5) as flash-linear-attention's RWKV6Attention. Per head, the paper's recurrence
+(arXiv 2507.02782, Sec. 2) with A_t = diag(exp(w_t)) (decay), B_t x_t = k_t^T v_t (write); the output reads
+the state before the step plus the current token's bonus u:
     o_t = scale * r_t (h_{t-1} + diag(u) k_t^T v_t)        h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t
 Shapes (b batch, t time, H heads, dk / dv key / value channels per head): receptance r (the query), key k
 [b, t, H, dk]; value v [b, t, H, dv]; data-dependent log decay w <= 0 [b, t, H, dk]; u [H, dk];

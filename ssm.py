@@ -363,7 +363,7 @@ def triton_scan(launch, chunked, *inputs, **kw):
     if not HAS_TRITON:
         raise RuntimeError("a Triton scan needs Triton (on Linux: pip install triton); use the chunked form")
     if not (inputs[0].is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        raise RuntimeError("a Triton scan needs CUDA tensors, or TRITON_INTERPRET=1 set before triton loads")
+        raise RuntimeError("a Triton scan needs CUDA tensors, or TRITON_INTERPRET=1 before importing triton")
     return _TritonForward.apply(partial(launch, **kw), partial(chunked, **kw), *inputs)
 
 
