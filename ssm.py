@@ -312,8 +312,7 @@ def _selective_scan_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT
     A = tl.load(A_ptr + offs_d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0)
     h_offs = pid_b * D * N + offs_d[:, None] * N + offs_n[None, :]
     h = tl.load(h0_ptr + h_offs, mask=mask_dn, other=0.0)
-    # offsets of step 0 in x, dt and y, and in B and C, moved one time row on per step
-    d_offs, n_offs = pid_b * T * D + offs_d, pid_b * T * N + offs_n
+    d_offs, n_offs = pid_b * T * D + offs_d, pid_b * T * N + offs_n  # step 0 in x, dt, y and in B, C
     for _ in range(T):
         x = tl.load(x_ptr + d_offs, mask=mask_d, other=0.0)
         dt = tl.load(dt_ptr + d_offs, mask=mask_d, other=0.0)
