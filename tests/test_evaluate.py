@@ -137,12 +137,11 @@ def test_verdict_paired_with_the_same_tokens_at_a_training_length_context():
 
 def test_verdict_is_stable_across_evaluation_seeds():
     # CurveLM's NLL is flat, then rises from position 64: T_train 16 generalizes to about 64 (4x).
-    lm, edges = CurveLM(), ev.log_edges(1024, include=[16])
-    verdicts = []
+    lm, edges, verdicts = CurveLM(), ev.log_edges(1024, include=[16]), []
     for seed in range(3):
         bk = ev.bucketize(ev.sequence_nll(lm, tokens(32, 1025, seed=seed), 1024, 32), edges)
-        verdicts.append(edges.index(ev.length_generalization(bk["per_seq"], bk["lo"], bk["hi"], 16, seed=seed)
-                                    ["generalizes_to"]))
+        v = ev.length_generalization(bk["per_seq"], bk["lo"], bk["hi"], 16, seed=seed)
+        verdicts.append(edges.index(v["generalizes_to"]))
     assert max(verdicts) - min(verdicts) <= 1 and 64 <= edges[min(verdicts)] <= 181, verdicts
 
 
