@@ -61,30 +61,6 @@ def official_dir(path, state_dict, **config):
     return str(path)
 
 
-# key -> shape, mamba_ssm's layout. Mamba-2: d_model=64, expand=2, headdim=16 (8 heads), d_state=16, d_conv=4
-OFFICIAL_MAMBA2_LAYER = {
-    "norm.weight": [64], "mixer.in_proj.weight": [2 * 128 + 2 * 16 + 8, 64],  # [z, x, B, C, dt]
-    "mixer.conv1d.weight": [128 + 2 * 16, 1, 4], "mixer.conv1d.bias": [128 + 2 * 16], "mixer.dt_bias": [8],
-    "mixer.A_log": [8], "mixer.D": [8], "mixer.norm.weight": [128], "mixer.out_proj.weight": [64, 128]}
-OFFICIAL_MAMBA1_LAYER = {"norm.weight": [64],  # d_model=64, expand=2, d_state=16, dt_rank=ceil(64/16)=4
-    "mixer.in_proj.weight": [256, 64], "mixer.conv1d.weight": [128, 1, 4], "mixer.conv1d.bias": [128],
-    "mixer.x_proj.weight": [4 + 32, 128], "mixer.dt_proj.weight": [128, 4], "mixer.dt_proj.bias": [128],
-    "mixer.A_log": [128, 16], "mixer.D": [128], "mixer.out_proj.weight": [64, 128]}
-OFFICIAL_CONFIG = dict(d_model=64, n_layer=2, vocab_size=50, rms_norm=True, residual_in_fp32=True,
-                       fused_add_norm=True, pad_vocab_size_multiple=8, tie_embeddings=True)
-
-
-def official_state_dict(layer_shapes, n_layer=2, vocab=56, d=64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    sd = {"backbone.embedding.weight": torch.randn(vocab, d, generator=g) * 0.02,
-          "backbone.norm_f.weight": torch.ones(d)}
-    for i in range(n_layer):
-        for k, shape in layer_shapes.items():
-            sd[f"backbone.layers.{i}.{k}"] = torch.randn(*shape, generator=g) * 0.1
-    sd["lm_head.weight"] = sd["backbone.embedding.weight"]
-    return sd
-
-
 def logged(out, key="loss"):
     """step -> key of the run's metrics.jsonl, which must hold each step once, in order."""
     with open(os.path.join(out, "metrics.jsonl")) as f:

@@ -46,12 +46,14 @@ def user(tmp_path_factory, tok_json):
     lm = tiny_lm()
     config = dict(d_model=64, n_layer=2, vocab_size=257, ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2"),
                   rms_norm=True)
-    head = {"lm_head.weight": lm.state_dict()["backbone.embedding.weight"] + 1}
+    emb = lm.state_dict()["backbone.embedding.weight"]
+    head = {"lm_head.weight": emb + 1}
     damaged = {"no-d-model": ({"d_model": None}, {}), "unknown-key": ({"n_head": 4}, {}),
                "untied": ({"tie_embeddings": False}, head), "head": ({}, head),
                "int-weights": ({}, {"backbone.norm_f.weight": torch.ones(64, dtype=torch.int64)}),
                "nan-weights": ({}, {"backbone.norm_f.weight": torch.full((64,), float("nan"))}),
-               "missing-weight": ({}, {"backbone.layers.1.mixer.D": None}), "good": ({}, {}),
+               "missing-weight": ({}, {"backbone.layers.1.mixer.D": None}),
+               "good": ({}, {"lm_head.weight": emb.clone()}),   # a tied head stored as a tensor of its own
                "vocab-8": ({"vocab_size": -8}, {}), "pad0": ({"pad_vocab_size_multiple": 0}, {}),
                "ssm-str": ({"ssm_cfg": "Mamba2"}, {})}
     for name, (cfg_edit, sd_edit) in damaged.items():   # None: the key removed

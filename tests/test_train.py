@@ -15,8 +15,7 @@ import evaluate
 import interventions
 import model
 import train
-from conftest import (CORPUS_TEXT, OFFICIAL_CONFIG, OFFICIAL_MAMBA2_LAYER, ROOT, TRAIN, logged, official_dir,
-                      official_state_dict, tiny_lm)
+from conftest import CORPUS_TEXT, ROOT, TRAIN, logged, official_dir, tiny_lm
 
 
 @pytest.mark.parametrize("flags", [["--init-state", "sp", "--grad-accum", "2"], ["--init-state", "fitted"],
@@ -104,9 +103,9 @@ def test_seeds_are_independent_and_post_training_reads_on(tmp_path):
 def test_post_training_an_official_checkpoint_on_a_tokenizer_json_corpus(tok_json, tmp_path, monkeypatch):
     # an official directory of the tiny preset's dimensions, its vocabulary padded (300 -> 304), post-trained
     # on a corpus read with a Hugging Face tokenizer.json: a tenth of that preset's peak lr; both evaluate
-    config = dict(OFFICIAL_CONFIG, vocab_size=300, ssm_cfg={"layer": "Mamba2", "d_state": 16, "headdim": 16})
-    sd = official_state_dict(OFFICIAL_MAMBA2_LAYER, vocab=304)
-    official = official_dir(tmp_path / "official", sd, **config)
+    lm = tiny_lm(vocab_size=300)
+    official = official_dir(tmp_path / "official", lm.state_dict(), d_model=64, n_layer=2, vocab_size=300,
+                            ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2"))
     post, eval_out = str(tmp_path / "post"), tmp_path / "eval"
     (tmp_path / "long.txt").write_text(CORPUS_TEXT * 3)
     monkeypatch.setattr(data, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
