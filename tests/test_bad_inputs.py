@@ -1,5 +1,5 @@
-"""Bad input (issue 13): each row is a command or call, its exit code, a key word of its one-line message,
-and the check that no file the user had changed. Plus: a divergent run's checkpoint, a second writer."""
+"""Bad input (issue 13): each row is a command or call and a key word of its one-line message (none: it must
+succeed); no file the user had changes. Plus: a divergent run, a failed read or write, a second writer."""
 import argparse
 import fcntl
 import hashlib
