@@ -1,6 +1,5 @@
-# Triton kernels run through Triton's interpreter when there is no GPU (how CI runs them). The variable
-# must be set before triton is first imported, hence here. (test_triton_compile.py compiles them for
-# real in a subprocess that runs without it.) Below: the helpers more than one test file uses.
+# Without a GPU the Triton kernels run in Triton's interpreter (as in CI): set before triton is first
+# imported, hence here (test_triton_compile.py compiles them for real). Below: helpers of several test files.
 import json
 import os
 import sys

@@ -39,5 +39,3 @@ def test_bench_train_bad_preset_is_one_line(preset, capsys):
         bench.main(["--what", "train", "--device", "cpu", "--presets", f"mamba2:tiny,{preset}"])
     assert str(e.value).startswith("error: unknown arch or size") and "\n" not in str(e.value)
     assert "tokens/s" not in capsys.readouterr().out  # checked before anything was timed
-
-

@@ -137,12 +137,11 @@ def test_verdict_paired_with_the_same_tokens_at_a_training_length_context():
 
 def test_verdict_is_stable_across_evaluation_seeds():
     # CurveLM's NLL is flat, then rises from position 64: T_train 16 generalizes to about 64 (4x).
-    lm, edges = CurveLM(), ev.log_edges(1024, include=[16])
-    verdicts = []
+    lm, edges, verdicts = CurveLM(), ev.log_edges(1024, include=[16]), []
     for seed in range(3):
         bk = ev.bucketize(ev.sequence_nll(lm, tokens(32, 1025, seed=seed), 1024, 32), edges)
-        verdicts.append(edges.index(ev.length_generalization(bk["per_seq"], bk["lo"], bk["hi"], 16, seed=seed)
-                                    ["generalizes_to"]))
+        v = ev.length_generalization(bk["per_seq"], bk["lo"], bk["hi"], 16, seed=seed)
+        verdicts.append(edges.index(v["generalizes_to"]))
     assert max(verdicts) - min(verdicts) <= 1 and 64 <= edges[min(verdicts)] <= 181, verdicts
 
 
@@ -159,11 +158,9 @@ def test_verdict_on_real_checkpoints_detects_a_rise_and_not_a_flat_curve(tmp_pat
 def test_distances_of_known_distributions_and_the_default_cuts():
     p, q = torch.tensor([0.9, 0.1]), torch.tensor([0.6, 0.4])
     one, other, half = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]), torch.tensor([0.5, 0.5])
-    assert ev.DISTANCES["tv"](p, q).item() == pytest.approx(0.3)
-    assert ev.DISTANCES["js"](one, other).item() == pytest.approx(1.0)
-    assert ev.DISTANCES["js"](half, one).item() == pytest.approx(0.75 * math.log(4 / 3) / math.log(2))
-    assert ev.DISTANCES["cos"](one, other).item() == pytest.approx(1.0)
-    assert ev.DISTANCES["cos"](half, one).item() == pytest.approx(1 - 1 / math.sqrt(2))
+    for name, a, b, want in [("tv", p, q, 0.3), ("js", one, other, 1.0), ("cos", one, other, 1.0),
+                             ("js", half, one, 0.75 * math.log2(4 / 3)), ("cos", half, one, 1 - 0.5 ** 0.5)]:
+        assert ev.DISTANCES[name](a, b).item() == pytest.approx(want), name
     assert all(d(p, p).item() == 0.0 for d in ev.DISTANCES.values())
     c = ev.default_cuts(256, 32)   # the cuts Effective Remembrance is measured at by default
     assert c[0] == 0 and c.max() == 255 and (c.diff() > 0).all() and 20 <= len(c) <= 32
@@ -213,19 +210,16 @@ BAD_CALLS = [(lambda: ev.position_nll(ToyLM(), X[0]), "shape"),
              (lambda: ev.effective_remembrance(ToyLM(), X, 8, [0], distance="kl"), "unknown distance"),
              (lambda: ev.effective_remembrance(ToyLM(), X, 11, [0]), "T = 11"),
              (lambda: ev.bucketize(torch.zeros(2, 9), [0, 4, 8]), "edges")]
-BAD_ARGV = [(["NOPE"], "no checkpoint"), (["BAD"], "corrupt"), (["CK", "CK", "--labels", "one"], "--labels"),
-            (["CK", "--metrics", "ppl,bogus"], "unknown metric"), (["CK", "--n-seqs", "x"], "positive"),
-            (["CK", "--eval-len", "16"], "--eval-len 16 must be larger"),
-            (["CK", "--effrem-cuts", "0"], "positive"), (["SYNTH", "--metrics", "babilong"], "synthetic"),
-            (["OFFICIAL", "--data", MARKOV], "2048"), (["CK", "--reference", "nope"], "--reference"),
-            (["CK", "--babi-tasks", "qa99"], "unknown --babi-tasks"),
-            (["CK", "--effrem-len", "999"], "--effrem-len 999 must lie"),
-            # issue 19
-            (["CK", "--seed", "-1"], "--seed"), (["CK", "CK", "--labels", "a", "a"], "own name"),
-            (["CK", "--out", "CK/ckpt.pt"], "--out"), (["CK", "BPE"], "different tokenizers"),
-            (["BPE", "--tokenizer", "bytes"], "does not match"),
-            (["CK", "--metrics", "passkey", "--passkey-lengths", "50"], "--passkey-lengths"),
-            (["CK", "--metrics", "babilong", "--babi-lengths", "100"], "--babi-lengths")]
+BAD_ARGV = [("NOPE", "no checkpoint"), ("BAD", "corrupt"), ("CK CK --labels one", "--labels"),
+            ("CK --metrics ppl,bogus", "unknown metric"), ("CK --n-seqs x", "positive"),
+            ("CK --eval-len 16", "--eval-len 16 must be larger"), ("CK --effrem-cuts 0", "positive"),
+            ("SYNTH --metrics babilong", "synthetic"), (f"OFFICIAL --data {MARKOV}", "2048"),
+            ("CK --reference nope", "--reference"), ("CK --babi-tasks qa99", "unknown --babi-tasks"),
+            ("CK --effrem-len 999", "--effrem-len 999 must lie"), ("CK --seed -1", "--seed"),  # -1: issue 19
+            ("CK CK --labels a a", "own name"), ("CK --out CK/ckpt.pt", "--out"),
+            ("CK BPE", "different tokenizers"), ("BPE --tokenizer bytes", "does not match"),
+            ("CK --metrics passkey --passkey-lengths 50", "--passkey-lengths"),
+            ("CK --metrics babilong --babi-lengths 100", "--babi-lengths")]
 
 
 @pytest.mark.parametrize("call, word", BAD_CALLS + BAD_ARGV)
@@ -242,54 +236,49 @@ def test_bad_inputs_get_one_line_naming_the_problem(call, word, tmp_path, capsys
                  OFFICIAL=official_dir(tmp_path / "official", lm.state_dict(), d_model=64, n_layer=2,
                                        vocab_size=257, ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2")),
                  SYNTH=checkpoint(tmp_path / "synth", seq_len=16, data=MARKOV, tokenizer="bytes")[0])
-    argv = [paths.get(a, a).replace("CK/", ck + "/") for a in call]
+    argv = [paths.get(a, a).replace("CK/", ck + "/") for a in call.split()]
     rc, _, err = cli(capsys, *argv, *["--out", str(tmp_path / "eval")] * ("--out" not in call))
     assert rc == 2 and word in err and len(err.strip().splitlines()) == 1, (call, err)
 
 
-def test_cli_end_to_end(tmp_path, capsys):
-    tc = dict(seq_len=8, data=MARKOV, tokenizer="bytes", seed=0)
-    paths = [checkpoint(tmp_path / f"run{i}", i, **tc)[0] for i in range(2)]
-    out = tmp_path / "eval"
-    rc, stdout, err = cli(capsys, *paths, "--n-seqs", "4", "--eval-len", "64", "--effrem-cuts", "8",
-                          "--out", str(out), "--device", "cpu")
-    assert rc == 0, err
-    assert "verdict" in stdout and "run0" in stdout and "Gap to the Bayes floor" in stdout
-    assert "only 4 sequences" in err                         # the verdict's warning, also in eval.json
-    rep = json.load(open(out / "eval.json"))
-    m = rep["models"][0]
-    assert len(m["ppl"]["nll"]) == 64 and m["verdict"]["t_train"] == 8 and "warning" in m["verdict"]
-    assert m["effrem"]["T"] == 64 and m["effrem"]["mean"][0] == 0.0 and len(m["state"]["coverage"]) == 2
-    assert len(m["gap"]["nll"]) == len(rep["optimal"]["nll"]) == len(m["ppl"]["buckets"]["hi"])
-    for f in ("ppl.png", "effrem.png", "state.png"):
-        assert (out / f).stat().st_size > 1000
-
-
 @pytest.fixture(scope="module")
 def paired(tmp_path_factory):
-    """Two runs with t_train 12, off the log grid, evaluated on the same windows, b paired to a."""
+    """The CLI on two runs with t_train 12, off the log grid, on the same windows, b paired to a."""
     tmp, tc = tmp_path_factory.mktemp("paired"), dict(seq_len=12, data=MARKOV, tokenizer="bytes", seed=0)
     paths = [checkpoint(tmp / f"run{i}", i, **tc)[0] for i in range(2)]
-    assert ev.main([*paths, "--labels", "a", "b", "--reference", "a", "--metrics", "ppl,state", "--n-seqs",
-                    "4", "--eval-len", "48", "--device", "cpu", "--out", str(tmp / "eval")]) == 0
-    return paths, json.load(open(tmp / "eval" / "eval.json"))["models"]
+    assert ev.main([*paths, "--labels", "a", "b", "--reference", "a", "--n-seqs", "4", "--eval-len", "48",
+                    "--effrem-cuts", "8", "--device", "cpu", "--out", str(tmp / "eval")]) == 0
+    return paths, json.load(open(tmp / "eval" / "eval.json")), tmp / "eval"
+
+
+def test_cli_end_to_end(paired, tmp_path, capsys):
+    rep = paired[1]
+    assert all((paired[2] / f).stat().st_size > 1000 for f in ("ppl.png", "effrem.png", "state.png"))
+    ev.show(rep, str(tmp_path))   # what the CLI printed
+    stdout, err = capsys.readouterr()
+    assert "verdict" in stdout and "[b]" in stdout and "Gap to the Bayes floor" in stdout
+    assert "only 4 sequences" in err                         # the verdict's warning, also in eval.json
+    m = rep["models"][0]
+    assert len(m["ppl"]["nll"]) == 48 and m["verdict"]["t_train"] == 12 and "warning" in m["verdict"]
+    assert m["effrem"]["T"] == 48 and m["effrem"]["mean"][0] == 0.0 and len(m["state"]["coverage"]) == 2
+    assert len(m["gap"]["nll"]) == len(rep["optimal"]["nll"]) == len(m["ppl"]["buckets"]["hi"])
 
 
 def test_cli_measures_on_windows_of_the_validation_split(paired):
     corpus = data.load_data(MARKOV, seed=0)
     windows = data.eval_windows(corpus.val, 4, 49, seed=0, eot_token=corpus.eot_token)
     want = ev.position_nll(model.from_pretrained(paired[0][0]), windows)
-    np.testing.assert_allclose(paired[1][0]["ppl"]["nll"], want, rtol=1e-5)
+    np.testing.assert_allclose(paired[1]["models"][0]["ppl"]["nll"], want, rtol=1e-5)
 
 
 def test_cli_paired_difference_is_the_run_minus_the_reference(paired):
-    a, b = paired[1]
+    a, b = paired[1]["models"]
     want = np.subtract(b["ppl"]["buckets"]["nll"], a["ppl"]["buckets"]["nll"])   # positive: b is worse
     np.testing.assert_allclose(b["diff"]["nll"], want, rtol=1e-9, atol=1e-12)
 
 
 def test_cli_buckets_and_state_positions_have_an_edge_at_t_train_off_the_log_grid(paired):
-    m = paired[1][0]
+    m = paired[1]["models"][0]
     assert 12 not in ev.log_edges(48) and 12 in m["ppl"]["buckets"]["lo"] and 11 in m["state"]["positions"]
 
 

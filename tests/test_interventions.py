@@ -87,5 +87,3 @@ def test_tbtt_row_starting_a_new_document_starts_from_zero_the_others_continue()
         logits.append(out.detach())
     with torch.no_grad():
         torch.testing.assert_close(torch.cat(logits, 1), lm(torch.cat(xs, 1))[0], atol=1e-5, rtol=1e-5)
-
-

@@ -1,14 +1,11 @@
 """Our loader of official Mamba checkpoints against an independent implementation: Hugging Face transformers.
 
-tests/fixtures/hf_mamba1/ and hf_mamba2/ hold a tiny random checkpoint in the official state-spaces/mamba
-layout (config.json + pytorch_model.bin) and reference.pt, the logits transformers' MambaForCausalLM /
-Mamba2ForCausalLM compute from the same weights (float32, CPU, its pure-torch path): all tokens in one call,
-and in two calls carrying the state through its cache. tests/fixtures/make_hf_reference.py wrote them (its
-docstring: the command and the transformers version); transformers is not needed here.
-
-Measured (transformers 5.24.0, torch 2.13 CPU): max |ours - HF| over the logits (which reach |27|) is
-5.7e-6 for Mamba-1 and 3.8e-6 for Mamba-2, one pass or two, with the chunked or the naive scan; hence
-float32 tolerances of 1e-4. Dropping the carried state moves the second pass's logits by > 10.
+tests/fixtures/hf_mamba1/, hf_mamba2/: a tiny random checkpoint in state-spaces/mamba's layout; reference.pt:
+the logits transformers' MambaForCausalLM / Mamba2ForCausalLM compute from its weights (float32, CPU, pure
+torch) in one call and in two calls carrying the state through its cache. tests/fixtures/make_hf_reference.py
+wrote them (its docstring: the command, the version); transformers is not needed here. Measured (transformers
+5.24.0, torch 2.13 CPU): max |ours - HF| over logits reaching |27| is 5.7e-6 (Mamba-1), 3.8e-6 (Mamba-2), one
+pass or two, either scan: tolerances of 1e-4. Dropping the carried state moves the second pass by > 10.
 """
 import os
 

@@ -55,7 +55,6 @@ def test_task_loss_is_the_mean_cross_entropy_over_answer_tokens(tmp_path, task):
         assert json.load(open(tmp_path / "eval/eval.json"))["models"][0]["babilong"]["lengths"] == [512, 1024]
 
 
-
 def test_validation_loss_is_the_mean_over_the_answer_tokens_of_all_batches():
     lm, g = tiny_lm(vocab_size=11), torch.Generator().manual_seed(0)
     x, y = torch.randint(0, 11, (2, 6, 20), generator=g).unbind()   # two batches of 3 rows

@@ -16,7 +16,6 @@ import interventions
 import model
 import train
 from conftest import CORPUS_TEXT, ROOT, TRAIN, logged, official_dir, tiny_lm
-from test_model import OFFICIAL_CONFIG, OFFICIAL_MAMBA2_LAYER, official_state_dict
 
 
 @pytest.mark.parametrize("flags", [["--init-state", "sp", "--grad-accum", "2"], ["--init-state", "fitted"],
@@ -104,9 +103,9 @@ def test_seeds_are_independent_and_post_training_reads_on(tmp_path):
 def test_post_training_an_official_checkpoint_on_a_tokenizer_json_corpus(tok_json, tmp_path, monkeypatch):
     # an official directory of the tiny preset's dimensions, its vocabulary padded (300 -> 304), post-trained
     # on a corpus read with a Hugging Face tokenizer.json: a tenth of that preset's peak lr; both evaluate
-    config = dict(OFFICIAL_CONFIG, vocab_size=300, ssm_cfg={"layer": "Mamba2", "d_state": 16, "headdim": 16})
-    sd = official_state_dict(OFFICIAL_MAMBA2_LAYER, vocab=304)
-    official = official_dir(tmp_path / "official", sd, **config)
+    lm = tiny_lm(vocab_size=300)
+    official = official_dir(tmp_path / "official", lm.state_dict(), d_model=64, n_layer=2, vocab_size=300,
+                            ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2"))
     post, eval_out = str(tmp_path / "post"), tmp_path / "eval"
     (tmp_path / "long.txt").write_text(CORPUS_TEXT * 3)
     monkeypatch.setattr(data, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
@@ -134,8 +133,7 @@ def test_two_micro_batches_give_the_gradient_of_one_batch_twice_as_large(arch):
         assert tokens == x.numel()
         grads[n_micro] = (loss, [p.grad.clone() for p in lm.parameters()])
     assert grads[1][0] == pytest.approx(grads[2][0], rel=1e-5)
-    for g1, g2 in zip(grads[1][1], grads[2][1]):
-        torch.testing.assert_close(g1, g2, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(grads[1][1], grads[2][1], atol=1e-6, rtol=1e-4)
 
 
 def test_optimizer_groups_honour_no_weight_decay_and_lr_scale_and_the_schedule():
