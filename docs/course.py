@@ -87,8 +87,9 @@ def main(argv):
             sys.exit(f"error: no {path}: run the experiment's evaluate.py command first")
         with open(path) as f:
             rows = verdict_rows(json.load(f), made[name])
-        print(f"\n{name} (each run minus {EXPERIMENTS[name][0]}, last bucket, nats; sign: 2 s.e.)\n"
-              "| run | verdict | PPL | - reference | measured | predicted |\n| --- | ---: | ---: | ---: | :-: | :-: |")
+        print(f"\n{name} (each run minus {EXPERIMENTS[name][0]}, last bucket, nats; sign: 2 s.e.)")
+        print("| run | verdict | PPL | - reference | measured | predicted |")
+        print("| --- | ---: | ---: | ---: | :-: | :-: |")
         for label, verdict, ppl, diff, sem, measured, guess in rows:
             print(f"| {label} | {verdict} | {ppl:.3f} | {diff:+.3f} +- {sem:.3f} | {measured} | {guess} |")
         right += sum(r[5] == r[6] for r in rows)

@@ -23,7 +23,8 @@ WITHHELD = {"docs/INSTRUCTOR.md"}  # the answers stay with the instructor
 EXERCISES = {
     1: ("chunked SSD", {"ssm.py": ["ssd_chunked"]}, [["tests/test_scans.py", "-k", "ssd and not triton"]]),
     2: ("the chunked GLA / RWKV-6 scan", {"gla.py": ["chunked_scan"]},
-        [["tests/test_scans.py", "-k", "(gla or rwkv6) and chunked"], ["tests/test_gla_rwkv.py", "-k", "chunked"]]),
+        [["tests/test_scans.py", "-k", "(gla or rwkv6) and chunked"],
+         ["tests/test_gla_rwkv.py", "-k", "chunked"]]),
     3: ("position-wise perplexity", {"evaluate.py": ["position_nll_naive", "sequence_nll", "position_nll"]},
         [["tests/test_evaluate.py", "-k", "position_nll"]]),
     4: ("Definition 3.2", {"evaluate.py": ["length_generalization_naive"]},
@@ -34,8 +35,10 @@ EXERCISES = {
         [["tests/test_interventions.py", "-k", "fitted or random"]]),
     7: ("State Passing and TBTT", {"interventions.py": ["PassedState.initial_state", "PassedState.observe"]},
         [["tests/test_interventions.py", "-k", "sp_ or tbtt"]]),
-    8: ("the Markov Bayes floor", {"data.py": ["markov_bayes_nll"]}, [["tests/test_tasks.py", "-k", "markov_floor"]]),
-    9: ("a mixer with an exact state split", {"docs/course.py": ["DiagonalRNN.zero_state", "DiagonalRNN.forward"]},
+    8: ("the Markov Bayes floor", {"data.py": ["markov_bayes_nll"]},
+        [["tests/test_tasks.py", "-k", "markov_floor"]]),
+    9: ("a mixer with an exact state split",
+        {"docs/course.py": ["DiagonalRNN.zero_state", "DiagonalRNN.forward"]},
         [["tests/test_course_kit.py", "-k", "exercise9"]]),
     10: ("predict, then measure", {"docs/course.py": ["predictions", "verdict_rows"]},
          [["tests/test_course_kit.py", "-k", "exercise10"]]),
@@ -106,7 +109,7 @@ def student(out, numbers):
 
 
 class Outcomes:
-    """A pytest plugin counting the selected tests and those that passed (every phase passed or none failed)."""
+    """A pytest plugin: how many tests were selected, which passed and which failed or were skipped."""
 
     def __init__(self):
         self.total, self.failed, self.passed = 0, set(), set()
@@ -140,7 +143,8 @@ def score(directory):
         results[n] = (passed, seen.total)
         ok = passed == seen.total > 0
         hint = "" if ok else "   " + " && ".join(command(args) for args in checks)
-        print(f"exercise {n:2d}  {title:<36} {passed:3d}/{seen.total:<3d} {'passed' if ok else 'FAILED'}{hint}")
+        verdict = "passed" if ok else "FAILED"
+        print(f"exercise {n:2d}  {title:<36} {passed:3d}/{seen.total:<3d} {verdict}{hint}")
     done = sum(p == t > 0 for p, t in results.values())
     print(f"total: {done}/{len(EXERCISES)} exercises passed")
     return results
@@ -153,7 +157,8 @@ def main(argv=None):
     s = sub.add_parser("student", help="write a student copy to OUT (absent or empty)")
     s.add_argument("out", metavar="OUT")
     s.add_argument("--exercises", default=",".join(map(str, EXERCISES)), help="which to stub (default: all)")
-    sub.add_parser("score", help="run each exercise's check in DIR").add_argument("dir", nargs="?", default=ROOT)
+    score_parser = sub.add_parser("score", help="run each exercise's check in DIR")
+    score_parser.add_argument("dir", metavar="DIR", nargs="?", default=ROOT)
     args = ap.parse_args(argv)
     try:
         if args.what == "score":
@@ -163,7 +168,7 @@ def main(argv=None):
             return 0 if all(p == t > 0 for p, t in results.values()) else 1
         numbers = [int(n) for n in args.exercises.split(",") if n.isdigit() and int(n) in EXERCISES]
         if len(numbers) != len(args.exercises.split(",")):
-            raise KitError(f"--exercises {args.exercises}: use numbers from {min(EXERCISES)} to {max(EXERCISES)}")
+            raise KitError(f"--exercises {args.exercises}: use numbers from 1 to {len(EXERCISES)}")
         student(args.out, numbers)
         print(f"wrote {args.out}: exercises {','.join(map(str, numbers))} stubbed; check: "
               f"python docs/kit.py score {args.out}")
