@@ -111,8 +111,8 @@ def hub_path(name, file=None):
                 return os.path.join(folder, file) if file else folder
         except Exception as e:   # not cached, offline, no network, no such repo
             why = f"{type(e).__name__}, HF_HUB_OFFLINE={int(constants.HF_HUB_OFFLINE)}"
-    raise DataError(f"{name}: no such path, nor in the Hugging Face cache ({why}): run `hf download {name}` "
-                    "on a connected machine (the same HF_HOME), or check the path")
+    raise DataError(f"{name}: no such path, nor in the Hugging Face cache ({why}): run `hf download {name} "
+                    f"{' '.join(files[:2])}` on a connected machine (the same HF_HOME), or check the path")
 
 
 def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache_dir=None):

@@ -201,11 +201,10 @@ def official_config(path):
     file = os.path.join(path, "config.json")
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{path}: no ckpt.pt (ours), no config.json + pytorch_model.bin (official)")
-    with open(file) as f:
-        try:
-            c = json.load(f)
-        except ValueError:
-            raise ValueError(f"{file} is not valid JSON: re-download it") from None
+    try:
+        c = json.loads(pathlib.Path(file).read_text())
+    except ValueError:
+        raise ValueError(f"{file} is not valid JSON: re-download it") from None
     if not isinstance(c, dict):
         raise ValueError(f"{file} is not a JSON object (a Mamba config): re-download it")
     sizes = ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple")   # each a positive integer
@@ -223,16 +222,14 @@ def official_config(path):
 
 
 def export(lm, out):
-    """Write a Mamba LM in the official layout (MambaConfig's keys in config.json, mamba_ssm's weight names in
-    pytorch_model.bin: ours), which mamba_ssm and from_pretrained load."""
+    """Write a Mamba LM as mamba_ssm does (config.json: MambaConfig; pytorch_model.bin: our names are its)."""
     c, files = lm.cfg, [os.path.join(out, f) for f in ("pytorch_model.bin", "config.json")]
     if c.arch not in ("mamba1", "mamba2") or not c.tie_embeddings or c.norm_eps != 1e-5:
         raise ValueError(f"{c.arch}: the official layout holds Mamba LMs (tied head, norm eps 1e-5) only")
     if any(map(os.path.exists, files)):
         raise FileExistsError(f"{out} holds a model already: pass a new OUT_DIR")
-    ssm_cfg = dict(c.mixer, layer=c.arch.title())   # layer: Mamba1 or Mamba2
-    config = dict(d_model=c.d_model, n_layer=c.n_layer, vocab_size=c.vocab_size, ssm_cfg=ssm_cfg,
-                  pad_vocab_size_multiple=c.pad_vocab_size_multiple)   # other keys: MambaConfig's defaults
+    keys = ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple")   # the rest: MambaConfig defaults
+    config = dict({k: getattr(c, k) for k in keys}, ssm_cfg=dict(c.mixer, layer=c.arch.title()))
     os.makedirs(out, exist_ok=True)   # the weights first: a config.json is a whole export
     data.write_atomically(files[0], lambda tmp: torch.save(lm.state_dict(), tmp))
     data.write_atomically(files[1], lambda tmp: pathlib.Path(tmp).write_text(json.dumps(config)))
@@ -264,10 +261,9 @@ def read_checkpoint(path, device, **kw):
 
 if __name__ == "__main__":
     import argparse
-    import sys
     p = argparse.ArgumentParser(description="Write CKPT (ours, official or a hub id) in the official layout")
     p.add_argument("--export", nargs=2, required=True, metavar=("CKPT", "OUT_DIR"))
     try:
         export(from_pretrained(p.parse_args().export[0]), p.parse_args().export[1])
     except (OSError, ValueError) as e:
-        sys.exit(f"error: {e}")
+        raise SystemExit(f"error: {e}")
