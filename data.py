@@ -89,7 +89,7 @@ class JsonTokenizer:
 
 def get_tokenizer(name="bytes"):
     """-> the tokenizer "bytes" (built in), of a tokenizer.json or .tiktoken path, a tiktoken encoding (gpt2,
-    ...) or a hub repo's tokenizer.json (EleutherAI/gpt-neox-20b); a tokenizer object passes through."""
+    ...) or a folder's or hub repo's tokenizer.json (EleutherAI/gpt-neox-20b); a tokenizer passes through."""
     if hasattr(name, "encode_ordinary"):
         return name
     require(isinstance(name, str) and name, f"unknown tokenizer {name!r}: use bytes or a tokenizer.json")
@@ -98,10 +98,10 @@ def get_tokenizer(name="bytes"):
 
 
 def hub_path(name, file=None):
-    """name if it exists (a local path wins) or is no hub id ORG/NAME; else the repo's folder (file: that file
-    in it) in huggingface_hub's cache (HF_HOME), fetched there first unless HF_HUB_OFFLINE=1."""
+    """name itself where it exists (a local path wins) or is no hub id ORG/NAME, else the repo's folder in
+    huggingface_hub's cache (HF_HOME), fetched there unless HF_HUB_OFFLINE=1; file: that file of a folder."""
     if os.path.exists(name) or not re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", name):
-        return name
+        return os.path.join(name, file) if file and os.path.isdir(name) else name
     from huggingface_hub import constants, snapshot_download   # installed with tokenizers
     files, why = [file] if file else ["config.json", "pytorch_model.bin", "ckpt.pt"], "incomplete"
     for cached in (True, False):   # the cache first: nothing there is fetched again
