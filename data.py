@@ -8,9 +8,11 @@ import json
 import math
 import os
 import pathlib
+import re
 import stat
 import sys
 import sysconfig
+import unittest.mock
 
 import numpy as np
 import torch
@@ -32,7 +34,7 @@ class DataError(ValueError):
 
 
 class TokenizerUnavailableError(RuntimeError):
-    """A tokenizer that cannot be loaded on this machine (nothing is ever downloaded)."""
+    """A tokenizer that cannot be loaded on this machine (a package or, offline, its files missing)."""
 
 
 # --- 1. Tokenizers and corpora ---------------------------------------------------------------------
@@ -60,10 +62,7 @@ class JsonTokenizer:
     """A Hugging Face tokenizer.json (GPT-NeoX's, as the official Mamba checkpoints) via `tokenizers`."""
 
     def __init__(self, path):
-        try:
-            import tokenizers
-        except ImportError:
-            raise TokenizerUnavailableError(f"reading {path} needs: pip install tokenizers") from None
+        import tokenizers
         require(os.path.isfile(path), f"no such tokenizer file {path!r}: pass a Hugging Face tokenizer.json")
         raw = pathlib.Path(path).read_bytes()
         try:
@@ -89,12 +88,31 @@ class JsonTokenizer:
 
 
 def get_tokenizer(name="bytes"):
-    """-> the tokenizer "bytes" (built in) or of a tokenizer.json path; a tokenizer object passes through."""
+    """-> the tokenizer "bytes" (built in), of a tokenizer.json or .tiktoken path, a tiktoken encoding (gpt2,
+    ...) or a folder's or hub repo's tokenizer.json (EleutherAI/gpt-neox-20b); a tokenizer passes through."""
     if hasattr(name, "encode_ordinary"):
         return name
-    require(name == "bytes" or isinstance(name, str) and name.endswith(".json"), f"unknown tokenizer "
-            f"{name!r}: use bytes or a path to a tokenizer.json (e.g. GPT-NeoX's, as the paper's models)")
-    return _load_tokenizer(name if name == "bytes" else os.path.abspath(name))
+    require(isinstance(name, str) and name, f"unknown tokenizer {name!r}: use bytes or a tokenizer.json")
+    name = name if name.endswith((".json", ".tiktoken")) else hub_path(name, "tokenizer.json")
+    return _load_tokenizer(os.path.abspath(name) if name.endswith((".json", ".tiktoken")) else name)
+
+
+def hub_path(name, file=None):
+    """name itself where it exists (a local path wins) or is no hub id ORG/NAME, else the repo's folder in
+    huggingface_hub's cache (HF_HOME), fetched there unless HF_HUB_OFFLINE=1; file: that file of a folder."""
+    if os.path.exists(name) or not re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", name):
+        return os.path.join(name, file) if file and os.path.isdir(name) else name
+    from huggingface_hub import constants, snapshot_download   # installed with tokenizers
+    files, why = [file] if file else ["config.json", "pytorch_model.bin", "ckpt.pt"], "incomplete"
+    for cached in (True, False):   # the cache first: nothing there is fetched again
+        try:
+            folder = snapshot_download(name, allow_patterns=files, local_files_only=cached)
+            if any(os.path.isfile(os.path.join(folder, f)) for f in files):
+                return os.path.join(folder, file) if file else folder
+        except Exception as e:   # not cached, offline, no network, no such repo
+            why = f"{type(e).__name__}, HF_HUB_OFFLINE={int(constants.HF_HUB_OFFLINE)}"
+    raise DataError(f"{name}: no such path, nor in the Hugging Face cache ({why}): run `hf download {name} "
+                    f"{' '.join(files[:2])}` on a connected machine (the same HF_HOME), or check the path")
 
 
 def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache_dir=None):
@@ -309,7 +327,34 @@ class TaskSampler:
 # --- Plumbing: the tokenizer cache, the corpus cache, the Markov spec, windows, input checks ----------
 @functools.lru_cache(maxsize=None)
 def _load_tokenizer(name):
-    return ByteTokenizer() if name == "bytes" else JsonTokenizer(name)
+    try:
+        return ByteTokenizer() if name == "bytes" else JsonTokenizer(name) if name.endswith(".json") else \
+            _tiktoken(name)
+    except ImportError as e:   # an optional package (requirements.txt) not installed
+        raise TokenizerUnavailableError(f"tokenizer {name} needs: pip install {e.name}") from None
+
+
+def _tiktoken(name):
+    """A tiktoken encoding (gpt2: nanoGPT's ids) from tiktoken's cache (TIKTOKEN_CACHE_DIR), fetched unless
+    HF_HUB_OFFLINE=1; or a .tiktoken file (base64 token, rank) read as gpt2's: <|endoftext|> after them."""
+    import tiktoken.load
+    from tiktoken_ext.openai_public import r50k_pat_str   # gpt2's split pattern
+    if name.endswith(".tiktoken"):   # read by its hash: a cached copy of an older file is not used
+        sha = hashlib.sha256(require_file(name, "pass a .tiktoken file") and pathlib.Path(name).read_bytes())
+        ranks = tiktoken.load.load_tiktoken_bpe(name, expected_hash=sha.hexdigest())
+        return tiktoken.Encoding(f"tiktoken-{sha.hexdigest()[:12]}", pat_str=r50k_pat_str,
+                                 mergeable_ranks=ranks, special_tokens={EOT: max(ranks.values()) + 1})
+    known = tiktoken.list_encoding_names()
+    require(name in known, f"unknown tokenizer {name!r}: use bytes, a tiktoken encoding ({', '.join(known)})"
+            ", PATH/x.tiktoken, PATH/tokenizer.json or a hub id")
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")   # then a file not in the cache fails
+    with unittest.mock.patch.object(tiktoken.load, "read_file", None if offline else tiktoken.load.read_file):
+        try:   # at once (read_file None): no network call that could hang
+            return tiktoken.get_encoding(name)
+        except Exception as e:
+            why = "HF_HUB_OFFLINE=1" if offline else type(e).__name__
+            raise TokenizerUnavailableError(f"tiktoken's {name} files are not in its cache ({why}): run "
+                                            f"tiktoken.get_encoding('{name}') when online") from None
 
 
 def write_atomically(path, write):

@@ -342,13 +342,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     ap.error = lambda message: ap.exit(2, f"error: {message}\n")  # one line, as every other bad input
     a, positive = ap.add_argument, lambda text: _ints(text, one=True)
-    a("ckpts", nargs="+", metavar="CKPT", help="train.py's ckpt.pt (or its dir), official Mamba dirs")
+    a("ckpts", nargs="+", metavar="CKPT", help="train.py's ckpt.pt (or its dir), official Mamba dir, hub id")
     a("--metrics", default="ppl,effrem,state", help=f"subset of {','.join(LM_METRICS + TASK_METRICS)}")
     a("--eval-len", type=positive, help="tokens per evaluation window (default: 16 x the largest t_train)")
     a("--n-seqs", type=positive, default=64, help=f"evaluation windows (the verdict needs >= {MIN_SEQS})")
+    a("--allow-overlap", action="store_true", help="accept windows that overlap (a short validation split)")
     a("--t-train", type=positive, help="training length (default: train_config seq_len; official: 2048)")
     a("--data", help="what data.load_data reads (default: train_config data)")
-    a("--tokenizer", help="bytes or PATH/tokenizer.json (default: the checkpoints' tokenizer)")
+    a("--tokenizer", help="bytes, gpt2 (tiktoken), PATH/tokenizer.json, a hub id (default: the checkpoints')")
     a("--effrem-len", type=positive, help="T of EffRem_T(t) (default: --eval-len; the paper's: 4 x t_train)")
     a("--effrem-cuts", type=positive, default=32, help="number of cut points t of EffRem_T")
     a("--distance", default="tv", choices=sorted(DISTANCES), help="EffRem's distance (tv: the paper's)")
@@ -392,7 +393,7 @@ def run(args):
     require(not os.path.exists(args.out) or os.path.isdir(args.out) and os.access(args.out, os.W_OK),
             f"--out {args.out} is not a writable directory: pass another")  # now, not after the metrics
     for p in args.ckpts:
-        require(os.path.exists(p), f"no checkpoint at {p}: check the path (train.py writes OUT/ckpt.pt)")
+        require(os.path.exists(data.hub_path(p)), f"no checkpoint at {p}: check the path (OUT/ckpt.pt)")
     cfgs = [model.train_config(p) for p in args.ckpts]  # a corrupt checkpoint is reported as corrupt
     args.metrics, known = args.metrics.split(","), LM_METRICS + TASK_METRICS
     lm_metrics = bool(set(args.metrics) & set(LM_METRICS))
@@ -434,7 +435,10 @@ def run(args):
         corpus = data.load_data(_agree(args, cfgs, "data", required=lm_metrics) or "stdlib",
                                 tokenizer=args.tokenizer, seed=args.split_seed)
     if lm_metrics:  # windows from document starts where the process has an exact Bayes-optimal NLL
-        eot = corpus.eot_token if corpus.optimal_nll else None
+        eot, need = corpus.eot_token if corpus.optimal_nll else None, args.n_seqs * (args.eval_len + 1)
+        require(eot is not None or args.allow_overlap or len(corpus.val) >= need, f"the validation split "
+                f"holds {len(corpus.val)} tokens, {args.n_seqs} disjoint windows of {args.eval_len + 1} need "
+                f"{need}: use fewer --n-seqs, a shorter --eval-len or more data (or --allow-overlap)")
         args.windows = data.eval_windows(corpus.val, args.n_seqs, args.eval_len + 1, args.seed, eot)  # int64
         args.edges = log_edges(args.eval_len, include=[t // d for t in t_trains for d in (1, 2)])  # p* window
         report["data"] = corpus.name

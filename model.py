@@ -14,11 +14,13 @@ backbone.layers.{i}.mixer, backbone.norm_f, lm_head) so official Mamba checkpoin
 import json
 import math
 import os
+import pathlib
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 
+import data
 import gla
 import rwkv
 import ssm
@@ -164,8 +166,9 @@ OFFICIAL_KEYS = set("d_model n_layer vocab_size ssm_cfg d_intermediate attn_laye
 
 
 def from_pretrained(path, device="cpu"):
-    """Our checkpoint (train.py's ckpt.pt or its directory) or a state-spaces/mamba directory (config.json +
-    pytorch_model.bin, Mamba-1 or -2). What cannot be loaded faithfully is an error (below), never skipped."""
+    """Our checkpoint (train.py's ckpt.pt or its directory), a state-spaces/mamba directory (config.json +
+    pytorch_model.bin, Mamba-1 or -2) or a hub id of one. What cannot load faithfully is an error."""
+    path = data.hub_path(path)
     official = os.path.isdir(path) and not os.path.exists(os.path.join(path, "ckpt.pt"))
     cfg = official_config(path) if official else None
     path = os.path.join(path, "pytorch_model.bin" if official else "ckpt.pt") if os.path.isdir(path) else path
@@ -198,11 +201,10 @@ def official_config(path):
     file = os.path.join(path, "config.json")
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{path}: no ckpt.pt (ours), no config.json + pytorch_model.bin (official)")
-    with open(file) as f:
-        try:
-            c = json.load(f)
-        except ValueError:
-            raise ValueError(f"{file} is not valid JSON: re-download it") from None
+    try:
+        c = json.loads(pathlib.Path(file).read_text())
+    except ValueError:
+        raise ValueError(f"{file} is not valid JSON: re-download it") from None
     if not isinstance(c, dict):
         raise ValueError(f"{file} is not a JSON object (a Mamba config): re-download it")
     sizes = ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple")   # each a positive integer
@@ -219,9 +221,24 @@ def official_config(path):
                        mixer=mixer, pad_vocab_size_multiple=c.get("pad_vocab_size_multiple", 8))
 
 
+def export(lm, out):
+    """Write a Mamba LM as mamba_ssm does (config.json: MambaConfig; pytorch_model.bin: our names are its)."""
+    c, files = lm.cfg, [os.path.join(out, f) for f in ("pytorch_model.bin", "config.json")]
+    if c.arch not in ("mamba1", "mamba2") or not c.tie_embeddings or c.norm_eps != 1e-5:
+        raise ValueError(f"{c.arch}: the official layout holds Mamba LMs (tied head, norm eps 1e-5) only")
+    if any(map(os.path.exists, files)):
+        raise FileExistsError(f"{out} holds a model already: pass a new OUT_DIR")
+    keys = ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple")   # the rest: MambaConfig defaults
+    config = dict({k: getattr(c, k) for k in keys}, ssm_cfg=dict(c.mixer, layer=c.arch.title()))
+    os.makedirs(out, exist_ok=True)   # the weights first: a config.json is a whole export
+    data.write_atomically(files[0], lambda tmp: torch.save(lm.state_dict(), tmp))
+    data.write_atomically(files[1], lambda tmp: pathlib.Path(tmp).write_text(json.dumps(config)))
+
+
 def train_config(path):
     """train.py's arguments stored in one of our checkpoints (a ckpt.pt or the run directory holding
     it); {} where there is none (an official Mamba directory). An unreadable file is an error."""
+    path = data.hub_path(path)
     ckpt = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
     if os.path.isdir(path) and not os.path.isfile(ckpt):
         official_config(path)  # a broken config.json is reported first, before any other flag is asked for
@@ -240,3 +257,13 @@ def read_checkpoint(path, device, **kw):
         # (torch's own text may give advice, e.g. weights_only=False, that is wrong for an unknown file)
         raise ValueError(f"cannot read {path} (corrupt or not a torch checkpoint: {type(e).__name__}): "
                          "pass a ckpt.pt written by train.py") from None
+
+
+if __name__ == "__main__":
+    import argparse
+    p = argparse.ArgumentParser(description="Write CKPT (ours, official or a hub id) in the official layout")
+    p.add_argument("--export", nargs=2, required=True, metavar=("CKPT", "OUT_DIR"))
+    try:
+        export(from_pretrained(p.parse_args().export[0]), p.parse_args().export[1])
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: {e}")

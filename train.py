@@ -285,9 +285,9 @@ FLAGS = [
     ("babi-tasks", str, ",".join(tasks.BABI_TASKS), "--task babilong: the bAbI tasks hidden in --data text"),
     ("arch", list(model.ARCHS), "mamba2", "recurrent architecture"),
     ("size", str, "tiny", "a preset of model.PRESETS"),
-    ("init-from", str, None, "post-train this: a run directory or an official state-spaces/mamba one"),
+    ("init-from", str, None, "post-train this: a run directory, an official Mamba one, a hub id"),
     ("data", str, "stdlib", "stdlib, a text file or dir, a .bin or markov:k=8 (post-training: the parent's)"),
-    ("tokenizer", str, "bytes", "bytes or PATH/tokenizer.json, e.g. GPT-NeoX's (post-training: parent's)"),
+    ("tokenizer", str, "bytes", "bytes, gpt2 (tiktoken), a tokenizer.json, hub id (post-training: parent's)"),
     ("seq-len", int, 64, "T_train (post-training: the parent's)"),
     ("batch-size", int, 16, "sequences per micro-batch and process"),
     ("grad-accum", int, 1, "micro-batches per optimizer step; each is a batch for the strategy"),
@@ -377,6 +377,7 @@ def resolve(args):
             sys.exit(f"error: --resume continues {out} as it was configured, but these flags differ: "
                      f"{'; '.join(differ)}. Drop them, or start a new run with another --out")
         vars(args).update({k: v for k, v in saved.items() if k not in given and k not in PER_INVOCATION})
+    args.init_from = args.init_from and data.hub_path(args.init_from)   # a hub id: its cached snapshot
     parent = model.train_config(args.init_from) if args.init_from and not args.resume else {}
     if args.init_from and not args.resume and {"arch", "size"} & given:
         sys.exit("error: the architecture and size come from --init-from: drop --arch and --size")

@@ -332,3 +332,11 @@ def test_cli_task_scores_from_the_corpus_validation_split(tmp_path, capsys):
         assert m["copy"]["lengths"] == [3, 5] and m["babilong"]["lengths"] == [512]
     for f in ("passkey.png", "copy.png", "babilong.png"):
         assert (tmp_path / "eval" / f).stat().st_size > 1000
+
+
+def test_windows_that_would_overlap_are_refused_unless_allowed(tmp_path, capsys):
+    (tmp_path / "a.txt").write_text("the river runs down to the sea\n" * 64)   # one document: val, its tail
+    ck, _ = checkpoint(tmp_path / "run", seq_len=8, data=str(tmp_path / "a.txt"), tokenizer="bytes", seed=0)
+    argv = [ck, "--n-seqs", "4", "--eval-len", "32", "--metrics", "ppl", "--out", str(tmp_path / "eval")]
+    assert "holds 99 tokens, 4 disjoint windows of 33 need 132: use fewer --n-seqs" in cli(capsys, *argv)[2]
+    assert cli(capsys, *argv, "--allow-overlap")[0] == 0

@@ -448,7 +448,7 @@ BAD_INPUTS = [   # (call on the folder of bad files, key words of its one-line e
     (lambda d: data.load_data(str(d / "late.bin")), "300", "--tokenizer"),
     (lambda d: data.load_data(str(d / "odd.bin")), "uint16"),
     (lambda d: data.load_data(str(d / "late.bin"), tokenizer=Wide()), "uint16", "uint32"),
-    (lambda d: data.get_tokenizer("gpt2"), "unknown tokenizer", "tokenizer.json"),
+    (lambda d: data.get_tokenizer("gpt5"), "unknown tokenizer", "tokenizer.json"),
     (lambda d: data.get_tokenizer(None), "unknown tokenizer"),
     (lambda d: data.get_tokenizer(str(d / "missing.json")), "no such tokenizer file"),
     (lambda d: data.get_tokenizer(str(d / "bad.json")), "not a readable tokenizer.json"),
