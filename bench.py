@@ -3,10 +3,17 @@ tool far slower than the loop), streaming evaluation, training steps of the pape
 
     python bench.py                    # scans at T = 1k, 4k, 16k
     python bench.py --what eval        # streaming evaluation: memory vs length, Effective Remembrance cost
-    python bench.py --what train --presets mamba2:85m,gla:70m --seq-len 2048 --batch-size 8"""
+    python bench.py --what train --presets mamba2:85m,gla:70m --seq-len 2048 --batch-size 8
+    python bench.py --what data --data-mb 1024   # the corpus cache's tokens/s and peak memory"""
 import argparse
 import os
+import pathlib
+import random
 import resource
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 import types
 
@@ -135,10 +142,72 @@ def bench_train(args, device, vocab_size=50280):
     return rows
 
 
+# one measurement in a fresh process, printing tokens, seconds and its peak RSS (kB): the cache build of the
+# data.py in argv[1] (any version's load_data), or tokenizers' encode_batch_fast on the same files in pieces of
+# about 16 kB, 256 a call (as data.py), on the same threads (all cores; RAYON_NUM_THREADS: fewer)
+DATA_CHILD = """import itertools, os, re, sys, time
+sys.path.insert(0, sys.argv[1])
+what, corpus, tok, cache = sys.argv[2:]
+if what == "cache build":
+    import data
+    t = time.perf_counter()
+    d = data.load_data(corpus, tok, cache_dir=cache)
+    n = len(d.train) + len(d.val)
+else:
+    import tokenizers
+    t, enc = time.perf_counter(), tokenizers.Tokenizer.from_file(tok)
+    files = [corpus] if os.path.isfile(corpus) else sorted(os.path.join(corpus, f) for f in os.listdir(corpus))
+
+    def pieces():
+        for path in files:
+            with open(path, encoding="utf-8") as f:
+                while lines := f.readlines(1 << 14):
+                    yield "".join(lines)
+    it, n = pieces(), 0
+    while batch := list(itertools.islice(it, 256)):
+        n += sum(len(e.ids) for e in enc.encode_batch_fast(batch, add_special_tokens=False))
+print(n, time.perf_counter() - t, re.search(r"VmHWM:\\s*(\\d+)", open("/proc/self/status").read())[1])"""
+
+
+def bench_data(args, device=None):
+    """Tokens/s and peak RSS of the corpus cache's build vs tokenizers' encode_batch_fast, each in a fresh
+    process: --data-mb of made-up text as 16 kB files and as one file, a BPE trained here and bytes."""
+    import tokenizers
+    tmp, rng = tempfile.mkdtemp(prefix="bench-data-"), random.Random(0)
+    words = ["".join(rng.choices("etaoinshrdlucmfwypvbgkjqxz", k=rng.randint(1, 9))) for _ in range(5000)]
+    lines = [" ".join(rng.choices(words, [1 / (1 + i) for i in range(5000)], k=12)) + ".\n" for _ in range(1400)]
+    piece = "".join(lines[:1400]).encode()   # about 100 kB
+    os.makedirs(f"{tmp}/files")
+    with open(f"{tmp}/one.txt", "wb") as one:
+        for i in range(args.data_mb * 10):
+            one.write(piece)
+            for j in range(6):   # six files of about 16 kB
+                pathlib.Path(f"{tmp}/files/{i:06}-{j}.txt").write_bytes(piece[j * len(piece) // 6:(j + 1) * len(piece) // 6])
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.train_from_iterator(lines, tokenizers.trainers.BpeTrainer(vocab_size=8192, special_tokens=[data.EOT]))
+    bpe.save(f"{tmp}/bpe.json")
+    print(f"{args.data_mb} MB, data.py of {args.code}, {os.environ.get('RAYON_NUM_THREADS', 'all')} threads")
+    print_row("corpus, tokenizer", "what", "tokens", "seconds", "tokens/s", "peak RSS MB")
+    rows = []
+    for corpus, tok, what in [(c, t, w) for c in ("files", "one.txt") for t in ("bpe.json", "bytes")
+                              for w in ("cache build", "encode_batch_fast")[:2 if t != "bytes" else 1]]:
+        out = subprocess.run([sys.executable, "-c", DATA_CHILD, args.code, what, f"{tmp}/{corpus}",
+                              tok if tok == "bytes" else f"{tmp}/{tok}", f"{tmp}/cache"], capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(f"error: {what} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
+        shutil.rmtree(f"{tmp}/cache", ignore_errors=True)
+        n, s, rss = (float(x) for x in out.stdout.split()[-3:])
+        rows.append(dict(corpus=corpus, tokenizer=tok, what=what, tokens=int(n), seconds=s, rss_mb=rss / 1024))
+        print_row(f"{corpus}, {tok}", what, int(n), s, n / s, rss / 1024)
+    shutil.rmtree(tmp)
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
-    a("--what", default="scans", choices=["scans", "eval", "train", "all"], help="all: scans and eval")
+    a("--what", default="scans", choices=["scans", "eval", "train", "data", "all"], help="all: scans and eval")
     a("--lengths", type=int, nargs="+", default=[1024, 4096, 16384], help="sequence lengths of the scans")
     a("--repeats", type=int, default=3, help="timed calls (train: steps) after one warm-up; best reported")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -149,6 +218,8 @@ def main(argv=None):
     a("--seq-len", type=int, default=1024, help="train: tokens per sequence")
     a("--batch-size", type=int, default=1, help="train: sequences per step")
     a("--forms", default="auto", help="train: comma-separated scan forms (auto, naive, chunked, triton)")
+    a("--data-mb", type=int, default=64, help="data: megabytes of text, as files and as one file")
+    a("--code", default=os.path.dirname(os.path.abspath(__file__)), help="data: the checkout whose data.py builds")
     args = p.parse_args(argv)
     if min([args.repeats, args.scan_batch, args.seq_len, args.batch_size] + args.lengths) < 1:
         raise SystemExit("error: every number (--repeats, --lengths, --seq-len, ...) must be positive")
@@ -160,8 +231,8 @@ def main(argv=None):
         raise SystemExit(f"error: --forms {args.forms}: choose from auto, naive, chunked, triton (triton: "
                          "CUDA, or on the CPU TRITON_INTERPRET=1, slow)")
     print(f"device: {device}" + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads"))
-    for what, bench in [("scans", bench_scans), ("eval", bench_eval), ("train", bench_train)]:
-        if args.what == what or args.what == "all" and what != "train":
+    for what, bench in [("scans", bench_scans), ("eval", bench_eval), ("train", bench_train), ("data", bench_data)]:
+        if args.what == what or args.what == "all" and what in ("scans", "eval"):
             bench(args, device)
             print()
 
