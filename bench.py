@@ -142,72 +142,63 @@ def bench_train(args, device, vocab_size=50280):
     return rows
 
 
-# one measurement in a fresh process, printing tokens, seconds and its peak RSS (kB): the cache build of the
-# data.py in argv[1] (any version's load_data), or tokenizers' encode_batch_fast on the same files in pieces of
-# about 16 kB, 256 a call (as data.py), on the same threads (all cores; RAYON_NUM_THREADS: fewer)
-DATA_CHILD = """import itertools, os, re, sys, time
+# One measurement in a fresh process (argv: data.py's folder, what, corpus, tokenizer, cache): tokens,
+# seconds, peak RSS (kB) of building the cache with that data.py (any version's load_data), or of tokenizers'
+# own encode_batch_fast on the same files in pieces of 16 kB lines, 256 a call (as data.py), same threads
+DATA_CHILD = """import glob, itertools, re, sys, time
 sys.path.insert(0, sys.argv[1])
+import data, tokenizers
 what, corpus, tok, cache = sys.argv[2:]
+t, n = time.perf_counter(), 0
 if what == "cache build":
-    import data
-    t = time.perf_counter()
-    d = data.load_data(corpus, tok, cache_dir=cache)
-    n = len(d.train) + len(d.val)
+    n = sum(len(ids) for ids in data.load_data(corpus, tok, cache_dir=cache)[1:3])
 else:
-    import tokenizers
-    t, enc = time.perf_counter(), tokenizers.Tokenizer.from_file(tok)
-    files = [corpus] if os.path.isfile(corpus) else sorted(os.path.join(corpus, f) for f in os.listdir(corpus))
-
-    def pieces():
-        for path in files:
-            with open(path, encoding="utf-8") as f:
-                while lines := f.readlines(1 << 14):
-                    yield "".join(lines)
-    it, n = pieces(), 0
-    while batch := list(itertools.islice(it, 256)):
+    enc, files = tokenizers.Tokenizer.from_file(tok), sorted(glob.glob(corpus + "/*")) or [corpus]
+    pieces = ("".join(lines) for path in files for f in [open(path, encoding="utf-8")]
+              for lines in iter(lambda: f.readlines(1 << 14), []))
+    while batch := list(itertools.islice(pieces, 256)):
         n += sum(len(e.ids) for e in enc.encode_batch_fast(batch, add_special_tokens=False))
 print(n, time.perf_counter() - t, re.search(r"VmHWM:\\s*(\\d+)", open("/proc/self/status").read())[1])"""
 
 
 def bench_data(args, device=None):
-    """Tokens/s and peak RSS of the corpus cache's build vs tokenizers' encode_batch_fast, each in a fresh
-    process: --data-mb of made-up text as 16 kB files and as one file, a BPE trained here and bytes."""
+    """Tokens/s and peak RSS of building the corpus cache vs tokenizers' encode_batch_fast, each in a fresh
+    process, on --data-mb of made-up text as 16 kB files and as one file; a BPE trained here, and bytes."""
     import tokenizers
-    tmp, rng = tempfile.mkdtemp(prefix="bench-data-"), random.Random(0)
+    rng = random.Random(0)
     words = ["".join(rng.choices("etaoinshrdlucmfwypvbgkjqxz", k=rng.randint(1, 9))) for _ in range(5000)]
-    lines = [" ".join(rng.choices(words, [1 / (1 + i) for i in range(5000)], k=12)) + ".\n" for _ in range(1400)]
-    piece = "".join(lines[:1400]).encode()   # about 100 kB
-    os.makedirs(f"{tmp}/files")
-    with open(f"{tmp}/one.txt", "wb") as one:
-        for i in range(args.data_mb * 10):
-            one.write(piece)
-            for j in range(6):   # six files of about 16 kB
-                pathlib.Path(f"{tmp}/files/{i:06}-{j}.txt").write_bytes(piece[j * len(piece) // 6:(j + 1) * len(piece) // 6])
-    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
-    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.train_from_iterator(lines, tokenizers.trainers.BpeTrainer(vocab_size=8192, special_tokens=[data.EOT]))
-    bpe.save(f"{tmp}/bpe.json")
-    print(f"{args.data_mb} MB, data.py of {args.code}, {os.environ.get('RAYON_NUM_THREADS', 'all')} threads")
-    print_row("corpus, tokenizer", "what", "tokens", "seconds", "tokens/s", "peak RSS MB")
-    rows = []
-    for corpus, tok, what in [(c, t, w) for c in ("files", "one.txt") for t in ("bpe.json", "bytes")
-                              for w in ("cache build", "encode_batch_fast")[:2 if t != "bytes" else 1]]:
-        out = subprocess.run([sys.executable, "-c", DATA_CHILD, args.code, what, f"{tmp}/{corpus}",
-                              tok if tok == "bytes" else f"{tmp}/{tok}", f"{tmp}/cache"], capture_output=True, text=True)
-        if out.returncode:
-            raise SystemExit(f"error: {what} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
-        shutil.rmtree(f"{tmp}/cache", ignore_errors=True)
-        n, s, rss = (float(x) for x in out.stdout.split()[-3:])
-        rows.append(dict(corpus=corpus, tokenizer=tok, what=what, tokens=int(n), seconds=s, rss_mb=rss / 1024))
-        print_row(f"{corpus}, {tok}", what, int(n), s, n / s, rss / 1024)
-    shutil.rmtree(tmp)
-    return rows
+    zipf = [1 / rank for rank in range(1, 5001)]
+    text = "".join(" ".join(rng.choices(words, zipf, k=12)) + ".\n" for _ in range(1400))   # about 100 kB
+    rounds = args.data_mb * 10
+    print(f"{rounds * len(text) / 2**20:.0f} MB, the data.py of {args.code}, RAYON_NUM_THREADS="
+          f"{os.environ.get('RAYON_NUM_THREADS', '(all cores)')}")
+    print_row("corpus, tokenizer", "measured", "tokens", "seconds", "tokens/s", "peak RSS MB")
+    with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
+        os.mkdir(f"{tmp}/files")
+        for i, j in [(i, j) for i in range(rounds) for j in range(0, len(text), 1 << 14)]:
+            pathlib.Path(f"{tmp}/files/{i:06}-{j:06}").write_text(text[j:j + (1 << 14)])
+        with open(f"{tmp}/one.txt", "w") as one:
+            one.writelines([text] * rounds)
+        bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+        bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        bpe.train_from_iterator([text], tokenizers.trainers.BpeTrainer(vocab_size=8192,
+                                                                       special_tokens=[data.EOT]))
+        bpe.save(f"{tmp}/bpe.json")
+        for name, tok in [(c, t) for c in ("files", "one.txt") for t in (f"{tmp}/bpe.json", "bytes")]:
+            for what in ["cache build"] + ["encode_batch_fast"] * (tok != "bytes"):
+                child = [sys.executable, "-c", DATA_CHILD, args.code, what, f"{tmp}/{name}", tok, f"{tmp}/c"]
+                out = subprocess.run(child, capture_output=True, text=True)
+                shutil.rmtree(f"{tmp}/c", ignore_errors=True)
+                if out.returncode:
+                    raise SystemExit(f"error: {what} failed: {out.stderr.strip()[-500:]}")
+                n, s, kb = map(float, out.stdout.split()[-3:])
+                print_row(f"{name}, {os.path.basename(tok)}", what, int(n), s, n / s, kb / 1024)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
-    a("--what", default="scans", choices=["scans", "eval", "train", "data", "all"], help="all: scans and eval")
+    a("--what", default="scans", choices=["scans", "eval", "train", "data", "all"], help="all: scans, eval")
     a("--lengths", type=int, nargs="+", default=[1024, 4096, 16384], help="sequence lengths of the scans")
     a("--repeats", type=int, default=3, help="timed calls (train: steps) after one warm-up; best reported")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -219,7 +210,7 @@ def main(argv=None):
     a("--batch-size", type=int, default=1, help="train: sequences per step")
     a("--forms", default="auto", help="train: comma-separated scan forms (auto, naive, chunked, triton)")
     a("--data-mb", type=int, default=64, help="data: megabytes of text, as files and as one file")
-    a("--code", default=os.path.dirname(os.path.abspath(__file__)), help="data: the checkout whose data.py builds")
+    a("--code", default=os.path.dirname(os.path.abspath(__file__)), help="data: the folder of data.py timed")
     args = p.parse_args(argv)
     if min([args.repeats, args.scan_batch, args.seq_len, args.batch_size] + args.lengths) < 1:
         raise SystemExit("error: every number (--repeats, --lengths, --seq-len, ...) must be positive")
@@ -231,7 +222,8 @@ def main(argv=None):
         raise SystemExit(f"error: --forms {args.forms}: choose from auto, naive, chunked, triton (triton: "
                          "CUDA, or on the CPU TRITON_INTERPRET=1, slow)")
     print(f"device: {device}" + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads"))
-    for what, bench in [("scans", bench_scans), ("eval", bench_eval), ("train", bench_train), ("data", bench_data)]:
+    benches = [("scans", bench_scans), ("eval", bench_eval), ("train", bench_train), ("data", bench_data)]
+    for what, bench in benches:
         if args.what == what or args.what == "all" and what in ("scans", "eval"):
             bench(args, device)
             print()

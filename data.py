@@ -359,7 +359,7 @@ def _build(folder, label, files, root, enc, val_fraction):
     n_val = min(len(texts) - 1, max(1, round(val_fraction * len(texts)))) if val_fraction else 0  # never all
     val = set(sorted(texts, key=lambda f: hashlib.sha1(os.path.relpath(f, root).encode()).digest())[:n_val])
     dtype, sha1 = np.dtype(np.uint16 if enc.n_vocab <= 1 << 16 else np.uint32), hashlib.sha1()
-    encode = getattr(enc, "encode_ordinary_batch", None) or (lambda texts: list(map(enc.encode_ordinary, texts)))
+    encode = getattr(enc, "encode_ordinary_batch", None) or (lambda texts: map(enc.encode_ordinary, texts))
     cut = [*enc.encode_ordinary("a.\nb")] == [*enc.encode_ordinary("a.\n"), *enc.encode_ordinary("b")]
     eot = np.array([enc.eot_token], dtype).tobytes()
     meta = dict(source=label, tokenizer=enc.name, dtype=dtype.name, eot_token=enc.eot_token,
@@ -377,9 +377,9 @@ def _build(folder, label, files, root, enc, val_fraction):
                         sha1.update(chunk)
                         f.write(chunk)
         if val_fraction and not n_val:   # one document: its last tokens are the val split (the sha1 holds)
-            ids = np.memmap(os.path.join(tmp, "train.bin"), dtype, "r")
-            n = len(ids) - round(len(ids) * val_fraction)
-            ids[n:].tofile(os.path.join(tmp, "val.bin"))
+            tokens = np.memmap(os.path.join(tmp, "train.bin"), dtype, "r")
+            n = len(tokens) - round(len(tokens) * val_fraction)
+            tokens[n:].tofile(os.path.join(tmp, "val.bin"))
             os.truncate(os.path.join(tmp, "train.bin"), n * dtype.itemsize)
         meta.update({f"n_{s}": os.path.getsize(os.path.join(tmp, f"{s}.bin")) // dtype.itemsize
                      for s in ("train", "val")}, sha1=sha1.hexdigest())   # verified before each use (_whole)
@@ -417,7 +417,7 @@ def _whole(folder):   # -> its meta.json if train.bin + val.bin have the sha1 it
 
 def _prepared(name, folder, enc, meta=None):   # -> Data of folder's train.bin and val.bin (meta: verified)
     meta = meta or _whole(folder)
-    require(meta, f"{folder}: train.bin or val.bin does not match its meta.json: run python data.py again")
+    require(meta, f"{folder}: no train.bin and val.bin that match its meta.json: run python data.py again")
     require(meta["tokenizer"] == enc.name, f"{folder} holds ids of the tokenizer {meta['tokenizer']}, not of "
             f"{enc.name}: pass the --tokenizer it was prepared with")
     train, val = [np.memmap(os.path.join(folder, f"{s}.bin"), meta["dtype"], "r") if meta[f"n_{s}"] else
@@ -480,18 +480,15 @@ def is_int(x, minimum=1):
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= minimum
 
 
-
 if __name__ == "__main__":   # the prepare command
-    ap = argparse.ArgumentParser(description="Tokenize a text corpus once into DIR/train.bin, val.bin and "
-                                 "meta.json (nanoGPT's layout plus meta); --data DIR reads it")
+    ap = argparse.ArgumentParser(description="Tokenize a text corpus once into DIR/train.bin, val.bin (5% of "
+                                 "the files, by a hash of their paths) and meta.json: train.py's --data DIR")
     ap.error = lambda message: ap.exit(2, f"error: {message}\n")  # one line, as every other bad input
-    ap.add_argument("--data", required=True, help="a text file, a directory of them (a document each), stdlib")
-    ap.add_argument("--tokenizer", default="bytes", help="bytes or PATH/tokenizer.json (--data DIR: the same)")
+    ap.add_argument("--data", required=True, help="a text file, a folder of them (a document each) or stdlib")
+    ap.add_argument("--tokenizer", default="bytes", help="bytes or PATH/tokenizer.json (DIR is read with it)")
     ap.add_argument("--out", required=True, metavar="DIR", help="a new directory (nothing is overwritten)")
-    ap.add_argument("--val-fraction", type=float, default=0.05, help="held out: this share of the files (one "
-                    "file: of its tokens), chosen by a hash of their path")
     args = ap.parse_args()
     try:
-        load_data(args.data, args.tokenizer, val_fraction=args.val_fraction, out=args.out)
+        load_data(args.data, args.tokenizer, out=os.path.normpath(args.out))
     except (OSError, DataError, TokenizerUnavailableError) as e:
         sys.exit(f"error: {e}")
