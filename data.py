@@ -2,6 +2,7 @@
 val stream of token ids), 2. the in-context Markov process and its exact Bayes floor, 3. the samplers (each
 next_batch() -> Batch). A stream is [eot d1 eot d2 ...]: a window that starts at an eot starts a document."""
 import argparse
+import codecs
 import collections
 import functools
 import hashlib
@@ -15,6 +16,7 @@ import shutil
 import stat
 import sys
 import sysconfig
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -25,8 +27,8 @@ DEFAULT_CACHE_DIR = os.environ.get("LENGTHGEN_CACHE_DIR") or os.path.join(os.pat
     __file__)), "data_cache")  # gitignored
 CACHE_VERSION = 3  # bump when the cache layout or the document format changes
 PIECE_CHARS, BATCH_PIECES = 1 << 14, 256   # text per encoding, pieces per batch (on all cores): bound memory
-LINE_CUT = re.compile(r"\S\n(?=\S)")   # a newline between two non-spaces: where byte-level BPEs split anyway
-NOT_TEXT = re.compile("[\0\udc80-\udcff]")   # a NUL (binary file) or an invalid UTF-8 byte (surrogateescape)
+LINE_CUT = re.compile(r"\n(?=\S)(?<=\S\n)")   # a newline between non-spaces: byte-level BPEs split there
+codecs.register_error("nul", lambda e: ("\0", e.end))   # an invalid UTF-8 byte reads as NUL (binary files)
 
 # train, val: 1-D token ids (often np.memmaps); markov: tokenizer None, optimal_nll(windows) its exact floor.
 Data = collections.namedtuple("Data", "name train val vocab_size eot_token tokenizer optimal_nll info",
@@ -353,29 +355,34 @@ def write_atomically(path, write):
 def _build(folder, label, files, root, enc, val_fraction):
     """Text files -> folder/train.bin and val.bin, eot + the ids of each (val: a val_fraction of the files by
     a hash of their path under root, the same on every machine; one file: its last tokens), meta.json last."""
-    texts = [f for f in files if os.path.getsize(f) and not any(NOT_TEXT.search(p) for p in _pieces(f))]
+    texts = [f for f in files if os.path.getsize(f) and all("\0" not in p for p in _pieces(f))]   # UTF-8 text
     require(texts, f"{label!r}: no UTF-8 text documents ({len(files)} files skipped: binary, not UTF-8 or "
             "empty): pass text files")
     n_val = min(len(texts) - 1, max(1, round(val_fraction * len(texts)))) if val_fraction else 0  # never all
     val = set(sorted(texts, key=lambda f: hashlib.sha1(os.path.relpath(f, root).encode()).digest())[:n_val])
     dtype, sha1 = np.dtype(np.uint16 if enc.n_vocab <= 1 << 16 else np.uint32), hashlib.sha1()
-    encode = getattr(enc, "encode_ordinary_batch", None) or (lambda texts: map(enc.encode_ordinary, texts))
+    encode = getattr(enc, "encode_ordinary_batch", None) or (lambda texts: [*map(enc.encode_ordinary, texts)])
     cut = [*enc.encode_ordinary("a.\nb")] == [*enc.encode_ordinary("a.\n"), *enc.encode_ordinary("b")]
     eot = np.array([enc.eot_token], dtype).tobytes()
     meta = dict(source=label, tokenizer=enc.name, dtype=dtype.name, eot_token=enc.eot_token,
                 docs_train=len(texts) - n_val, docs_val=n_val, skipped_files=len(files) - len(texts))
 
-    def write(tmp):   # the pieces of all files in batches, each encoded on every core
+    def write(tmp):   # batches of pieces, each encoded on every core while the next is read, this one written
         os.makedirs(tmp)
         for split, paths in ("train", [f for f in texts if f not in val]), ("val", sorted(val)):
             pieces = ((i == 0, p) for path in tqdm(paths, f"tokenizing {label}", delay=1, leave=False)
                       for i, p in enumerate(_pieces(path, cut)))
-            with open(os.path.join(tmp, f"{split}.bin"), "wb") as f:
-                while batch := list(itertools.islice(pieces, BATCH_PIECES)):
-                    for (first, _), ids in zip(batch, encode([p for _, p in batch])):
-                        chunk = eot * first + np.asarray(ids, dtype).tobytes()
+            with open(os.path.join(tmp, f"{split}.bin"), "wb") as f, ThreadPoolExecutor(1) as pool:
+                batch = list(itertools.islice(pieces, BATCH_PIECES))
+                job = pool.submit(encode, [p for _, p in batch])
+                while batch:
+                    after = list(itertools.islice(pieces, BATCH_PIECES))
+                    ids, job = job.result(), pool.submit(encode, [p for _, p in after])
+                    for (first, _), piece_ids in zip(batch, ids):
+                        chunk = eot * first + np.asarray(piece_ids, dtype).tobytes()
                         sha1.update(chunk)
                         f.write(chunk)
+                    batch = after
         if val_fraction and not n_val:   # one document: its last tokens are the val split (the sha1 holds)
             tokens = np.memmap(os.path.join(tmp, "train.bin"), dtype, "r")
             n = len(tokens) - round(len(tokens) * val_fraction)
@@ -392,9 +399,9 @@ def _build(folder, label, files, root, enc, val_fraction):
 
 def _pieces(path, cut=True):
     """The file's text in pieces of about PIECE_CHARS, each ending at a LINE_CUT: bounded memory (a file
-    without one is one piece; cut=False: the file whole). An invalid UTF-8 byte reads as a surrogate."""
+    without one is one piece; cut=False: the file whole). An invalid UTF-8 byte reads as a NUL."""
     rest = ""
-    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:   # "\r\n" stays
+    with open(path, encoding="utf-8", errors="nul", newline="") as f:   # "\r\n" stays
         while block := f.read(max(PIECE_CHARS, len(rest))):   # a long stretch without a cut: read more
             rest += block
             while cut and (m := LINE_CUT.search(rest, PIECE_CHARS)):
