@@ -3,10 +3,17 @@ tool far slower than the loop), streaming evaluation, training steps of the pape
 
     python bench.py                    # scans at T = 1k, 4k, 16k
     python bench.py --what eval        # streaming evaluation: memory vs length, Effective Remembrance cost
-    python bench.py --what train --presets mamba2:85m,gla:70m --seq-len 2048 --batch-size 8"""
+    python bench.py --what train --presets mamba2:85m,gla:70m --seq-len 2048 --batch-size 8
+    python bench.py --what data --data-mb 1024   # the corpus cache's tokens/s and peak memory"""
 import argparse
 import os
+import pathlib
+import random
 import resource
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 import types
 
@@ -135,10 +142,63 @@ def bench_train(args, device, vocab_size=50280):
     return rows
 
 
+# One measurement in a fresh process (argv: data.py's folder, what, corpus, tokenizer, cache): tokens,
+# seconds, peak RSS (kB) of building the cache with that data.py (any version's load_data), or of tokenizers'
+# own encode_batch_fast on the same files in pieces of 16 kB lines, 256 a call (as data.py), same threads
+DATA_CHILD = """import glob, itertools, re, sys, time
+sys.path.insert(0, sys.argv[1])
+import data, tokenizers
+what, corpus, tok, cache = sys.argv[2:]
+t, n = time.perf_counter(), 0
+if what == "cache build":
+    n = sum(len(ids) for ids in data.load_data(corpus, tok, cache_dir=cache)[1:3])
+else:
+    enc, files = tokenizers.Tokenizer.from_file(tok), sorted(glob.glob(corpus + "/*")) or [corpus]
+    pieces = ("".join(lines) for path in files for f in [open(path, encoding="utf-8")]
+              for lines in iter(lambda: f.readlines(1 << 14), []))
+    while batch := list(itertools.islice(pieces, 256)):
+        n += sum(len(e.ids) for e in enc.encode_batch_fast(batch, add_special_tokens=False))
+print(n, time.perf_counter() - t, re.search(r"VmHWM:\\s*(\\d+)", open("/proc/self/status").read())[1])"""
+
+
+def bench_data(args, device=None):
+    """Tokens/s and peak RSS of building the corpus cache vs tokenizers' encode_batch_fast, each in a fresh
+    process, on --data-mb of made-up text as 16 kB files and as one file; a BPE trained here, and bytes."""
+    import tokenizers
+    rng = random.Random(0)
+    words = ["".join(rng.choices("etaoinshrdlucmfwypvbgkjqxz", k=rng.randint(1, 9))) for _ in range(5000)]
+    zipf = [1 / rank for rank in range(1, 5001)]
+    text = "".join(" ".join(rng.choices(words, zipf, k=12)) + ".\n" for _ in range(1400))   # about 100 kB
+    rounds = args.data_mb * 10
+    print(f"{rounds * len(text) / 2**20:.0f} MB, the data.py of {args.code}, RAYON_NUM_THREADS="
+          f"{os.environ.get('RAYON_NUM_THREADS', '(all cores)')}")
+    print_row("corpus, tokenizer", "measured", "tokens", "seconds", "tokens/s", "peak RSS MB")
+    with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
+        os.mkdir(f"{tmp}/files")
+        for i, j in [(i, j) for i in range(rounds) for j in range(0, len(text), 1 << 14)]:
+            pathlib.Path(f"{tmp}/files/{i:06}-{j:06}").write_text(text[j:j + (1 << 14)])
+        with open(f"{tmp}/one.txt", "w") as one:
+            one.writelines([text] * rounds)
+        bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+        bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        bpe.train_from_iterator([text], tokenizers.trainers.BpeTrainer(vocab_size=8192,
+                                                                       special_tokens=[data.EOT]))
+        bpe.save(f"{tmp}/bpe.json")
+        for name, tok in [(c, t) for c in ("files", "one.txt") for t in (f"{tmp}/bpe.json", "bytes")]:
+            for what in ["cache build"] + ["encode_batch_fast"] * (tok != "bytes"):
+                child = [sys.executable, "-c", DATA_CHILD, args.code, what, f"{tmp}/{name}", tok, f"{tmp}/c"]
+                out = subprocess.run(child, capture_output=True, text=True)
+                shutil.rmtree(f"{tmp}/c", ignore_errors=True)
+                if out.returncode:
+                    raise SystemExit(f"error: {what} failed: {out.stderr.strip()[-500:]}")
+                n, s, kb = map(float, out.stdout.split()[-3:])
+                print_row(f"{name}, {os.path.basename(tok)}", what, int(n), s, n / s, kb / 1024)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
-    a("--what", default="scans", choices=["scans", "eval", "train", "all"], help="all: scans and eval")
+    a("--what", default="scans", choices=["scans", "eval", "train", "data", "all"], help="all: scans, eval")
     a("--lengths", type=int, nargs="+", default=[1024, 4096, 16384], help="sequence lengths of the scans")
     a("--repeats", type=int, default=3, help="timed calls (train: steps) after one warm-up; best reported")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -149,6 +209,8 @@ def main(argv=None):
     a("--seq-len", type=int, default=1024, help="train: tokens per sequence")
     a("--batch-size", type=int, default=1, help="train: sequences per step")
     a("--forms", default="auto", help="train: comma-separated scan forms (auto, naive, chunked, triton)")
+    a("--data-mb", type=int, default=64, help="data: megabytes of text, as files and as one file")
+    a("--code", default=os.path.dirname(os.path.abspath(__file__)), help="data: the folder of data.py timed")
     args = p.parse_args(argv)
     if min([args.repeats, args.scan_batch, args.seq_len, args.batch_size] + args.lengths) < 1:
         raise SystemExit("error: every number (--repeats, --lengths, --seq-len, ...) must be positive")
@@ -160,8 +222,9 @@ def main(argv=None):
         raise SystemExit(f"error: --forms {args.forms}: choose from auto, naive, chunked, triton (triton: "
                          "CUDA, or on the CPU TRITON_INTERPRET=1, slow)")
     print(f"device: {device}" + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads"))
-    for what, bench in [("scans", bench_scans), ("eval", bench_eval), ("train", bench_train)]:
-        if args.what == what or args.what == "all" and what != "train":
+    benches = [("scans", bench_scans), ("eval", bench_eval), ("train", bench_train), ("data", bench_data)]
+    for what, bench in benches:
+        if args.what == what or args.what == "all" and what in ("scans", "eval"):
             bench(args, device)
             print()
 

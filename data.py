@@ -1,26 +1,35 @@
 """Data for the length-generalization experiments: 1. tokenizers and corpora (load_data -> Data, a train and a
 val stream of token ids), 2. the in-context Markov process and its exact Bayes floor, 3. the samplers (each
 next_batch() -> Batch). A stream is [eot d1 eot d2 ...]: a window that starts at an eot starts a document."""
+import argparse
+import codecs
 import collections
 import functools
 import hashlib
+import itertools
 import json
 import math
 import os
 import pathlib
 import re
+import shutil
 import stat
 import sys
 import sysconfig
 import unittest.mock
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 EOT = "<|endoftext|>"
-DEFAULT_CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data_cache")  # gitignored
-CACHE_VERSION = 2  # bump when the cache layout or the document format changes
+DEFAULT_CACHE_DIR = os.environ.get("LENGTHGEN_CACHE_DIR") or os.path.join(os.path.dirname(os.path.abspath(
+    __file__)), "data_cache")  # gitignored
+CACHE_VERSION = 3  # bump when the cache layout or the document format changes
+PIECE_CHARS, BATCH_PIECES = 1 << 14, 256   # text per encoding, pieces per batch (on all cores): bound memory
+LINE_CUT = re.compile(r"\n(?=\S)(?<=\S\n)")   # a newline between non-spaces: byte-level BPEs split there
+codecs.register_error("nul", lambda e: ("\0", e.end))   # an invalid UTF-8 byte reads as NUL (binary files)
 
 # train, val: 1-D token ids (often np.memmaps); markov: tokenizer None, optimal_nll(windows) its exact floor.
 Data = collections.namedtuple("Data", "name train val vocab_size eot_token tokenizer optimal_nll info",
@@ -47,6 +56,9 @@ class ByteTokenizer:
 
     def encode_ordinary(self, text):
         return list(text.encode())
+
+    def encode_ordinary_batch(self, texts):   # -> uint8 arrays: no Python int per byte
+        return [np.frombuffer(text.encode(), np.uint8) for text in texts]
 
     def decode(self, ids):   # a character cut in two reads U+FFFD
         return b"".join(self._pieces[int(t)] for t in ids).decode(errors="replace")
@@ -77,6 +89,9 @@ class JsonTokenizer:
 
     def encode_ordinary(self, text):   # no template (BOS...) added: documents are marked by the eot
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_ordinary_batch(self, texts):   # in parallel on every core (RAYON_NUM_THREADS: fewer)
+        return [e.ids for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)]
 
     def decode(self, ids):
         return self._tok.decode([int(t) for t in ids], skip_special_tokens=False)
@@ -115,10 +130,11 @@ def hub_path(name, file=None):
                     f"{' '.join(files[:2])}` on a connected machine (the same HF_HOME), or check the path")
 
 
-def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache_dir=None):
-    """data: "stdlib" (the standard library's .py files: offline text), "markov:k=8,..." (MARKOV_DEFAULTS),
-    a text file or a directory of them (split train/val by document with `seed`), or a nanoGPT .bin (uint16,
-    or meta.json's "dtype"). Text is tokenized once, in a cache keyed by the files, tokenizer and split."""
+def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache_dir=None, out=None):
+    """data: "stdlib" (the standard library's .py files: offline text), "markov:k=8,..." (MARKOV_DEFAULTS,
+    drawn with `seed`), a text file or a directory of them, a directory `python data.py` wrote, or a nanoGPT
+    .bin (uint16, or meta.json's "dtype"). Text is tokenized once, into a cache keyed by the files and the
+    tokenizer (out: into that new directory), split by a hash of each file's path (one file: its tail)."""
     require(isinstance(data, str) and data and is_int(seed, 0) and isinstance(val_fraction, (int, float)) and
             0 <= val_fraction < 1, f"load_data: need a data name, seed >= 0 and val_fraction in [0, 1)")
     if data == "markov" or data.startswith("markov:"):
@@ -143,6 +159,8 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
         require(top < enc.n_vocab, f"{data!r} holds id {top}, past {enc.name!r}: pass its --tokenizer")
         n = len(tokens) - round(len(tokens) * val_fraction)
         return Data(data, tokens[:n], tokens[n:], enc.n_vocab, enc.eot_token, enc, info=dict(key=f"{size}B"))
+    if os.path.isfile(os.path.join(data, "meta.json")):   # a directory python data.py wrote
+        return _prepared(data, data, enc)
     stdlib = data == "stdlib"   # its .py files, not site-packages (per machine) nor tests (often stripped)
     root = sysconfig.get_paths()["stdlib"] if stdlib else data
     require(os.path.isdir(root) or os.path.isfile(root), f"no such file or directory {data!r}: pass a "
@@ -153,16 +171,22 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
         dirs[:] = [d for d in dirs if d not in skip | {"__pycache__"} and not d.startswith(".")]
         files += [os.path.join(path, f) for f in names if f.endswith(".py" if stdlib else "") and f[0] != "."]
     require(files, f"{root!r} holds no files: point --data at a folder of text files")
-    files, seed, cache_dir = sorted(files), int(seed), cache_dir or DEFAULT_CACHE_DIR
-    stats = [(os.path.abspath(f), st.st_size, st.st_mtime_ns) for f in files   # no FIFO, nothing unreadable
-             for st in [require_file(f, "make it readable, or leave it out of --data")]]
-    key = hashlib.sha1(json.dumps([CACHE_VERSION, enc.name, seed, val_fraction, stats]).encode()).hexdigest()
+    stats = [(os.path.abspath(f), st.st_size, st.st_mtime_ns) for f in sorted(files)   # no FIFO, nothing
+             for st in [require_file(f, "make it readable, or leave it out of --data")]]   # unreadable
+    key = hashlib.sha1(json.dumps([CACHE_VERSION, enc.name, val_fraction, stats]).encode()).hexdigest()
     stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.path.basename(data.rstrip("/")))
-    base = os.path.join(cache_dir, f"{stem or 'data'}-{enc.name}-{key[:16]}")
-    meta = os.path.exists(base + ".json") and _whole_cache(base) or \
-        _build_cache(base, data, files, enc, seed, val_fraction)
-    tokens, n = np.memmap(base + ".bin", dtype=meta["dtype"], mode="r"), meta["n_train"]
-    return Data(data, tokens[:n], tokens[n:], enc.n_vocab, enc.eot_token, enc, info=dict(meta, key=key[:16]))
+    folder = out or os.path.join(cache_dir or DEFAULT_CACHE_DIR, f"{stem or 'data'}-{enc.name}-{key[:16]}")
+    require(not out or not os.path.exists(out), f"{out} exists: prepare into a new directory")
+    meta = _whole(folder)
+    if not meta and os.path.exists(folder):
+        print(f"data: the cache {folder} is truncated or corrupt: rebuilding it", file=sys.stderr)
+        shutil.rmtree(folder)
+    try:
+        meta = meta or _build(folder, data, [f for f, *_ in stats], root, enc, val_fraction)
+    except OSError:   # another process may have written the same cache meanwhile
+        if not (meta := _whole(folder)):
+            raise
+    return _prepared(data, folder, enc, meta)
 
 
 # --- 2. The in-context Markov process and its exact Bayes floor -----------------------------------
@@ -364,6 +388,7 @@ def write_atomically(path, write):
         write(tmp)
         os.replace(tmp, path)
     except BaseException as e:  # also Ctrl-C, SIGTERM: no temporary file is left
+        shutil.rmtree(tmp, ignore_errors=True)   # a directory's (a corpus's)
         pathlib.Path(tmp).unlink(missing_ok=True)
         if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a full disk as a RuntimeError
             raise
@@ -371,54 +396,84 @@ def write_atomically(path, write):
         raise OSError(f"cannot write {path} ({why}): the previous one is intact") from None
 
 
-def _build_cache(base, label, files, enc, seed, val_fraction):
-    """Files -> base.bin (eot + text each, train then a seeded val_fraction of them) and base.json."""
-    tmp, is_val = f"{base}.{os.getpid()}.tmp", np.zeros(len(files), dtype=int)   # no half cache is left
-    if len(files) >= 2 and val_fraction > 0:   # at least one val document, never all
-        n_val = min(len(files) - 1, max(1, round(val_fraction * len(files))))
-        is_val[np.random.default_rng(seed).permutation(len(files))[:n_val]] = 1
-    dtype, n, docs, skipped = np.uint16 if enc.n_vocab <= 1 << 16 else np.uint32, [0, 0], [0, 0], 0
-    sha1 = hashlib.sha1()   # of the .bin: verified before each use (_whole_cache)
-    os.makedirs(os.path.dirname(base), exist_ok=True)
-    try:
-        with open(tmp, "wb") as out:
-            for i in tqdm(np.argsort(is_val, kind="stable"), f"tokenizing {label}", delay=1, leave=False):
-                raw = pathlib.Path(files[i]).read_bytes()
-                try:   # a binary, not UTF-8 or empty file is skipped
-                    text = "" if b"\0" in raw else raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    text = ""
-                skipped += not text
-                if text:   # encode_ordinary: "<|endoftext|>" in a file is plain text, not a document boundary
-                    ids = np.array([enc.eot_token] + enc.encode_ordinary(text), dtype)
-                    out.write(ids.tobytes())
-                    sha1.update(ids.tobytes())
-                    n[is_val[i]], docs[is_val[i]] = n[is_val[i]] + len(ids), docs[is_val[i]] + 1
-        require(docs[0] and (docs[1] or not is_val.any()), f"{label!r}: no UTF-8 text documents for the "
-                f"{'val' if docs[0] else 'train'} split ({skipped} of {len(files)} skipped): pass text files")
-        if not docs[1]:   # one document: split its tokens
-            n = [n[0] - round(n[0] * val_fraction), round(n[0] * val_fraction)]
-        meta = dict(source=label, tokenizer=enc.name, dtype=np.dtype(dtype).name, n_train=n[0], n_val=n[1],
-                    docs_train=docs[0], docs_val=docs[1], skipped_files=skipped,
-                    bytes=sum(n) * np.dtype(dtype).itemsize, sha1=sha1.hexdigest())
-        os.replace(tmp, base + ".bin")
-        pathlib.Path(tmp).write_text(json.dumps(meta, indent=1))
-        os.replace(tmp, base + ".json")
-    finally:   # a full disk: the CLI prints the OSError's one line, and no partial file is left
-        pathlib.Path(tmp).unlink(missing_ok=True)
-    print(f"data: cached {label}: {docs[0]}+{docs[1]} docs, {n[0]}+{n[1]} tokens ({skipped} files skipped: "
-          f"binary, not UTF-8 or empty) -> {base}.bin")
+def _build(folder, label, files, root, enc, val_fraction):
+    """Text files -> folder/train.bin and val.bin, eot + the ids of each (val: a val_fraction of the files by
+    a hash of their path under root, the same on every machine; one file: its last tokens), meta.json last."""
+    texts = [f for f in files if os.path.getsize(f) and all("\0" not in p for p in _pieces(f))]   # UTF-8 text
+    require(texts, f"{label!r}: no UTF-8 text documents ({len(files)} files skipped: binary, not UTF-8 or "
+            "empty): pass text files")
+    n_val = min(len(texts) - 1, max(1, round(val_fraction * len(texts)))) if val_fraction else 0  # never all
+    val = set(sorted(texts, key=lambda f: hashlib.sha1(os.path.relpath(f, root).encode()).digest())[:n_val])
+    dtype, sha1 = np.dtype(np.uint16 if enc.n_vocab <= 1 << 16 else np.uint32), hashlib.sha1()
+    encode = getattr(enc, "encode_ordinary_batch", None) or (lambda texts: [*map(enc.encode_ordinary, texts)])
+    cut = [*enc.encode_ordinary("a.\nb")] == [*enc.encode_ordinary("a.\n"), *enc.encode_ordinary("b")]
+    eot = np.array([enc.eot_token], dtype).tobytes()
+    meta = dict(source=label, tokenizer=enc.name, dtype=dtype.name, eot_token=enc.eot_token,
+                docs_train=len(texts) - n_val, docs_val=n_val, skipped_files=len(files) - len(texts))
+
+    def write(tmp):   # batches of pieces, each encoded on every core while the next is read, this one written
+        os.makedirs(tmp)
+        for split, paths in ("train", [f for f in texts if f not in val]), ("val", sorted(val)):
+            pieces = ((i == 0, p) for path in tqdm(paths, f"tokenizing {label}", delay=1, leave=False)
+                      for i, p in enumerate(_pieces(path, cut)))
+            with open(os.path.join(tmp, f"{split}.bin"), "wb") as f, ThreadPoolExecutor(1) as pool:
+                batch = list(itertools.islice(pieces, BATCH_PIECES))
+                job = pool.submit(encode, [p for _, p in batch])
+                while batch:
+                    after = list(itertools.islice(pieces, BATCH_PIECES))
+                    ids, job = job.result(), pool.submit(encode, [p for _, p in after])
+                    for (first, _), piece_ids in zip(batch, ids):
+                        chunk = eot * first + np.asarray(piece_ids, dtype).tobytes()
+                        sha1.update(chunk)
+                        f.write(chunk)
+                    batch = after
+        if val_fraction and not n_val:   # one document: its last tokens are the val split (the sha1 holds)
+            tokens = np.memmap(os.path.join(tmp, "train.bin"), dtype, "r")
+            n = len(tokens) - round(len(tokens) * val_fraction)
+            tokens[n:].tofile(os.path.join(tmp, "val.bin"))
+            os.truncate(os.path.join(tmp, "train.bin"), n * dtype.itemsize)
+        meta.update({f"n_{s}": os.path.getsize(os.path.join(tmp, f"{s}.bin")) // dtype.itemsize
+                     for s in ("train", "val")}, sha1=sha1.hexdigest())   # verified before each use (_whole)
+        pathlib.Path(tmp, "meta.json").write_text(json.dumps(meta, indent=1))
+    write_atomically(folder, write)
+    print(f"data: tokenized {label}: {len(texts) - n_val}+{n_val} docs, {meta['n_train']}+{meta['n_val']} "
+          f"tokens ({meta['skipped_files']} files skipped: binary, not UTF-8 or empty) -> {folder}")
     return meta
 
 
-def _whole_cache(base):   # its meta if base.bin has the size and sha1 that base.json (written last) records
+def _pieces(path, cut=True):
+    """The file's text in pieces of about PIECE_CHARS, each ending at a LINE_CUT: bounded memory (a file
+    without one is one piece; cut=False: the file whole). An invalid UTF-8 byte reads as a NUL."""
+    rest = ""
+    with open(path, encoding="utf-8", errors="nul", newline="") as f:   # "\r\n" stays
+        while block := f.read(max(PIECE_CHARS, len(rest))):   # a long stretch without a cut: read more
+            rest += block
+            while cut and (m := LINE_CUT.search(rest, PIECE_CHARS)):
+                yield rest[:m.end()]
+                rest = rest[m.end():]
+    if rest:
+        yield rest
+
+
+def _whole(folder):   # -> its meta.json if train.bin + val.bin have the sha1 it records (it is written last)
     try:
-        meta, raw = json.loads(pathlib.Path(base + ".json").read_text()), np.memmap(base + ".bin", mode="r")
-        if len(raw) == meta["bytes"] and hashlib.sha1(raw).hexdigest() == meta["sha1"]:
-            return meta
-    except (OSError, ValueError, KeyError, TypeError):   # no or an empty .bin, a damaged .json
-        pass
-    print(f"data: the cache {base}.bin is truncated or corrupt: rebuilding it", file=sys.stderr)
+        meta, sha1 = json.loads(pathlib.Path(folder, "meta.json").read_text()), hashlib.sha1()
+        for split in ("train", "val"):
+            with open(os.path.join(folder, f"{split}.bin"), "rb") as f:
+                hashlib.file_digest(f, lambda: sha1)   # one sha1 over both files
+        return meta if meta["sha1"] == sha1.hexdigest() else None
+    except (OSError, ValueError, KeyError, TypeError):   # a missing or damaged file
+        return None
+
+
+def _prepared(name, folder, enc, meta=None):   # -> Data of folder's train.bin and val.bin (meta: verified)
+    meta = meta or _whole(folder)
+    require(meta, f"{folder}: no train.bin and val.bin that match its meta.json: run python data.py again")
+    require(meta["tokenizer"] == enc.name, f"{folder} holds ids of the tokenizer {meta['tokenizer']}, not of "
+            f"{enc.name}: pass the --tokenizer it was prepared with")
+    train, val = [np.memmap(os.path.join(folder, f"{s}.bin"), meta["dtype"], "r") if meta[f"n_{s}"] else
+                  np.zeros(0, meta["dtype"]) for s in ("train", "val")]   # an empty file cannot be mapped
+    return Data(name, train, val, enc.n_vocab, enc.eot_token, enc, info=dict(meta, key=meta["sha1"][:16]))
 
 
 def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): not cached on disk
@@ -475,3 +530,16 @@ def require(ok, message):   # bad input: a one-line DataError naming the problem
 def is_int(x, minimum=1):
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= minimum
 
+
+if __name__ == "__main__":   # the prepare command
+    ap = argparse.ArgumentParser(description="Tokenize a text corpus once into DIR/train.bin, val.bin (5% of "
+                                 "the files, by a hash of their paths) and meta.json: train.py's --data DIR")
+    ap.error = lambda message: ap.exit(2, f"error: {message}\n")  # one line, as every other bad input
+    ap.add_argument("--data", required=True, help="a text file, a folder of them (a document each) or stdlib")
+    ap.add_argument("--tokenizer", default="bytes", help="bytes or PATH/tokenizer.json (DIR is read with it)")
+    ap.add_argument("--out", required=True, metavar="DIR", help="a new directory (nothing is overwritten)")
+    args = ap.parse_args()
+    try:
+        load_data(args.data, args.tokenizer, out=os.path.normpath(args.out))
+    except (OSError, DataError, TokenizerUnavailableError) as e:
+        sys.exit(f"error: {e}")

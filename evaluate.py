@@ -350,6 +350,7 @@ def main(argv=None):
     a("--t-train", type=positive, help="training length (default: train_config seq_len; official: 2048)")
     a("--data", help="what data.load_data reads (default: train_config data)")
     a("--tokenizer", help="bytes, gpt2 (tiktoken), PATH/tokenizer.json, a hub id (default: the checkpoints')")
+    a("--cache-dir", help="where text --data is tokenized once (default $LENGTHGEN_CACHE_DIR, data_cache/)")
     a("--effrem-len", type=positive, help="T of EffRem_T(t) (default: --eval-len; the paper's: 4 x t_train)")
     a("--effrem-cuts", type=positive, default=32, help="number of cut points t of EffRem_T")
     a("--distance", default="tv", choices=sorted(DISTANCES), help="EffRem's distance (tv: the paper's)")
@@ -420,11 +421,13 @@ def run(args):
                                f"{''.join(ids)}: pass the tokenizer.json they were trained with")
     _ = set(args.metrics) & set(TASK_METRICS) and tasks.task_tokenizer(args.tokenizer)  # it spells the tasks
     _ = "passkey" in args.metrics and tasks.passkey_sample(args.tokenizer, min(args.passkey_lengths))  # fits
-    seeds = {c.get("split_seed", c.get("seed")) for c in cfgs} - {None}  # which documents are validation
-    require(len(seeds) <= 1, f"the checkpoints were trained with --split-seed {sorted(seeds)}, splitting the "
-                             "data differently: evaluate them separately")
+    seeds = {c.get("split_seed", c.get("seed")) for c in cfgs if str(c.get("data"))[:6] == "markov"} - {None}
+    require(len(seeds) <= 1, f"the checkpoints were trained with --split-seed {sorted(seeds)}, drawing their "
+                             "Markov corpora differently: evaluate them separately")
     args.split_seed = seeds.pop() if seeds else 0
     args.babi_tasks = (_agree(args, cfgs, "babi_tasks", False) or ",".join(tasks.BABI_TASKS)).split(",")
+    require(set(args.babi_tasks) <= set(tasks.BABI_TASKS),
+            f"unknown --babi-tasks {','.join(args.babi_tasks)}: use a subset of {','.join(tasks.BABI_TASKS)}")
     args.labels = args.labels or [os.path.basename(os.path.dirname(p) if p.endswith(".pt") else p.rstrip("/"))
                                   for p in args.ckpts]
     require(not args.reference or args.reference in args.labels and "ppl" in args.metrics,
@@ -433,7 +436,7 @@ def run(args):
     args.windows = args.optimal = args.filler = None
     if lm_metrics or "babilong" in args.metrics:
         corpus = data.load_data(_agree(args, cfgs, "data", required=lm_metrics) or "stdlib",
-                                tokenizer=args.tokenizer, seed=args.split_seed)
+                                tokenizer=args.tokenizer, seed=args.split_seed, cache_dir=args.cache_dir)
     if lm_metrics:  # windows from document starts where the process has an exact Bayes-optimal NLL
         eot, need = corpus.eot_token if corpus.optimal_nll else None, args.n_seqs * (args.eval_len + 1)
         require(eot is not None or args.allow_overlap or len(corpus.val) >= need, f"the validation split "

@@ -116,7 +116,12 @@ def train(args):
 def setup_data(args, rank):
     """-> (sampler, val_sampler, vocab_size, the data's name): windows of --data, or --task's examples."""
     lm_data = args.task in ("lm", "babilong")
-    corpus = data.load_data(args.data, args.tokenizer, args.split_seed) if lm_data else None
+    if rank:   # under torchrun rank 0 tokenizes --data into the cache first, then the others read it
+        torch.distributed.barrier()
+    corpus = data.load_data(args.data, args.tokenizer, args.split_seed,
+                            cache_dir=args.cache_dir) if lm_data else None
+    if rank == 0 and torch.distributed.is_initialized():
+        torch.distributed.barrier()
     if args.task == "babilong" and corpus.tokenizer is None:
         raise ValueError(f"--task babilong hides its stories in --data text, but {corpus.name} is not text")
     for split, tokens in (("training", corpus.train), ("validation", corpus.val)) if corpus else ():
@@ -305,7 +310,8 @@ FLAGS = [
     ("eval-batches", int, 8, "validation batches per evaluation"),
     ("seed", int, 0, "seed of the model's init and the strategy's draws (noise, SP's resets)"),
     ("data-seed", int, None, "seed of the training batches (default: --seed; post-training: the parent's)"),
-    ("split-seed", int, 0, "seed of the train/val split, or of the Markov corpus (post-training: parent's)"),
+    ("split-seed", int, 0, "seed of a Markov corpus (post-training: parent's); text splits by file path"),
+    ("cache-dir", str, None, "text --data tokenized once, here (default: $LENGTHGEN_CACHE_DIR, data_cache)"),
     ("device", str, "auto", "auto (CUDA when present), cpu, cuda, cuda:1 ..."),
     ("stop-at", int, None, "stop after this step as if killed (to test --resume)"),
     ("quiet", bool, False, "no progress bar"),
@@ -315,7 +321,7 @@ FLAGS = [
 DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
 # A resumed run takes its configuration from the checkpoint. These flags describe one invocation, not
 # the run; these may change on resume (the schedule's length, and the remedies for a divergence).
-PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo", "seeds")
+PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo", "seeds", "cache_dir")
 MAY_CHANGE = ("steps", "ckpt_interval", "eval_interval", "lr", "grad_clip")
 
 

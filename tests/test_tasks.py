@@ -1,9 +1,7 @@
-"""data.py and tasks.py: the two tokenizers (built-in bytes, a Hugging Face tokenizer.json), corpora and
-their cache, the Markov process's exact Bayes floor, the samplers, the Sec. 5 task generators, bad inputs."""
-import errno
+"""data.py and tasks.py: the two tokenizers (built-in bytes, a Hugging Face tokenizer.json), the Markov
+process's exact Bayes floor, the samplers, the Sec. 5 task generators, bad inputs (corpora: test_data.py)."""
 import io
 import json
-import os
 import sys
 
 import numpy as np
@@ -15,22 +13,10 @@ import tasks
 from conftest import CORPUS_TEXT
 from data import DataError, DocumentStreams, RandomWindows, TaskSampler
 from tasks import BABI_TASKS, babi_mixture, babi_sample, passkey_sample
+from test_data import Wide
 
 EOT = 256   # the bytes tokenizer's end-of-text id
 BYTES = data.get_tokenizer("bytes")
-
-
-def split_docs(tokens, eot=EOT):   # stream -> documents (tuples between eots, eot dropped)
-    text = ",".join(map(str, np.asarray(tokens).tolist()))
-    return [tuple(int(t) for t in d.split(",") if t) for d in f",{text},".split(f",{eot},")[1:]]
-
-
-def write_docs(folder, n=20):   # n UTF-8 text files: path -> text
-    folder.mkdir()
-    texts = {folder / f"doc{i:02}.txt": f"document {i}: {'héllo wörld ✓ ' * (i + 1)}\n" for i in range(n)}
-    for path, text in texts.items():
-        path.write_text(text, encoding="utf-8")
-    return texts
 
 
 def make_stream(lengths, eot=EOT, seed=0):   # [eot d1 eot d2 ...], documents of the given lengths
@@ -46,11 +32,6 @@ def corpus_stream(enc):
 @pytest.fixture(params=["bytes", "bpe"])
 def enc(request, tok_json):   # the generators must not rely on one token per byte
     return BYTES if request.param == "bytes" else data.get_tokenizer(tok_json)
-
-
-class Wide:   # a vocabulary past uint16
-    name, n_vocab, eot_token = "wide", 70_000, 69_999
-    encode_ordinary = staticmethod(lambda text: [66_000 + ord(c) % 100 for c in text])
 
 
 def test_bytes_tokenizer():
@@ -75,86 +56,10 @@ def test_tokenizer_json_encodes_exactly_as_the_tokenizers_library(tok_json, tmp_
         ref.encode_special_tokens = False
     assert ref.encode("a<|endoftext|>b").ids[1] == enc.eot_token   # the file's special token is our eot
     assert enc.encode_single_token(tasks.COPY_SEP) != enc.encode_single_token(tasks.COPY_EOS)
-    (tmp_path / "c.txt").write_text(CORPUS_TEXT)   # cached as uint16 (the vocabulary fits); its .bin loads
-    d = data.load_data(str(tmp_path / "c.txt"), tokenizer=tok_json, cache_dir=str(tmp_path / "cache"))
-    whole = np.concatenate([d.train, d.val])
-    assert d.train.dtype == np.uint16 and whole.tolist() == [1] + ref.encode(CORPUS_TEXT).ids
-    whole.tofile(tmp_path / "c.bin")
-    b = data.load_data(str(tmp_path / "c.bin"), tokenizer=tok_json)
-    assert (b.vocab_size, b.eot_token) == (300, 1) and np.array_equal(np.concatenate([b.train, b.val]), whole)
     monkeypatch.setitem(sys.modules, "tokenizers", None)   # the library is not installed
     (tmp_path / "other.json").write_text(open(tok_json).read())
     with pytest.raises(data.TokenizerUnavailableError, match="pip install tokenizers"):
         data.get_tokenizer(str(tmp_path / "other.json"))
-
-
-def test_directory_corpora_split_cache_and_skipped_files(tmp_path, monkeypatch, capsys):
-    texts = write_docs(tmp_path / "corpus")
-    (tmp_path / "corpus" / "blob.dat").write_bytes(b"\xff\xfe\x00binary")   # skipped: not UTF-8
-    (tmp_path / "corpus" / ".hidden").write_text("never read")
-    cache = str(tmp_path / "cache")
-    d = data.load_data(str(tmp_path / "corpus"), cache_dir=cache)
-    assert "1 files skipped" in capsys.readouterr().out and d.info["skipped_files"] == 1
-    assert isinstance(d.train, np.memmap) and d.train.dtype == np.uint16 and d.train[0] == d.val[0] == EOT
-    train, val = set(split_docs(d.train)), set(split_docs(d.val))
-    assert train | val == {tuple(t.encode()) for t in texts.values()} and not train & val and len(val) == 1
-    assert sorted(os.path.splitext(f)[1] for f in os.listdir(cache)) == [".bin", ".json"]   # nothing else
-    monkeypatch.setattr(data, "_build_cache", None)   # a second load reads the cache, builds nothing
-    assert np.array_equal(data.load_data(str(tmp_path / "corpus"), cache_dir=cache).train, d.train)
-    monkeypatch.undo()
-    next(iter(texts)).write_text("more text\n")                      # a changed file: a new cache
-    data.load_data(str(tmp_path / "corpus"), cache_dir=cache)
-    assert len(os.listdir(cache)) == 4
-    vals = {tuple(data.load_data(str(tmp_path / "corpus"), seed=s, val_fraction=0.2, cache_dir=cache).val)
-            for s in range(4)}
-    assert len(vals) > 1                                              # the split depends on the seed
-    # "stdlib": the Python standard library's sources, read as a directory corpus
-    d = data.load_data("stdlib", cache_dir=str(tmp_path / "stdlib"))
-    assert len(d.train) > 1_000_000 and len(d.val) > 10_000 and d.info["docs_train"] > 10 * d.info["docs_val"]
-    assert d.tokenizer.decode(np.asarray(d.val[:100]).tolist()).startswith("<|endoftext|>")
-
-
-def test_a_same_size_edit_of_a_corpus_file_is_tokenized_anew(tmp_path):
-    (path, text), *_ = write_docs(tmp_path / "corpus", n=4).items()
-    cache = str(tmp_path / "cache")
-    data.load_data(str(tmp_path / "corpus"), cache_dir=cache)
-    edited = text.replace("document", "DOCUMENT")   # as many bytes: the cache key must see the new mtime
-    path.write_text(edited, encoding="utf-8")
-    st = os.stat(path)
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10 ** 9))   # a coarse clock may not have ticked
-    d = data.load_data(str(tmp_path / "corpus"), cache_dir=cache)
-    assert tuple(edited.encode()) in set(split_docs(d.train)) | set(split_docs(d.val))
-
-
-def test_single_file_bin_and_wide_vocabulary(tmp_path):
-    ((path, text),) = write_docs(tmp_path / "a", n=1).items()         # one document: split by tokens
-    path = str(path)
-    one = data.load_data(path, val_fraction=0.25, cache_dir=str(tmp_path / "c"))
-    whole = np.concatenate([one.train, one.val])
-    assert whole.tolist() == [EOT] + list(text.encode()) and len(one.val) == round(0.25 * len(whole))
-    w = data.load_data(path, tokenizer=Wide(), cache_dir=str(tmp_path / "c"))   # the cache holds uint32 ids
-    assert w.train.dtype == np.uint32 and w.train[0] == 69_999 and w.train[1:].min() >= 66_000
-    ids = np.random.default_rng(0).integers(0, 257, 1000).astype(np.uint16)
-    ids.tofile(tmp_path / "train.bin")                                # nanoGPT's .bin: val is the tail
-    d = data.load_data(str(tmp_path / "train.bin"), val_fraction=0.1)
-    assert isinstance(d.train, np.memmap) and np.array_equal(np.r_[d.train, d.val], ids) and len(d.val) == 100
-
-
-def test_failed_cache_builds_leave_nothing_behind(tmp_path, monkeypatch):
-    write_docs(tmp_path / "corpus", n=4)
-    (tmp_path / "binary").mkdir()
-    (tmp_path / "binary" / "x.dat").write_bytes(b"\x80\x81")
-    with pytest.raises(DataError, match="UTF-8"):
-        data.load_data(str(tmp_path / "binary"), cache_dir=str(tmp_path / "c"))
-
-    class FullDisk(io.FileIO):
-        def write(self, data):
-            raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(data, "open", lambda p, m="r", **k: FullDisk(p, "w") if "w" in m else open(p, m, **k),
-                        raising=False)
-    with pytest.raises(OSError, match="space"):
-        data.load_data(str(tmp_path / "corpus"), cache_dir=str(tmp_path / "c"))
-    assert os.listdir(tmp_path / "c") == []
 
 
 def resumes_exactly(make, sampler, n=3):

@@ -1,0 +1,125 @@
+"""data.py's text corpora: tokenized in line-aligned pieces (exactly the ids of the whole file), split by a
+hash of each path, cached by files and tokenizer (one cache for every seed, verified, rebuilt when damaged),
+and `python data.py`'s directory (nanoGPT's train.bin, val.bin plus meta.json)."""
+import errno
+import io
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import data
+from conftest import ROOT
+from data import DataError
+
+EOT = 256   # the bytes tokenizer's end-of-text id; TEXT: trailing spaces, indented and blank lines
+TEXT = "".join(f"line {i}: héllo wörld ✓{' ' * (i % 3)}\n{'  ' * (i % 2)}{chr(10) * (i % 5 == 0)}"
+               for i in range(300)) + "an <|endoftext|> in a document is text\n"
+
+
+def split_docs(tokens):   # a stream of bytes ids -> its documents (the texts hold no NUL: eot 256 reads 0)
+    return set(bytes(np.asarray(tokens).astype(np.uint8)).split(b"\0")[1:])
+
+
+def write_docs(folder, n=20):   # n UTF-8 text files: path -> text
+    folder.mkdir(parents=True)
+    texts = {folder / f"doc{i:02}.txt": f"document {i}: {'héllo wörld ✓ ' * (i + 1)}\n" for i in range(n)}
+    for path, text in texts.items():
+        path.write_text(text, encoding="utf-8")
+    return texts
+
+
+class Wide:   # a vocabulary past uint16
+    name, n_vocab, eot_token = "wide", 70_000, 69_999
+    encode_ordinary = staticmethod(lambda text: [66_000 + ord(c) % 100 for c in text])
+
+
+@pytest.mark.parametrize("name", ["bytes", "bpe"])
+def test_a_file_tokenized_in_pieces_gives_the_ids_of_the_whole(name, tok_json, tmp_path, monkeypatch):
+    enc = data.get_tokenizer(tok_json if name == "bpe" else "bytes")
+    (tmp_path / "big.txt").write_text(TEXT)
+    monkeypatch.setattr(data, "PIECE_CHARS", 50)   # and 3 pieces a batch: many batches
+    monkeypatch.setattr(data, "BATCH_PIECES", 3)
+    pieces = list(data._pieces(tmp_path / "big.txt"))   # each cut after a newline between non-spaces
+    assert len(pieces) > 40 and "".join(pieces) == TEXT
+    assert all(a[-1] == "\n" and a[-2].strip() and b[0].strip() for a, b in zip(pieces, pieces[1:]))
+    d = data.load_data(str(tmp_path / "big.txt"), enc, val_fraction=0.1, cache_dir=str(tmp_path / "c"))
+    assert np.concatenate([d.train, d.val]).tolist() == [enc.eot_token] + enc.encode_ordinary(TEXT)
+    lines = [t for line in TEXT.splitlines(True) for t in enc.encode_ordinary(line)]
+    assert (lines == enc.encode_ordinary(TEXT)) == (name == "bytes")   # a cut after any newline: not the ids
+
+
+def test_one_cache_for_every_seed_split_by_path_and_rebuilt_when_damaged(tmp_path, monkeypatch, capsys):
+    texts = write_docs(tmp_path / "corpus")
+    (tmp_path / "corpus" / "blob.dat").write_bytes(b"\xff\xfe\x00binary")   # skipped: not UTF-8, as empty
+    (tmp_path / "corpus" / "empty.txt").write_text("")
+    (tmp_path / "corpus" / ".hidden").write_text("never read")
+    load = lambda path="corpus", **kw: data.load_data(f"{tmp_path}/{path}", **kw, cache_dir=f"{tmp_path}/c")
+    d = load(val_fraction=0.2)
+    assert "2 files skipped" in capsys.readouterr().out and d.info["skipped_files"] == 2
+    assert isinstance(d.train, np.memmap) and d.train.dtype == np.uint16 and d.train[0] == d.val[0] == EOT
+    train, val = split_docs(d.train), split_docs(d.val)
+    assert train | val == {t.encode() for t in texts.values()} and not train & val and len(val) == 4
+    monkeypatch.setattr(data, "_build", None)   # other seeds read the same cache, build nothing
+    val = np.array(d.val)
+    assert all(np.array_equal(load(seed=s, val_fraction=0.2).val, val) for s in (1, 2))
+    (cache,) = (tmp_path / "c").iterdir()
+    monkeypatch.undo()
+    write_docs(tmp_path / "elsewhere" / "corpus")   # the split: a function of the paths in the corpus
+    assert np.array_equal(load("elsewhere/corpus", val_fraction=0.2).val, val)
+    os.truncate(cache / "val.bin", 10)   # a truncated cache is rebuilt, not read
+    assert np.array_equal(load(val_fraction=0.2).val, val) and "truncated" in capsys.readouterr().err
+    (path, text), *_ = texts.items()
+    path.write_text(text.replace("document", "DOCUMENT"))   # as many bytes: the key must see the new mtime
+    os.utime(path, ns=(0, os.stat(path).st_mtime_ns + 10 ** 9))   # a coarse clock may not have ticked
+    assert text.replace("document", "DOCUMENT").encode() in split_docs(np.r_[load().train, load().val])
+    d = data.load_data("stdlib", cache_dir=str(tmp_path / "stdlib"))   # the Python standard library's sources
+    assert len(d.train) > 1_000_000 and len(d.val) > 10_000 and d.info["docs_train"] > 10 * d.info["docs_val"]
+
+
+def test_prepared_directory_loads_as_the_cache_and_is_never_overwritten(tmp_path, tok_json):
+    write_docs(tmp_path / "corpus")
+    corpus, prep = f"{tmp_path}/corpus", tmp_path / "prep"
+    prepare = [sys.executable, f"{ROOT}/data.py", "--data", corpus, "--tokenizer", tok_json, "--out"]
+    assert subprocess.run(prepare + [str(prep)]).returncode == 0 and len(os.listdir(prep)) == 3
+    cached = data.load_data(corpus, tok_json, cache_dir=str(tmp_path / "c"))
+    prepared, meta = data.load_data(str(prep), tok_json), json.loads((prep / "meta.json").read_text())
+    assert np.array_equal(prepared.train, cached.train) and np.array_equal(prepared.val, cached.val)
+    assert meta["tokenizer"] == cached.tokenizer.name and (meta["eot_token"], meta["docs_val"]) == (1, 1)
+    with pytest.raises(DataError, match="--tokenizer"):
+        data.load_data(str(prep), "bytes")
+    nanogpt = data.load_data(str(prep / "train.bin"), tok_json)   # as nanoGPT's .bin: val is its tail
+    assert np.array_equal(np.r_[nanogpt.train, nanogpt.val], cached.train) and nanogpt.vocab_size == 300
+    before = (prep / "train.bin").read_bytes()
+    r = subprocess.run(prepare + [f"{prep}/"], capture_output=True, text=True)   # not overwritten
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "exists" in r.stderr
+    assert (prep / "train.bin").read_bytes() == before
+
+
+def test_single_file_and_wide_vocabulary(tmp_path):
+    ((path, text),) = write_docs(tmp_path / "a", n=1).items()         # one document: split by tokens
+    one = data.load_data(str(path), val_fraction=0.25, cache_dir=str(tmp_path / "c"))
+    whole = np.concatenate([one.train, one.val])
+    assert whole.tolist() == [EOT] + list(text.encode()) and len(one.val) == round(0.25 * len(whole))
+    w = data.load_data(str(path), tokenizer=Wide(), cache_dir=str(tmp_path / "c"))   # the cache: uint32 ids
+    assert w.train.dtype == np.uint32 and w.train[0] == 69_999 and w.train[1:].min() >= 66_000
+
+
+def test_failed_cache_builds_leave_nothing_behind(tmp_path, monkeypatch):
+    write_docs(tmp_path / "corpus", n=4)
+    (tmp_path / "binary").mkdir()
+    (tmp_path / "binary" / "x.dat").write_bytes(b"\x80\x81")
+    with pytest.raises(DataError, match="UTF-8"):
+        data.load_data(str(tmp_path / "binary"), cache_dir=str(tmp_path / "c"))
+
+    class FullDisk(io.FileIO):
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(data, "open", lambda p, m="r", **k: FullDisk(p, "w") if "w" in m else open(p, m, **k),
+                        raising=False)
+    with pytest.raises(OSError, match="space"):
+        data.load_data(str(tmp_path / "corpus"), cache_dir=str(tmp_path / "c"))
+    assert os.listdir(tmp_path / "c") == []
