@@ -26,7 +26,7 @@ from tqdm import tqdm
 EOT = "<|endoftext|>"
 DEFAULT_CACHE_DIR = os.environ.get("LENGTHGEN_CACHE_DIR") or os.path.join(os.path.dirname(os.path.abspath(
     __file__)), "data_cache")  # gitignored
-CACHE_VERSION = 3  # bump when the cache layout or the document format changes
+CACHE_VERSION = 4  # bump when the cache layout or the document format changes
 PIECE_CHARS, BATCH_PIECES = 1 << 14, 256   # text per encoding, pieces per batch (on all cores): bound memory
 LINE_CUT = re.compile(r"\n(?=\S)(?<=\S\n)")   # a newline between non-spaces: byte-level BPEs split there
 codecs.register_error("nul", lambda e: ("\0", e.end))   # an invalid UTF-8 byte reads as NUL (binary files)
@@ -134,7 +134,7 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
     """data: "stdlib" (the standard library's .py files: offline text), "markov:k=8,..." (MARKOV_DEFAULTS,
     drawn with `seed`), a text file or a directory of them, a directory `python data.py` wrote, or a nanoGPT
     .bin (uint16, or meta.json's "dtype"). Text is tokenized once, into a cache keyed by the files and the
-    tokenizer (out: into that new directory), split by a hash of each file's path (one file: its tail)."""
+    tokenizer (out: into that new directory), split by document (one file: its tail)."""
     require(isinstance(data, str) and data and is_int(seed, 0) and isinstance(val_fraction, (int, float)) and
             0 <= val_fraction < 1, f"load_data: need a data name, seed >= 0 and val_fraction in [0, 1)")
     if data == "markov" or data.startswith("markov:"):
@@ -182,7 +182,7 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
         print(f"data: the cache {folder} is truncated or corrupt: rebuilding it", file=sys.stderr)
         shutil.rmtree(folder)
     try:
-        meta = meta or _build(folder, data, [f for f, *_ in stats], root, enc, val_fraction)
+        meta = meta or _build(folder, data, [f for f, *_ in stats], enc, val_fraction)
     except OSError:   # another process may have written the same cache meanwhile
         if not (meta := _whole(folder)):
             raise
@@ -396,14 +396,15 @@ def write_atomically(path, write):
         raise OSError(f"cannot write {path} ({why}): the previous one is intact") from None
 
 
-def _build(folder, label, files, root, enc, val_fraction):
-    """Text files -> folder/train.bin and val.bin, eot + the ids of each (val: a val_fraction of the files by
-    a hash of their path under root, the same on every machine; one file: its last tokens), meta.json last."""
+def _build(folder, label, files, enc, val_fraction):
+    """Text files (sorted) -> folder/train.bin and val.bin, eot + the ids of each (val: a val_fraction of the
+    files drawn with the fixed seed 0, the same split for every run; one file: its last tokens), meta.json."""
     texts = [f for f in files if os.path.getsize(f) and all("\0" not in p for p in _pieces(f))]   # UTF-8 text
     require(texts, f"{label!r}: no UTF-8 text documents ({len(files)} files skipped: binary, not UTF-8 or "
             "empty): pass text files")
-    n_val = min(len(texts) - 1, max(1, round(val_fraction * len(texts)))) if val_fraction else 0  # never all
-    val = set(sorted(texts, key=lambda f: hashlib.sha1(os.path.relpath(f, root).encode()).digest())[:n_val])
+    n_val = min(len(files) - 1, max(1, round(val_fraction * len(files)))) if val_fraction else 0  # never all
+    val = {files[i] for i in np.random.default_rng(0).permutation(len(files))[:n_val]} & set(texts)
+    n_val = len(val)
     dtype, sha1 = np.dtype(np.uint16 if enc.n_vocab <= 1 << 16 else np.uint32), hashlib.sha1()
     encode = getattr(enc, "encode_ordinary_batch", None) or (lambda texts: [*map(enc.encode_ordinary, texts)])
     cut = [*enc.encode_ordinary("a.\nb")] == [*enc.encode_ordinary("a.\n"), *enc.encode_ordinary("b")]

@@ -310,7 +310,7 @@ FLAGS = [
     ("eval-batches", int, 8, "validation batches per evaluation"),
     ("seed", int, 0, "seed of the model's init and the strategy's draws (noise, SP's resets)"),
     ("data-seed", int, None, "seed of the training batches (default: --seed; post-training: the parent's)"),
-    ("split-seed", int, 0, "seed of a Markov corpus (post-training: parent's); text splits by file path"),
+    ("split-seed", int, 0, "seed of a Markov corpus (post-training: parent's); text has one fixed split"),
     ("cache-dir", str, None, "text --data tokenized once, here (default: $LENGTHGEN_CACHE_DIR, data_cache)"),
     ("device", str, "auto", "auto (CUDA when present), cpu, cuda, cuda:1 ..."),
     ("stop-at", int, None, "stop after this step as if killed (to test --resume)"),

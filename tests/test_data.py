@@ -1,5 +1,5 @@
 """data.py's text corpora: tokenized in line-aligned pieces (exactly the ids of the whole file), split by a
-hash of each path, cached by files and tokenizer (one cache for every seed, verified, rebuilt when damaged),
+fixed seeded draw of the files, cached by files and tokenizer (one cache for every seed, verified, rebuilt when damaged),
 and `python data.py`'s directory (nanoGPT's train.bin, val.bin plus meta.json)."""
 import errno
 import io
@@ -52,23 +52,30 @@ def test_a_file_tokenized_in_pieces_gives_the_ids_of_the_whole(name, tok_json, t
     assert (lines == enc.encode_ordinary(TEXT)) == (name == "bytes")   # a cut after any newline: not the ids
 
 
-def test_one_cache_for_every_seed_split_by_path_and_rebuilt_when_damaged(tmp_path, monkeypatch, capsys):
-    texts = write_docs(tmp_path / "corpus")
-    (tmp_path / "corpus" / "blob.dat").write_bytes(b"\xff\xfe\x00binary")   # skipped: not UTF-8, as empty
-    (tmp_path / "corpus" / "empty.txt").write_text("")
-    (tmp_path / "corpus" / ".hidden").write_text("never read")
+def corpus(folder):   # write_docs plus files that are skipped or never read
+    texts = write_docs(folder)
+    (folder / "blob.dat").write_bytes(b"\xff\xfe\x00binary")   # skipped: not UTF-8, as empty
+    (folder / "empty.txt").write_text("")
+    (folder / ".hidden").write_text("never read")
+    return texts
+
+
+def test_one_cache_for_every_seed_split_by_document_and_rebuilt_when_damaged(tmp_path, monkeypatch, capsys):
+    texts = corpus(tmp_path / "corpus")
     load = lambda path="corpus", **kw: data.load_data(f"{tmp_path}/{path}", **kw, cache_dir=f"{tmp_path}/c")
     d = load(val_fraction=0.2)
     assert "2 files skipped" in capsys.readouterr().out and d.info["skipped_files"] == 2
     assert isinstance(d.train, np.memmap) and d.train.dtype == np.uint16 and d.train[0] == d.val[0] == EOT
     train, val = split_docs(d.train), split_docs(d.val)
-    assert train | val == {t.encode() for t in texts.values()} and not train & val and len(val) == 4
+    drawn = {sorted(tmp_path.glob("corpus/[!.]*"))[i] for i in np.random.default_rng(0).permutation(22)[:4]}
+    assert val == {texts[p].encode() for p in drawn if p in texts} and train | val == {
+        t.encode() for t in texts.values()} and not train & val and val   # 4 of the 22 files, skipped ones too
     monkeypatch.setattr(data, "_build", None)   # other seeds read the same cache, build nothing
     val = np.array(d.val)
     assert all(np.array_equal(load(seed=s, val_fraction=0.2).val, val) for s in (1, 2))
     (cache,) = (tmp_path / "c").iterdir()
     monkeypatch.undo()
-    write_docs(tmp_path / "elsewhere" / "corpus")   # the split: a function of the paths in the corpus
+    corpus(tmp_path / "elsewhere" / "corpus")   # the split: a function of the files in the corpus
     assert np.array_equal(load("elsewhere/corpus", val_fraction=0.2).val, val)
     os.truncate(cache / "val.bin", 10)   # a truncated cache is rebuilt, not read
     assert np.array_equal(load(val_fraction=0.2).val, val) and "truncated" in capsys.readouterr().err
