@@ -263,7 +263,8 @@ if __name__ == "__main__":
     import argparse
     p = argparse.ArgumentParser(description="Write CKPT (ours, official or a hub id) in the official layout")
     p.add_argument("--export", nargs=2, required=True, metavar=("CKPT", "OUT_DIR"))
+    ckpt, out = p.parse_args().export
     try:
-        export(from_pretrained(p.parse_args().export[0]), p.parse_args().export[1])
+        export(from_pretrained(ckpt), out)
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: {e}")
