@@ -482,14 +482,12 @@ def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): no
     require(2 <= k and max(docs) * k * k <= 1 << 27 and 0 < alpha < math.inf and 0 <= shared < math.inf and
             cfg["doc_len"] >= 2 and min(docs) >= 1, f"markov: need 2 <= k, docs x k x k <= 2**27 (1 GiB of "
             f"transitions), finite alpha > 0, shared >= 0, doc_len >= 2, docs, val_docs >= 1; got {spec!r}")
-
-    def draw(docs, split):   # -> the stream [eot d1 eot d2 ...]
-        tokens, _ = sample_markov(k, alpha, cfg["doc_len"], docs, seed, split, shared)
-        return np.concatenate([np.full((docs, 1), k), tokens], axis=1).reshape(-1).astype(np.uint16)
-
+    drawn = [sample_markov(k, alpha, cfg["doc_len"], n, seed, split, shared)[0] for n, split in
+             zip(docs, ("train", "val"))]   # [docs, doc_len] each -> the stream [eot d1 eot d2 ...]
+    train, val = [np.pad(d, [(0, 0), (1, 0)], constant_values=k).reshape(-1).astype(np.uint16) for d in drawn]
     name = "markov:" + ",".join(f"{key}={value}" for key, value in cfg.items() if key != "shared" or shared)
     floor = functools.partial(markov_bayes_nll, k=k, alpha=alpha, prior=markov_prior(k, alpha, shared, seed))
-    return Data(name, draw(cfg["docs"], "train"), draw(cfg["val_docs"], "val"), k + 1, k, None, floor, cfg)
+    return Data(name, train, val, k + 1, k, None, floor, cfg)
 
 
 def _windows(tokens, starts, length):   # tokens[s : s+length] for each start -> int64 [len(starts), length]
