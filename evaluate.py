@@ -93,19 +93,17 @@ def length_generalization_naive(ppl, t_train):
 
 
 def short_context_nll(lm, tokens, t_train, chunk_len=512, batch_size=8):
-    """Each target of tokens [n, L+1] read with a training-length context, (t_train / 2, t_train] tokens from
-    the zero state -> NLL [n, L] (NaN at t < t_train / 2): Definition 3.2's p* on the very tokens it is
-    compared with. The windows are cut into pieces of t_train at offsets 0 and t_train / 2, and one piece
-    ends the window: every target past t_train / 2 lies in the second half of one of them."""
+    """Each target of tokens [n, L+1] read after (t_train / 2, t_train] tokens from the zero state -> NLL
+    [n, L] (NaN at t < t_train / 2): Definition 3.2's p* on the very tokens it is compared with. Pieces of
+    t_train at offsets 0, t_train / 2 and L - t_train: every target past t_train / 2 is in a second half."""
     n, L = tokens.shape[0], tokens.shape[1] - 1
     out = torch.full((n, L), math.nan)
     for offset in (0, t_train // 2, L - t_train):
         k = (L - offset) // t_train  # whole pieces
         pieces = tokens[:, offset:offset + k * t_train + 1].unfold(1, t_train + 1, t_train)  # [n, k, T+1]
         nll = sequence_nll(lm, pieces.flatten(0, 1), chunk_len, batch_size * max(1, L // t_train))
-        t = torch.arange(offset, offset + k * t_train)
-        second_half = (t - offset) % t_train >= t_train // 2
-        out[:, t[second_half]] = nll.view(n, -1)[:, second_half]
+        second_half = torch.arange(k * t_train) % t_train >= t_train // 2
+        out[:, offset:offset + k * t_train][:, second_half] = nll.view(n, -1)[:, second_half]
     return out
 
 
@@ -125,12 +123,11 @@ def length_generalization(per_seq, lo, hi, t_train, ref=None, alpha=0.05, n_boot
     later = [j for j in range(K) if lo[j] >= t_train]
     require(window, f"no bucket lies within the training positions [{t_train // 2}, {t_train}): use edges "
                     f"that include both (log_edges(L, include=[{t_train // 2}, {t_train}]))")
-    if ref is None:
-        width = torch.tensor([hi[j] - lo[j] for j in window], dtype=torch.float64)
-        ref = (per_seq[:, window] @ width / width.sum())[:, None].expand(n, K)  # each sequence's p* window
+    width = torch.tensor(hi, dtype=torch.float64) - torch.tensor(lo)  # a bucket's mean weighs its positions
+    if ref is None:  # each sequence's NLL over p*'s window
+        ref = (per_seq[:, window] @ width[window] / width[window].sum())[:, None].expand(n, K)
     ref, pooled = torch.as_tensor(ref, dtype=torch.float64), window + later
-    width = torch.tensor([hi[j] - lo[j] for j in pooled], dtype=torch.float64)
-    p_star = float((ref[:, pooled] @ width / width.sum()).mean().exp())
+    p_star = float((ref[:, pooled] @ width[pooled] / width[pooled].sum()).mean().exp())
     out = dict(t_train=t_train, n_seqs=n, p_star=p_star, t_star=lo[window[0]])
     if not torch.isfinite(per_seq[:, pooled]).all() or not torch.isfinite(ref[:, pooled]).all():
         return dict(out, generalizes_to=None, ratio=None, censored=None, warning="NLL not finite: no verdict")
@@ -178,15 +175,12 @@ def effective_remembrance(lm, tokens, T, cuts, distance="tv", batch_size=2, chun
     out = torch.zeros(len(tokens), len(cuts), dtype=torch.float64)
     for r in tqdm(range(0, len(tokens), batch_size), desc="effrem", disable=not progress):
         x = tokens[r:r + batch_size, :T].to(_device(lm))
-        state, active = None, 0  # rows [k * len(x), (k + 1) * len(x)) hold the suffix from starts[k]
         for a, b in zip(stops[:-1], stops[1:]):
-            while active < len(starts) and starts[active] == a:  # a suffix starts here, from zero
-                zero = lm.zero_state(len(x), x.device)
-                state = zero if state is None else [{k: torch.cat([s[k], z[k]]) for k in s}
-                                                    for s, z in zip(state, zero)]
-                active += 1
-            logits, state = lm(x[:, a:b].repeat(active, 1), state, last_only=True)
-        p = _last_probs(logits).view(len(starts), len(x), -1)
+            if a in starts:  # the suffix from a joins the batch, from a zero state
+                z0 = lm.zero_state(len(x), x.device)
+                state = z0 if a == 0 else [{k: torch.cat([s[k], z[k]]) for k in s} for s, z in zip(state, z0)]
+            logits, state = lm(x[:, a:b].repeat(sum(t <= a for t in starts), 1), state, last_only=True)
+        p = _last_probs(logits).view(len(starts), len(x), -1)  # p[k]: the suffix from starts[k]
         for j, t in enumerate(cuts.tolist()):
             out[r:r + len(x), j] = DISTANCES[distance](p[0], p[starts.index(t)]).clamp(0, 1).cpu()
     return out.mean(0) if reduce else out
@@ -212,16 +206,15 @@ def state_statistics(lm, tokens, positions=None, chunk_len=512, batch_size=8, t_
     assert 0 <= positions.min() and positions.max() < tokens.shape[1], "positions must lie in [0, T - 1]"
     ends = (positions + 1).tolist()
     stops = sorted(set(ends) | set(range(chunk_len, ends[-1], chunk_len)))
-    sums = None  # [count, sum, sum of squares] per position, layer and head
+    acc = {}  # context length -> [count, sum, sum of squares] per layer and head
     for r in tqdm(range(0, len(tokens), batch_size), desc="state", disable=not progress):
         x, state = tokens[r:r + batch_size].to(_device(lm)), None
         for a, b in zip([0] + stops[:-1], stops):
             _, state = lm(x[:, a:b], state, last_only=True)
             if b in ends:
                 h = torch.stack([s["h"] for s in state]).transpose(1, 2).flatten(2).double().cpu()
-                sums = torch.zeros(3, len(ends), *h.shape[:2], dtype=torch.float64) if sums is None else sums
-                sums[:, ends.index(b)] += torch.stack([h[..., 0] * 0 + h.shape[2], h.sum(2), h.pow(2).sum(2)])
-    cnt, s, sq = sums.transpose(1, 2)  # [layers, P, heads]
+                acc[b] = acc.get(b, 0) + torch.stack([h[..., 0] * 0 + h.shape[2], h.sum(2), h.pow(2).sum(2)])
+    cnt, s, sq = torch.stack([acc[b] for b in ends], 1).transpose(1, 2)  # [layers, P, heads]
     std = ((sq - s * s / cnt) / (cnt - 1).clamp_min(1)).clamp_min(0).sqrt()
     out = dict(positions=positions, std=list(std), rms=list((sq / cnt).sqrt()))
     if t_train is not None:
@@ -258,11 +251,10 @@ def _curves(m):
         e = m["effrem"]
         out["effrem"] = [(e["cuts"], e["mean"], e["sem"], f"{label} (T={e['T']})", t and e["T"] - t)]
     if "state" in m:  # per layer the head that drifts most, its coverage in the legend
-        st, out["state"] = m["state"], []
-        for layer, std in enumerate(np.array(st["std"], dtype=float)):
-            cov = np.nan_to_num(np.array(st["coverage"][layer], dtype=float), nan=-1)
-            h, legend = int(cov.argmax()), f"{label} L{layer} h{int(cov.argmax())} cov {cov.max():.3g}"
-            out["state"].append((np.array(st["positions"]) + 1, std[:, h], None, legend, t))
+        st, x = m["state"], np.array(m["state"]["positions"]) + 1
+        cov = np.nan_to_num(np.array(st["coverage"], dtype=float), nan=-1)  # [layers, heads]
+        out["state"] = [(x, std[:, h], None, f"{label} L{i} h{h} cov {cov[i, h]:.3g}", t)
+                        for i, (std, h) in enumerate(zip(np.array(st["std"], dtype=float), cov.argmax(1)))]
     for key, y, sem in [("passkey", "exact_mean", None), ("copy", "char_mean", "char_sem"),
                         ("babilong", "mean", None)]:
         if key in m:
@@ -314,10 +306,8 @@ def show(report, out):
             for color, m in zip(colors, report["models"] if name == "ppl" else []):  # Definition 3.2's p*
                 if m["verdict"]["p_star"] is not None:
                     ax.axhline(m["verdict"]["p_star"], color=color, ls="--", lw=0.8)
-            if name == "ppl" and "optimal" in report:
-                b = report["optimal"]
-                ax.plot([math.sqrt((lo + 1) * hi) for lo, hi in zip(b["lo"], b["hi"])], b["ppl"], "k--", lw=1,
-                        label="Bayes-optimal")
+            if name == "ppl" and "optimal" in report:  # the models' buckets: x of the first curve
+                ax.plot(panels[name][0][1], report["optimal"]["ppl"], "k--", lw=1, label="Bayes-optimal")
             ax.legend(fontsize=8)
     pk = [m for m in report["models"] if "passkey" in m]
     if pk:  # the paper's Fig. 7: total length x insertion depth, exact match as colour
@@ -487,10 +477,9 @@ def measure(lm, t_train, args, **out):
         out["per_seq"] = per_seq = buckets.pop("per_seq")
         out["ppl"] = dict(nll=nll.mean(0), nll_sem=_sem(nll), buckets=buckets)
         short = short_context_nll(lm, args.windows, t_train, **{k: kw[k] for k in kw if k != "progress"})
-        edges = list(zip(buckets["lo"], buckets["hi"]))
-        ref = torch.stack([short[:, lo:hi].nanmean(1) for lo, hi in edges], 1)  # same tokens, T_train context
-        out["verdict"] = length_generalization(per_seq, buckets["lo"], buckets["hi"], t_train, ref,
-                                               seed=args.seed)
+        lo, hi = buckets["lo"], buckets["hi"]
+        ref = torch.stack([short[:, a:b].nanmean(1) for a, b in zip(lo, hi)], 1)  # at a T_train context
+        out["verdict"] = length_generalization(per_seq, lo, hi, t_train, ref, seed=args.seed)
         if args.optimal is not None:  # the same windows: a paired difference per sequence
             out["gap"] = _summary(per_seq - args.optimal["per_seq"])
     if "effrem" in args.metrics:
