@@ -387,7 +387,7 @@ def run(args):
         require(os.path.exists(data.hub_path(p)), f"no checkpoint at {p}: check the path (OUT/ckpt.pt)")
     cfgs = [model.train_config(p) for p in args.ckpts]  # a corrupt checkpoint is reported as corrupt
     args.metrics, known = args.metrics.split(","), LM_METRICS + TASK_METRICS
-    lm_metrics = bool(set(args.metrics) & set(LM_METRICS))
+    lm_metrics, task_metrics = (bool(set(args.metrics) & set(m)) for m in (LM_METRICS, TASK_METRICS))
     require(set(args.metrics) <= set(known), f"unknown metric in --metrics {','.join(args.metrics)}: "
                                              f"use a subset of {','.join(known)}")
     require(args.device != "cuda" or torch.cuda.is_available(), "no CUDA device: use --device cpu")
@@ -409,7 +409,7 @@ def run(args):
     enc = data.get_tokenizer(args.tokenizer)
     require(ids <= {enc.name}, f"--tokenizer {args.tokenizer} ({enc.name}) does not match the checkpoints' "
                                f"{''.join(ids)}: pass the tokenizer.json they were trained with")
-    _ = set(args.metrics) & set(TASK_METRICS) and tasks.task_tokenizer(args.tokenizer)  # it spells the tasks
+    _ = task_metrics and tasks.task_tokenizer(args.tokenizer)  # it spells the tasks
     _ = "passkey" in args.metrics and tasks.passkey_sample(args.tokenizer, min(args.passkey_lengths))  # fits
     seeds = {c.get("split_seed", c.get("seed")) for c in cfgs if str(c.get("data"))[:6] == "markov"} - {None}
     require(len(seeds) <= 1, f"the checkpoints were trained with --split-seed {sorted(seeds)}, drawing their "
@@ -448,8 +448,7 @@ def run(args):
         for t in args.babi_tasks:  # a story of each task fits the shortest length: said before any metric
             tasks.babi_mixture(args.tokenizer, min(args.babi_lengths), [args.seed], (t,), args.filler)
         report.update(babi_tasks=args.babi_tasks, babi_filler=f"{corpus.name} (val split)")
-    vocab = max([int(args.windows.max()) + 1 if lm_metrics else 0]
-                + [data.get_tokenizer(args.tokenizer).n_vocab] * bool(set(args.metrics) & set(TASK_METRICS)))
+    vocab = max(int(args.windows.max()) + 1 if lm_metrics else 0, enc.n_vocab if task_metrics else 0)
     for path, label, t_train in zip(args.ckpts, args.labels, t_trains):
         lm = model.from_pretrained(path, device=args.device)
         require(vocab <= lm.cfg.vocab_size <= 2 * enc.n_vocab, f"{path}: the data / tokenizer has {vocab} "
