@@ -109,12 +109,11 @@ def short_context_nll(lm, tokens, t_train, chunk_len=512, batch_size=8):
 
 def length_generalization(per_seq, lo, hi, t_train, ref=None, alpha=0.05, n_boot=2000, seed=0):
     """Definition 3.2 on bucketed per-sequence NLLs per_seq [n, K] (bucketize's); ref [n, K]: the same
-    buckets read at a training-length context (short_context_nll, bucketed), or None.
+    buckets read at a training-length context (short_context_nll, bucketed), or None (p*'s window's NLL).
     1. p*: the PPL at contexts in [t_train / 2, t_train) (t* = t_train / 2), with ref over every target past
        t_train / 2, without over the buckets inside [t_train / 2, t_train) (a minimum is biased low).
-    2. A bucket past t_train exceeds p* when the mean over sequences of each one's paired difference (its NLL
-       - ref, or its NLL over p*'s window) is > 0 at the alpha / m quantile of n_boot seeded bootstrap
-       resamples, m = the buckets past t_train (Bonferroni).
+    2. A bucket past t_train exceeds p* when the mean over sequences of the paired difference NLL - ref is
+       > 0 at the alpha / m quantile of n_boot seeded bootstrap means, m = buckets past t_train (Bonferroni).
     3. generalizes_to = hi of the last bucket before the first that exceeds p* (t_train if the first does;
        censored: none does). With fewer than MIN_SEQS sequences the result carries a warning."""
     per_seq, lo, hi = torch.as_tensor(per_seq, dtype=torch.float64), list(lo), list(hi)
@@ -124,20 +123,18 @@ def length_generalization(per_seq, lo, hi, t_train, ref=None, alpha=0.05, n_boot
     require(window, f"no bucket lies within the training positions [{t_train // 2}, {t_train}): use edges "
                     f"that include both (log_edges(L, include=[{t_train // 2}, {t_train}]))")
     width = torch.tensor(hi, dtype=torch.float64) - torch.tensor(lo)  # a bucket's mean weighs its positions
-    if ref is None:  # each sequence's NLL over p*'s window
+    if ref is None:  # each sequence's NLL over p*'s window, for every bucket
         ref = (per_seq[:, window] @ width[window] / width[window].sum())[:, None].expand(n, K)
     ref, pooled = torch.as_tensor(ref, dtype=torch.float64), window + later
     p_star = float((ref[:, pooled] @ width[pooled] / width[pooled].sum()).mean().exp())
     out = dict(t_train=t_train, n_seqs=n, p_star=p_star, t_star=lo[window[0]])
     if not torch.isfinite(per_seq[:, pooled]).all() or not torch.isfinite(ref[:, pooled]).all():
         return dict(out, generalizes_to=None, ratio=None, censored=None, warning="NLL not finite: no verdict")
-    first = len(later)  # index into `later` of the first bucket that exceeds p*
-    if later:
-        d = per_seq[:, later] - ref[:, later]  # [n, m]
-        idx = torch.randint(n, (n_boot, n), generator=torch.Generator().manual_seed(seed))
-        counts = torch.zeros(n_boot, n).scatter_add_(1, idx, torch.ones(n_boot, n)).double()
-        exceeds = (torch.quantile(counts @ d / n, alpha / len(later), dim=0) > 0).tolist() + [True]
-        first = exceeds.index(True)
+    d = per_seq[:, later] - ref[:, later]  # [n, m]
+    idx = torch.randint(n, (n_boot, n), generator=torch.Generator().manual_seed(seed))
+    counts = torch.zeros(n_boot, n).scatter_add_(1, idx, torch.ones(n_boot, n)).double()
+    lower = torch.quantile(counts @ d / n, alpha / len(later), dim=0) if later else torch.zeros(0)
+    first = ((lower > 0).tolist() + [True]).index(True)  # into `later`: the first bucket that exceeds p*
     T = hi[later[first - 1]] if first else t_train
     out.update(generalizes_to=T, ratio=T / t_train, censored=first == len(later))
     if n < MIN_SEQS:
