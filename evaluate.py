@@ -240,8 +240,7 @@ def _curves(m):
         out["ppl"] = [(x, b["ppl"], b["ppl_sem"], f"{label} (T={m['verdict']['generalizes_to']})", t)]
         # gap: a failure perplexity can hide (the Bayes predictor keeps learning); diff: paired to --reference
         out.update({k: [(x, m[k]["nll"], m[k]["nll_sem"], label, t)] for k in ("gap", "diff") if k in m})
-    if "effrem" in m:
-        e = m["effrem"]
+    if e := m.get("effrem"):
         out["effrem"] = [(e["cuts"], e["mean"], e["sem"], f"{label} (T={e['T']})", t and e["T"] - t)]
     if "state" in m:  # per layer the head that drifts most, its coverage in the legend
         st, x = m["state"], np.array(m["state"]["positions"]) + 1
@@ -259,11 +258,10 @@ def show(report, out):
     """Per model the verdict; each curve printed (8 columns, models together) and drawn in its PANELS PNG."""
     for m in report["models"]:
         print(f"[{m['label']}] {m['arch']}, {m['params']:,} params, t_train {m['t_train']}")
-        v = m.get("verdict")
-        if v and v["ratio"] is not None:
+        if (v := m.get("verdict", {})).get("ratio") is not None:
             print(f"  verdict (Def. 3.2): p* = {v['p_star']:.4g} at t* = {v['t_star']}, generalizes to T = "
                   f"{v['generalizes_to']}{'+' * v['censored']} ({v['ratio']:.1f}x t_train)")
-        if v and "warning" in v:
+        if "warning" in v:
             print(f"warning: {m['label']}: {v['warning']}", file=sys.stderr)
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     panels = {name: [(colors[i % len(colors)], *c) for i, m in enumerate(report["models"])
@@ -395,8 +393,7 @@ def run(args):
         require(not args.effrem_len or 1 < args.effrem_len <= args.eval_len, f"--effrem-len "
                 f"{args.effrem_len} must lie in [2, --eval-len {args.eval_len}]: lower it or raise that")
     ids = {c["tokenizer_id"] for c in cfgs if c.get("tokenizer_id")}   # the runs' tokenizers (train.py)
-    require(len(ids) <= 1, f"the checkpoints were trained with different tokenizers {sorted(ids)}: evaluate "
-                           "them separately")
+    require(len(ids) <= 1, f"checkpoints of different tokenizers {sorted(ids)}: evaluate them separately")
     args.tokenizer = _agree(args, cfgs, "tokenizer", required=False) or "bytes"
     enc = data.get_tokenizer(args.tokenizer)
     require(ids <= {enc.name}, f"--tokenizer {args.tokenizer} ({enc.name}) does not match the checkpoints' "
