@@ -153,8 +153,9 @@ def effective_remembrance_naive(lm, tokens, T, cuts):
     """The definition, one forward per cut: mean over rows of TV(q(.|x[0:T]), q(.|x[t:T])) for each t."""
     tokens, cuts = _require_eval_inputs(tokens, T=T, cuts=cuts)
     x = tokens[:, :T].to(_device(lm))
-    p = _last_probs(lm(x)[0])
-    return torch.stack([tv(p, _last_probs(lm(x[:, t:])[0])).clamp(0, 1).mean() for t in cuts.tolist()]).cpu()
+    p = lm(x)[0][:, -1].double().softmax(-1)  # the next-token distribution after x[0:T], in float64
+    return torch.stack([tv(p, lm(x[:, t:])[0][:, -1].double().softmax(-1)).clamp(0, 1).mean()
+                        for t in cuts.tolist()]).cpu()
 
 
 @torch.inference_mode()
@@ -173,7 +174,7 @@ def effective_remembrance(lm, tokens, T, cuts, batch_size=2, chunk_len=256, redu
                 z0 = lm.zero_state(len(x), x.device)
                 state = z0 if a == 0 else [{k: torch.cat([s[k], z[k]]) for k in s} for s, z in zip(state, z0)]
             logits, state = lm(x[:, a:b].repeat(sum(t <= a for t in starts), 1), state, last_only=True)
-        p = _last_probs(logits).view(len(starts), len(x), -1)  # p[k]: the suffix from starts[k]
+        p = logits[:, -1].double().softmax(-1).view(len(starts), len(x), -1)  # p[k]: from starts[k] on
         for j, t in enumerate(cuts.tolist()):
             out[r:r + len(x), j] = tv(p[0], p[starts.index(t)]).clamp(0, 1).cpu()
     return out.mean(0) if reduce else out
@@ -238,7 +239,6 @@ def _curves(m):
         b = m["ppl"]["buckets"]
         x = [math.sqrt((lo + 1) * hi) for lo, hi in zip(b["lo"], b["hi"])]  # a bucket's geometric middle
         out["ppl"] = [(x, b["ppl"], b["ppl_sem"], f"{label} (T={m['verdict']['generalizes_to']})", t)]
-        # gap: a failure perplexity can hide (the Bayes predictor keeps learning); diff: paired to --reference
         out.update({k: [(x, m[k]["nll"], m[k]["nll_sem"], label, t)] for k in ("gap", "diff") if k in m})
     if e := m.get("effrem"):
         out["effrem"] = [(e["cuts"], e["mean"], e["sem"], f"{label} (T={e['T']})", t and e["T"] - t)]
@@ -468,7 +468,7 @@ def measure(lm, t_train, args, **out):
         lo, hi = buckets["lo"], buckets["hi"]
         ref = torch.stack([short[:, a:b].nanmean(1) for a, b in zip(lo, hi)], 1)  # at a T_train context
         out["verdict"] = length_generalization(per_seq, lo, hi, t_train, ref, seed=args.seed)
-        if args.optimal is not None:  # the same windows: a paired difference per sequence
+        if args.optimal is not None:  # paired per sequence; a failing PPL can hide (the floor keeps falling)
             out["gap"] = _summary(per_seq - args.optimal["per_seq"])
     if "effrem" in args.metrics:
         T = args.effrem_len or args.eval_len  # where a failing model fails (the paper's T: 4 T_train)
@@ -510,10 +510,6 @@ def _require_eval_inputs(tokens, min_len=1, T=None, cuts=None):
 
 def _device(lm):  # a model without parameters: the CPU
     return next(lm.parameters(), torch.empty(0)).device
-
-
-def _last_probs(logits):
-    return logits[:, -1].double().softmax(-1)
 
 
 if __name__ == "__main__":
