@@ -142,28 +142,32 @@ def length_generalization(per_seq, lo, hi, t_train, ref=None, alpha=0.05, n_boot
     return out
 
 
-# ==== 3. Effective Remembrance: EffRem_T(t) = TV( q(.|x[0:T]), q(.|x[t:T]) ) ====
-def tv(p, q):
-    """Total variation (the paper's d) of next-token distributions [..., V]: 0 exactly at p == q, <= 1."""
-    return 0.5 * (p - q).abs().sum(-1)
+# ==== 3. Effective Remembrance: EffRem_T(t) = d( q(.|x[0:T]), q(.|x[t:T]) ) ====
+# d between next-token distributions [..., V]: 0 exactly when p == q, at most 1 (clamped where used).
+DISTANCES = {
+    "tv": lambda p, q: 0.5 * (p - q).abs().sum(-1),
+    "js": lambda p, q: (torch.xlogy(p, p) + torch.xlogy(q, q)  # Jensen-Shannon in bits: [0, 1] like TV
+                        - torch.xlogy(p + q, (p + q) / 2)).sum(-1) / (2 * math.log(2)),
+    "cos": lambda p, q: 0.5 * (F.normalize(p, dim=-1) - F.normalize(q, dim=-1)).pow(2).sum(-1)}  # 1 - cos
 
 
 @torch.inference_mode()
-def effective_remembrance_naive(lm, tokens, T, cuts):
-    """The definition, one forward per cut: mean over rows of TV(q(.|x[0:T]), q(.|x[t:T])) for each t."""
-    tokens, cuts = _require_eval_inputs(tokens, T=T, cuts=cuts)
+def effective_remembrance_naive(lm, tokens, T, cuts, distance="tv"):
+    """The definition, one forward per cut: mean over rows of d(q(.|x[0:T]), q(.|x[t:T])) for each t."""
+    tokens, cuts = _require_eval_inputs(tokens, T=T, cuts=cuts, distance=distance)
     x = tokens[:, :T].to(_device(lm))
-    p = lm(x)[0][:, -1].double().softmax(-1)  # the next-token distribution after x[0:T], in float64
-    return torch.stack([tv(p, lm(x[:, t:])[0][:, -1].double().softmax(-1)).clamp(0, 1).mean()
+    p, d = lm(x)[0][:, -1].double().softmax(-1), DISTANCES[distance]  # float64 next-token distributions
+    return torch.stack([d(p, lm(x[:, t:])[0][:, -1].double().softmax(-1)).clamp(0, 1).mean()
                         for t in cuts.tolist()]).cpu()
 
 
 @torch.inference_mode()
-def effective_remembrance(lm, tokens, T, cuts, batch_size=2, chunk_len=256, reduce=True, progress=False):
+def effective_remembrance(lm, tokens, T, cuts, distance="tv", batch_size=2, chunk_len=256, reduce=True,
+                          progress=False):
     """EffRem_T(t) for every cut in one pass, [len(cuts)] (reduce=False: [n, len(cuts)]). Running on x[t:T] is
     the full run with the state zeroed at t: at each cut the rows of that suffix join the batch with a zero
     state (every key), the work of one forward per cut in far fewer calls. EffRem_T(0) = 0 exactly."""
-    tokens, cuts = _require_eval_inputs(tokens, T=T, cuts=cuts)
+    tokens, cuts = _require_eval_inputs(tokens, T=T, cuts=cuts, distance=distance)
     starts = sorted(set(cuts.tolist()) | {0})  # rows for t = 0 are the reference
     stops = sorted(set(starts[1:]) | set(range(0, T, chunk_len)) | {T})
     out = torch.zeros(len(tokens), len(cuts), dtype=torch.float64)
@@ -176,7 +180,7 @@ def effective_remembrance(lm, tokens, T, cuts, batch_size=2, chunk_len=256, redu
             logits, state = lm(x[:, a:b].repeat(sum(t <= a for t in starts), 1), state, last_only=True)
         p = logits[:, -1].double().softmax(-1).view(len(starts), len(x), -1)  # p[k]: from starts[k] on
         for j, t in enumerate(cuts.tolist()):
-            out[r:r + len(x), j] = tv(p[0], p[starts.index(t)]).clamp(0, 1).cpu()
+            out[r:r + len(x), j] = DISTANCES[distance](p[0], p[starts.index(t)]).clamp(0, 1).cpu()
     return out.mean(0) if reduce else out
 
 
@@ -334,6 +338,7 @@ def main(argv=None):
     a("--cache-dir", help="where text --data is tokenized once (default $LENGTHGEN_CACHE_DIR, data_cache/)")
     a("--effrem-len", type=positive, help="T of EffRem_T(t) (default: --eval-len; the paper's: 4 x t_train)")
     a("--effrem-cuts", type=positive, default=32, help="number of cut points t of EffRem_T")
+    a("--distance", default="tv", choices=sorted(DISTANCES), help="EffRem's distance (tv: the paper's)")
     a("--chunk-len", type=positive, help="tokens per model call while streaming: bounds memory, not results")
     a("--batch-size", type=positive, help="sequences per model call (EffRem: each brings one row per cut)")
     a("--seed", type=lambda t: _ints(t, True, 0), default=0, help="seed of the windows, samples, bootstrap")
@@ -473,8 +478,8 @@ def measure(lm, t_train, args, **out):
     if "effrem" in args.metrics:
         T = args.effrem_len or args.eval_len  # where a failing model fails (the paper's T: 4 T_train)
         cuts = default_cuts(T, args.effrem_cuts)
-        rows = effective_remembrance(lm, args.windows, T, cuts, reduce=False, **kw)
-        out["effrem"] = dict(T=T, distance="tv", cuts=cuts, mean=rows.mean(0), sem=_sem(rows))
+        rows = effective_remembrance(lm, args.windows, T, cuts, args.distance, reduce=False, **kw)
+        out["effrem"] = dict(T=T, distance=args.distance, cuts=cuts, mean=rows.mean(0), sem=_sem(rows))
     if "state" in args.metrics:
         positions = np.array(log_edges(args.eval_len, include=[t_train])[1:]) - 1
         out["state"] = state_statistics(lm, args.windows, positions, t_train=t_train, **kw)
@@ -498,11 +503,12 @@ def _agree(args, cfgs, key, required=True):
     return getattr(args, key) if getattr(args, key) is not None else next(iter(values), None)
 
 
-def _require_eval_inputs(tokens, min_len=1, T=None, cuts=None):
-    """The metrics' input check: integer tokens [n, >= min_len]; for EffRem also T and the cuts."""
+def _require_eval_inputs(tokens, min_len=1, T=None, cuts=None, distance="tv"):
+    """The metrics' input check: integer tokens [n, >= min_len]; for EffRem also T, the cuts and distance."""
     tokens, cuts = torch.as_tensor(tokens), None if cuts is None else torch.as_tensor(cuts).long().flatten()
     require(tokens.dim() == 2 and tokens.shape[1] >= min_len and not tokens.dtype.is_floating_point,
             f"tokens must be integer ids of shape [n, T >= {min_len}], got {list(tokens.shape)}")
+    require(distance in DISTANCES, f"unknown distance {distance!r}: choose one of {sorted(DISTANCES)}")
     require(T is None or 1 <= T <= tokens.shape[1] and len(cuts) and 0 <= cuts.min() and cuts.max() < T,
             f"effective_remembrance: need T = {T} in [1, {tokens.shape[1]}], cuts in [0, T-1]")
     return tokens.long(), cuts

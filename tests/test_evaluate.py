@@ -155,25 +155,28 @@ def test_verdict_on_real_checkpoints_detects_a_rise_and_not_a_flat_curve(tmp_pat
     assert tbtt["censored"] and tbtt["generalizes_to"] == 1024
 
 
-def test_distance_of_known_distributions_and_the_default_cuts():
+def test_distances_of_known_distributions_and_the_default_cuts():
     p, q = torch.tensor([0.9, 0.1]), torch.tensor([0.6, 0.4])
-    one, other = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
-    assert ev.tv(p, q).item() == pytest.approx(0.3) and ev.tv(one, other).item() == 1.0
-    assert ev.tv(p, p).item() == 0.0
+    one, other, half = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]), torch.tensor([0.5, 0.5])
+    for name, a, b, want in [("tv", p, q, 0.3), ("js", one, other, 1.0), ("cos", one, other, 1.0),
+                             ("js", half, one, 0.75 * math.log2(4 / 3)), ("cos", half, one, 1 - 0.5 ** 0.5)]:
+        assert ev.DISTANCES[name](a, b).item() == pytest.approx(want), name
+    assert all(d(p, p).item() == 0.0 for d in ev.DISTANCES.values())
     c = ev.default_cuts(256, 32)   # the cuts Effective Remembrance is measured at by default
     assert c[0] == 0 and c.max() == 255 and (c.diff() > 0).all() and 20 <= len(c) <= 32
     assert {1, 2, 254}.issubset(set(c.tolist()))
 
 
-def test_effrem_in_one_pass_equals_one_forward_per_cut():
+@pytest.mark.parametrize("distance", ["tv", "js", "cos"])
+def test_effrem_in_one_pass_equals_one_forward_per_cut(distance):
     lm, x = ToyLM(), tokens(7, 40)
     T, cuts = 32, [0, 31, 1, 5, 5, 16, 30, 2]                 # unsorted, repeated, both ends
-    want = ev.effective_remembrance_naive(lm, x, T, cuts).double()
-    torch.testing.assert_close(ev.effective_remembrance(lm, x, T, cuts), want, atol=1e-6, rtol=1e-5)
-    rows = ev.effective_remembrance(lm, x, T, cuts, batch_size=3, chunk_len=4, reduce=False)
+    want = ev.effective_remembrance_naive(lm, x, T, cuts, distance).double()
+    torch.testing.assert_close(ev.effective_remembrance(lm, x, T, cuts, distance), want, atol=1e-6, rtol=1e-5)
+    rows = ev.effective_remembrance(lm, x, T, cuts, distance, batch_size=3, chunk_len=4, reduce=False)
     torch.testing.assert_close(rows.mean(0), want, atol=1e-6, rtol=1e-5)
     assert (rows[:, 0] == 0).all() and ((rows >= 0) & (rows <= 1)).all() and (rows[:, 1:].mean(0) > 0).all()
-    without_zero = ev.effective_remembrance(lm, x, T, [5, 16])  # adds the t = 0 reference
+    without_zero = ev.effective_remembrance(lm, x, T, [5, 16], distance)  # adds the t = 0 reference
     torch.testing.assert_close(without_zero, want[[3, 5]], atol=1e-6, rtol=1e-5)
 
 
@@ -204,6 +207,7 @@ def cli(capsys, *argv):
 X = tokens(2, 10)
 BAD_CALLS = [(lambda: ev.position_nll(ToyLM(), X[0]), "shape"),
              (lambda: ev.effective_remembrance(ToyLM(), X, 8, [0, 8]), "cuts"),
+             (lambda: ev.effective_remembrance(ToyLM(), X, 8, [0], distance="kl"), "unknown distance"),
              (lambda: ev.effective_remembrance(ToyLM(), X, 11, [0]), "T = 11"),
              (lambda: ev.bucketize(torch.zeros(2, 9), [0, 4, 8]), "edges")]
 BAD_ARGV = [("NOPE", "no checkpoint"), ("BAD", "corrupt"), ("CK CK --labels one", "--labels"),
