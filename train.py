@@ -310,8 +310,7 @@ FLAGS = [
     ("seeds", str, None, "--demo: training seeds, e.g. 0-7 or 0,5: a demo each, then the summary over seeds"),
 ]
 DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
-# A resumed run takes its configuration from the checkpoint. These flags describe one invocation, not
-# the run; these may change on resume (the schedule's length, and the remedies for a divergence).
+# Not resumed: flags of one invocation, not of the run. May change on resume: the length, divergence remedies.
 PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo", "seeds", "cache_dir")
 MAY_CHANGE = ("steps", "ckpt_interval", "eval_interval", "lr", "grad_clip")
 
@@ -431,10 +430,9 @@ def exit_on_bad_flags(args):
 def lr_at(step, args):
     """Linear warm-up over the first `warmup` fraction of steps, then cosine decay to min_lr."""
     warm = int(args.warmup * args.steps)
-    if step < warm:
-        return args.lr * (step + 1) / warm
     progress = (step - warm) / max(1, args.steps - warm)
-    return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+    return args.lr * (step + 1) / warm if step < warm else \
+        args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def make_optimizer(lm, lr, weight_decay, device):
@@ -449,8 +447,7 @@ def make_optimizer(lm, lr, weight_decay, device):
 
 
 def read_on(sampler, parent, rank):
-    """Post-training reads on where the parent's sampler of its kind and seed stopped (the paper post-trains
-    on new data): RandomWindows at its step, DocumentStreams at its next document; else its own stream."""
+    """Post-training reads on where the parent's sampler (same kind, seed) stopped: new data, as the paper."""
     path = os.path.join(parent, "ckpt.pt") if os.path.isdir(parent) else parent
     states = model.read_checkpoint(path, "cpu").get("sampler", []) if os.path.isfile(path) else []
     state = dict(states[rank]) if rank < len(states) else {}
@@ -481,10 +478,9 @@ def evaluate_loss(lm, sampler, n_batches, device, autocast):
     return total / count
 
 
-def diverged(args, step, what, saved_step):
-    last = (f"the last checkpoint, {args.out}/ckpt.pt (step {saved_step}), is intact: continue it with "
-            "--resume and a lower --lr" if saved_step else
-            "no checkpoint was saved: start again with a lower --lr")
+def diverged(args, step, what, saved):
+    last = (f"the last checkpoint, {args.out}/ckpt.pt (step {saved}), is intact: continue it with --resume "
+            "and a lower --lr" if saved else "no checkpoint was saved: start again with a lower --lr")
     sys.exit(f"error: training diverged at step {step} ({what} not finite); stopped without saving: {last}")
 
 
