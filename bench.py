@@ -142,9 +142,8 @@ def bench_train(args, device, vocab_size=50280):
     return rows
 
 
-# One measurement in a fresh process (argv: data.py's folder, what, corpus, tokenizer, cache): tokens,
-# seconds, peak RSS (kB) of building the cache with that data.py (any version's load_data), or of tokenizers'
-# own encode_batch_fast on the same files in pieces of 16 kB lines, 256 a call (as data.py), same threads
+# A fresh process measures (argv: data.py's folder, what, corpus, tokenizer, cache) tokens, seconds, peak
+# RSS (kB) of that data.py's cache build, or of encode_batch_fast on 16 kB of lines, 256 a call (as data.py)
 DATA_CHILD = """import glob, itertools, re, sys, time
 sys.path.insert(0, sys.argv[1])
 import data, tokenizers
@@ -164,7 +163,7 @@ print(n, time.perf_counter() - t, re.search(r"VmHWM:\\s*(\\d+)", open("/proc/sel
 def bench_data(args, device=None):
     """Tokens/s and peak RSS of building the corpus cache vs tokenizers' encode_batch_fast, each in a fresh
     process, on --data-mb of made-up text as 16 kB files and as one file; a BPE trained here, and bytes."""
-    import tokenizers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     rng = random.Random(0)
     words = ["".join(rng.choices("etaoinshrdlucmfwypvbgkjqxz", k=rng.randint(1, 9))) for _ in range(5000)]
     zipf = [1 / rank for rank in range(1, 5001)]
@@ -179,10 +178,9 @@ def bench_data(args, device=None):
             pathlib.Path(f"{tmp}/files/{i:06}-{j:06}").write_text(text[j:j + (1 << 14)])
         with open(f"{tmp}/one.txt", "w") as one:
             one.writelines([text] * rounds)
-        bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
-        bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-        bpe.train_from_iterator([text], tokenizers.trainers.BpeTrainer(vocab_size=8192,
-                                                                       special_tokens=[data.EOT]))
+        bpe = Tokenizer(models.BPE())
+        bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        bpe.train_from_iterator([text], trainers.BpeTrainer(vocab_size=8192, special_tokens=[data.EOT]))
         bpe.save(f"{tmp}/bpe.json")
         for name, tok in [(c, t) for c in ("files", "one.txt") for t in (f"{tmp}/bpe.json", "bytes")]:
             for what in ["cache build"] + ["encode_batch_fast"] * (tok != "bytes"):
@@ -222,11 +220,10 @@ def main(argv=None):
         raise SystemExit(f"error: --forms {args.forms}: choose from auto, naive, chunked, triton (triton: "
                          "CUDA, or on the CPU TRITON_INTERPRET=1, slow)")
     print(f"device: {device}" + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads"))
-    benches = [("scans", bench_scans), ("eval", bench_eval), ("train", bench_train), ("data", bench_data)]
-    for what, bench in benches:
-        if args.what == what or args.what == "all" and what in ("scans", "eval"):
-            bench(args, device)
-            print()
+    benches = dict(scans=bench_scans, eval=bench_eval, train=bench_train, data=bench_data)
+    for what in ("scans", "eval") if args.what == "all" else (args.what,):
+        benches[what](args, device)
+        print()
 
 
 if __name__ == "__main__":

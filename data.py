@@ -13,7 +13,6 @@ import os
 import pathlib
 import re
 import shutil
-import stat
 import sys
 import sysconfig
 import unittest.mock
@@ -21,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 EOT = "<|endoftext|>"
@@ -177,8 +177,7 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
     stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.path.basename(data.rstrip("/")))
     folder = out or os.path.join(cache_dir or DEFAULT_CACHE_DIR, f"{stem or 'data'}-{enc.name}-{key[:16]}")
     require(not out or not os.path.exists(out), f"{out} exists: prepare into a new directory")
-    meta = _whole(folder)
-    if not meta and os.path.exists(folder):
+    if not (meta := _whole(folder)) and os.path.exists(folder):
         print(f"data: the cache {folder} is truncated or corrupt: rebuilding it", file=sys.stderr)
         shutil.rmtree(folder)
     try:
@@ -250,15 +249,16 @@ class RandomWindows:
     """Windows from anywhere in the stream (across documents, as nanoGPT's): for zero, noise and SP states."""
 
     def __init__(self, tokens, batch_size, seq_len, seed=0):
-        _require_sampler_fits("RandomWindows", tokens, batch_size, seq_len)
+        require(is_int(batch_size) and is_int(seq_len) and len(tokens) > seq_len,
+                f"RandomWindows: need batch_size >= 1 and 1 <= seq_len < {len(tokens)} (the tokens): use a "
+                "shorter seq_len or more data")
         self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
         self.seed, self.step = seed, 0
 
-    def next_batch(self):
-        rng = np.random.default_rng([self.seed, self.step])
+    def next_batch(self):   # eval_windows' uniform draw, seeded by (seed, step)
+        windows = eval_windows(self.tokens, self.batch_size, self.seq_len + 1, [self.seed, self.step])
         self.step += 1
-        starts = rng.integers(0, len(self.tokens) - self.seq_len, self.batch_size)
-        return _batch(self.tokens, starts, self.seq_len)
+        return _batch(windows)
 
     def state_dict(self):
         return {"seed": self.seed, "step": self.step}
@@ -272,7 +272,6 @@ class DocumentStreams:
     then the next of a seeded order, new_doc[r] True; tails and documents shorter than a chunk are skipped."""
 
     def __init__(self, tokens, eot_token, batch_size, seq_len, seed=0):
-        _require_sampler_fits("DocumentStreams", tokens, batch_size, seq_len)
         self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
         starts = np.union1d([0], np.flatnonzero(np.asarray(tokens) == eot_token))
         lengths = np.diff(np.append(starts, len(tokens)))
@@ -292,7 +291,7 @@ class DocumentStreams:
                 self.cursor += 1
             starts.append(self.doc_start[self.row_doc[r]] + self.row_pos[r])
             self.row_pos[r] += self.seq_len
-        return _batch(self.tokens, starts, self.seq_len, new_doc)
+        return _batch(_windows(self.tokens, starts, self.seq_len + 1), new_doc)
 
     def state_dict(self):
         return dict(seed=self.seed, epoch=self.epoch, cursor=self.cursor, row_doc=list(self.row_doc),
@@ -323,8 +322,7 @@ def eval_windows(tokens, n, length, seed=0, eot_token=None):
 
 class TaskSampler:
     """x, y of task_fn(seed=[seed, step, row, 1], length=seq_len + 1, ...), y -100 (ignored) but on the
-    answer; shorter samples padded with eot on the RIGHT, after the answer: every row starts with its example
-    from the initial state, exactly as evaluation reads it."""
+    answer; eot pads on the RIGHT: each row reads its example from the initial state, as evaluation does."""
 
     def __init__(self, task_fn, batch_size, seed=0, **task_kwargs):
         require(is_int(batch_size), f"TaskSampler: batch_size must be an integer >= 1, got {batch_size!r}")
@@ -338,11 +336,9 @@ class TaskSampler:
         return samples
 
     def next_batch(self):
-        samples = self.next_samples()
-        pad = [max(len(s.tokens) for s in samples) - len(s.tokens) for s in samples]
-        tokens = torch.tensor(np.stack([np.pad(s.tokens, (0, p), constant_values=self.pad_id)
-                                        for p, s in zip(pad, samples)]))
-        answer = torch.tensor(np.stack([np.pad(s.answer_mask, (0, p)) for p, s in zip(pad, samples)]))
+        samples = self.next_samples()   # padded on the right: pad_sequence(rows, batch_first, value)
+        tokens = pad_sequence([torch.as_tensor(s.tokens) for s in samples], True, self.pad_id)
+        answer = pad_sequence([torch.as_tensor(s.answer_mask) for s in samples], True)
         return Batch(tokens[:, :-1].contiguous(), tokens[:, 1:].masked_fill(~answer[:, 1:], -100), None)
 
     state_dict, load_state_dict = RandomWindows.state_dict, RandomWindows.load_state_dict
@@ -404,31 +400,29 @@ def _build(folder, label, files, enc, val_fraction):
             "empty): pass text files")
     n_val = min(len(files) - 1, max(1, round(val_fraction * len(files)))) if val_fraction else 0  # never all
     val = {files[i] for i in np.random.default_rng(0).permutation(len(files))[:n_val]} & set(texts)
-    n_val = len(val)
     dtype, sha1 = np.dtype(np.uint16 if enc.n_vocab <= 1 << 16 else np.uint32), hashlib.sha1()
     encode = getattr(enc, "encode_ordinary_batch", None) or (lambda texts: [*map(enc.encode_ordinary, texts)])
     cut = [*enc.encode_ordinary("a.\nb")] == [*enc.encode_ordinary("a.\n"), *enc.encode_ordinary("b")]
     eot = np.array([enc.eot_token], dtype).tobytes()
     meta = dict(source=label, tokenizer=enc.name, dtype=dtype.name, eot_token=enc.eot_token,
-                docs_train=len(texts) - n_val, docs_val=n_val, skipped_files=len(files) - len(texts))
+                docs_train=len(texts) - len(val), docs_val=len(val), skipped_files=len(files) - len(texts))
 
     def write(tmp):   # batches of pieces, each encoded on every core while the next is read, this one written
         os.makedirs(tmp)
         for split, paths in ("train", [f for f in texts if f not in val]), ("val", sorted(val)):
-            pieces = ((i == 0, p) for path in tqdm(paths, f"tokenizing {label}", delay=1, leave=False)
+            pieces = ((eot * (i == 0), p) for path in tqdm(paths, f"tokenizing {label}", delay=1, leave=False)
                       for i, p in enumerate(_pieces(path, cut)))
             with open(os.path.join(tmp, f"{split}.bin"), "wb") as f, ThreadPoolExecutor(1) as pool:
-                batch = list(itertools.islice(pieces, BATCH_PIECES))
+                batch = list(itertools.islice(pieces, BATCH_PIECES))   # [(eot or b"", text)]
                 job = pool.submit(encode, [p for _, p in batch])
                 while batch:
                     after = list(itertools.islice(pieces, BATCH_PIECES))
                     ids, job = job.result(), pool.submit(encode, [p for _, p in after])
-                    for (first, _), piece_ids in zip(batch, ids):
-                        chunk = eot * first + np.asarray(piece_ids, dtype).tobytes()
-                        sha1.update(chunk)
-                        f.write(chunk)
+                    chunk = b"".join(e + np.asarray(t, dtype).tobytes() for (e, _), t in zip(batch, ids))
+                    sha1.update(chunk)
+                    f.write(chunk)
                     batch = after
-        if val_fraction and not n_val:   # one document: its last tokens are the val split (the sha1 holds)
+        if val_fraction and not val:   # one document: its last tokens are the val split (the sha1 holds)
             tokens = np.memmap(os.path.join(tmp, "train.bin"), dtype, "r")
             n = len(tokens) - round(len(tokens) * val_fraction)
             tokens[n:].tofile(os.path.join(tmp, "val.bin"))
@@ -437,14 +431,13 @@ def _build(folder, label, files, enc, val_fraction):
                      for s in ("train", "val")}, sha1=sha1.hexdigest())   # verified before each use (_whole)
         pathlib.Path(tmp, "meta.json").write_text(json.dumps(meta, indent=1))
     write_atomically(folder, write)
-    print(f"data: tokenized {label}: {len(texts) - n_val}+{n_val} docs, {meta['n_train']}+{meta['n_val']} "
-          f"tokens ({meta['skipped_files']} files skipped: binary, not UTF-8 or empty) -> {folder}")
+    print("data: tokenized {source}: {docs_train}+{docs_val} docs, {n_train}+{n_val} tokens ({skipped_files} "
+          "files skipped: binary, not UTF-8 or empty) -> {}".format(folder, **meta))
     return meta
 
 
 def _pieces(path, cut=True):
-    """The file's text in pieces of about PIECE_CHARS, each ending at a LINE_CUT: bounded memory (a file
-    without one is one piece; cut=False: the file whole). An invalid UTF-8 byte reads as a NUL."""
+    """The file's text in pieces of about PIECE_CHARS, each ending at a LINE_CUT (cut=False: one piece)."""
     rest = ""
     with open(path, encoding="utf-8", errors="nul", newline="") as f:   # "\r\n" stays
         while block := f.read(max(PIECE_CHARS, len(rest))):   # a long stretch without a cut: read more
@@ -489,28 +482,20 @@ def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): no
     require(2 <= k and max(docs) * k * k <= 1 << 27 and 0 < alpha < math.inf and 0 <= shared < math.inf and
             cfg["doc_len"] >= 2 and min(docs) >= 1, f"markov: need 2 <= k, docs x k x k <= 2**27 (1 GiB of "
             f"transitions), finite alpha > 0, shared >= 0, doc_len >= 2, docs, val_docs >= 1; got {spec!r}")
-
-    def draw(docs, split):   # -> the stream [eot d1 eot d2 ...]
-        tokens, _ = sample_markov(k, alpha, cfg["doc_len"], docs, seed, split, shared)
-        return np.concatenate([np.full((docs, 1), k), tokens], axis=1).reshape(-1).astype(np.uint16)
-
+    drawn = [sample_markov(k, alpha, cfg["doc_len"], n, seed, split, shared)[0] for n, split in
+             zip(docs, ("train", "val"))]   # [docs, doc_len] each -> the stream [eot d1 eot d2 ...]
+    train, val = [np.pad(d, [(0, 0), (1, 0)], constant_values=k).reshape(-1).astype(np.uint16) for d in drawn]
     name = "markov:" + ",".join(f"{key}={value}" for key, value in cfg.items() if key != "shared" or shared)
     floor = functools.partial(markov_bayes_nll, k=k, alpha=alpha, prior=markov_prior(k, alpha, shared, seed))
-    return Data(name, draw(cfg["docs"], "train"), draw(cfg["val_docs"], "val"), k + 1, k, None, floor, cfg)
+    return Data(name, train, val, k + 1, k, None, floor, cfg)
 
 
 def _windows(tokens, starts, length):   # tokens[s : s+length] for each start -> int64 [len(starts), length]
     return torch.from_numpy(np.stack([np.asarray(tokens[s:s + length]) for s in starts]).astype(np.int64))
 
 
-def _batch(tokens, starts, seq_len, new_doc=None):
-    w = _windows(tokens, starts, seq_len + 1)
-    return Batch(w[:, :-1].contiguous(), w[:, 1:].contiguous(), new_doc)
-
-
-def _require_sampler_fits(what, tokens, batch_size, seq_len):
-    require(is_int(batch_size) and is_int(seq_len) and len(tokens) > seq_len, f"{what}: need batch_size >= 1 "
-            f"and 1 <= seq_len < {len(tokens)} (the tokens): use a shorter seq_len or more data")
+def _batch(windows, new_doc=None):   # windows of seq_len + 1 tokens -> Batch: y is x shifted by one
+    return Batch(windows[:, :-1].contiguous(), windows[:, 1:].contiguous(), new_doc)
 
 
 def require_file(path, fix):   # -> os.stat of a regular file we may read, else DataError (a FIFO would hang)
@@ -518,7 +503,7 @@ def require_file(path, fix):   # -> os.stat of a regular file we may read, else 
         st = os.stat(path)
     except OSError as e:
         raise DataError(f"{path}: {e.strerror}: {fix}") from None
-    require(stat.S_ISREG(st.st_mode), f"{path} is not a regular file (a FIFO, device or folder?): {fix}")
+    require(os.path.isfile(path), f"{path} is not a regular file (a FIFO, device or folder?): {fix}")
     require(os.access(path, os.R_OK), f"{path}: permission denied: {fix}")
     return st
 
@@ -533,8 +518,8 @@ def is_int(x, minimum=1):
 
 
 if __name__ == "__main__":   # the prepare command
-    ap = argparse.ArgumentParser(description="Tokenize a text corpus once into DIR/train.bin, val.bin (5% of "
-                                 "the files, by a hash of their paths) and meta.json: train.py's --data DIR")
+    ap = argparse.ArgumentParser(description="Tokenize a corpus once into DIR/train.bin, val.bin (5% of the "
+                                 "files, drawn with seed 0; one file: its tail) and meta.json: --data DIR")
     ap.error = lambda message: ap.exit(2, f"error: {message}\n")  # one line, as every other bad input
     ap.add_argument("--data", required=True, help="a text file, a folder of them (a document each) or stdlib")
     ap.add_argument("--tokenizer", default="bytes", help="bytes or PATH/tokenizer.json (DIR is read with it)")

@@ -93,30 +93,27 @@ def length_generalization_naive(ppl, t_train):
 
 
 def short_context_nll(lm, tokens, t_train, chunk_len=512, batch_size=8):
-    """Each target of tokens [n, L+1] read with a training-length context, (t_train / 2, t_train] tokens from
-    the zero state -> NLL [n, L] (NaN at t < t_train / 2): Definition 3.2's p* on the very tokens it is
-    compared with. The windows are cut into pieces of t_train at offsets 0 and t_train / 2, and one piece
-    ends the window: every target past t_train / 2 lies in the second half of one of them."""
+    """Each target of tokens [n, L+1] read after (t_train / 2, t_train] tokens from the zero state -> NLL
+    [n, L] (NaN at t < t_train / 2): Definition 3.2's p* on the very tokens it is compared with. Pieces of
+    t_train at offsets 0, t_train / 2 and L - t_train: every target past t_train / 2 is in a second half."""
     n, L = tokens.shape[0], tokens.shape[1] - 1
     out = torch.full((n, L), math.nan)
     for offset in (0, t_train // 2, L - t_train):
         k = (L - offset) // t_train  # whole pieces
         pieces = tokens[:, offset:offset + k * t_train + 1].unfold(1, t_train + 1, t_train)  # [n, k, T+1]
         nll = sequence_nll(lm, pieces.flatten(0, 1), chunk_len, batch_size * max(1, L // t_train))
-        t = torch.arange(offset, offset + k * t_train)
-        second_half = (t - offset) % t_train >= t_train // 2
-        out[:, t[second_half]] = nll.view(n, -1)[:, second_half]
+        second_half = torch.arange(k * t_train) % t_train >= t_train // 2
+        out[:, offset:offset + k * t_train][:, second_half] = nll.view(n, -1)[:, second_half]
     return out
 
 
 def length_generalization(per_seq, lo, hi, t_train, ref=None, alpha=0.05, n_boot=2000, seed=0):
     """Definition 3.2 on bucketed per-sequence NLLs per_seq [n, K] (bucketize's); ref [n, K]: the same
-    buckets read at a training-length context (short_context_nll, bucketed), or None.
+    buckets read at a training-length context (short_context_nll, bucketed), or None (p*'s window's NLL).
     1. p*: the PPL at contexts in [t_train / 2, t_train) (t* = t_train / 2), with ref over every target past
        t_train / 2, without over the buckets inside [t_train / 2, t_train) (a minimum is biased low).
-    2. A bucket past t_train exceeds p* when the mean over sequences of each one's paired difference (its NLL
-       - ref, or its NLL over p*'s window) is > 0 at the alpha / m quantile of n_boot seeded bootstrap
-       resamples, m = the buckets past t_train (Bonferroni).
+    2. A bucket past t_train exceeds p* when the mean over sequences of the paired difference NLL - ref is
+       > 0 at the alpha / m quantile of n_boot seeded bootstrap means, m = buckets past t_train (Bonferroni).
     3. generalizes_to = hi of the last bucket before the first that exceeds p* (t_train if the first does;
        censored: none does). With fewer than MIN_SEQS sequences the result carries a warning."""
     per_seq, lo, hi = torch.as_tensor(per_seq, dtype=torch.float64), list(lo), list(hi)
@@ -125,22 +122,19 @@ def length_generalization(per_seq, lo, hi, t_train, ref=None, alpha=0.05, n_boot
     later = [j for j in range(K) if lo[j] >= t_train]
     require(window, f"no bucket lies within the training positions [{t_train // 2}, {t_train}): use edges "
                     f"that include both (log_edges(L, include=[{t_train // 2}, {t_train}]))")
-    if ref is None:
-        width = torch.tensor([hi[j] - lo[j] for j in window], dtype=torch.float64)
-        ref = (per_seq[:, window] @ width / width.sum())[:, None].expand(n, K)  # each sequence's p* window
+    width = torch.tensor(hi, dtype=torch.float64) - torch.tensor(lo)  # a bucket's mean weighs its positions
+    if ref is None:  # each sequence's NLL over p*'s window, for every bucket
+        ref = (per_seq[:, window] @ width[window] / width[window].sum())[:, None].expand(n, K)
     ref, pooled = torch.as_tensor(ref, dtype=torch.float64), window + later
-    width = torch.tensor([hi[j] - lo[j] for j in pooled], dtype=torch.float64)
-    p_star = float((ref[:, pooled] @ width / width.sum()).mean().exp())
+    p_star = float((ref[:, pooled] @ width[pooled] / width[pooled].sum()).mean().exp())
     out = dict(t_train=t_train, n_seqs=n, p_star=p_star, t_star=lo[window[0]])
     if not torch.isfinite(per_seq[:, pooled]).all() or not torch.isfinite(ref[:, pooled]).all():
         return dict(out, generalizes_to=None, ratio=None, censored=None, warning="NLL not finite: no verdict")
-    first = len(later)  # index into `later` of the first bucket that exceeds p*
-    if later:
-        d = per_seq[:, later] - ref[:, later]  # [n, m]
-        idx = torch.randint(n, (n_boot, n), generator=torch.Generator().manual_seed(seed))
-        counts = torch.zeros(n_boot, n).scatter_add_(1, idx, torch.ones(n_boot, n)).double()
-        exceeds = (torch.quantile(counts @ d / n, alpha / len(later), dim=0) > 0).tolist() + [True]
-        first = exceeds.index(True)
+    d = per_seq[:, later] - ref[:, later]  # [n, m]
+    idx = torch.randint(n, (n_boot, n), generator=torch.Generator().manual_seed(seed))
+    counts = torch.zeros(n_boot, n).scatter_add_(1, idx, torch.ones(n_boot, n)).double()
+    lower = torch.quantile(counts @ d / n, alpha / len(later), dim=0) if later else torch.zeros(0)
+    first = ((lower > 0).tolist() + [True]).index(True)  # into `later`: the first bucket that exceeds p*
     T = hi[later[first - 1]] if first else t_train
     out.update(generalizes_to=T, ratio=T / t_train, censored=first == len(later))
     if n < MIN_SEQS:
@@ -162,8 +156,9 @@ def effective_remembrance_naive(lm, tokens, T, cuts, distance="tv"):
     """The definition, one forward per cut: mean over rows of d(q(.|x[0:T]), q(.|x[t:T])) for each t."""
     tokens, cuts = _require_eval_inputs(tokens, T=T, cuts=cuts, distance=distance)
     x = tokens[:, :T].to(_device(lm))
-    p, d = _last_probs(lm(x)[0]), DISTANCES[distance]
-    return torch.stack([d(p, _last_probs(lm(x[:, t:])[0])).clamp(0, 1).mean() for t in cuts.tolist()]).cpu()
+    p, d = lm(x)[0][:, -1].double().softmax(-1), DISTANCES[distance]  # float64 next-token distributions
+    return torch.stack([d(p, lm(x[:, t:])[0][:, -1].double().softmax(-1)).clamp(0, 1).mean()
+                        for t in cuts.tolist()]).cpu()
 
 
 @torch.inference_mode()
@@ -178,15 +173,12 @@ def effective_remembrance(lm, tokens, T, cuts, distance="tv", batch_size=2, chun
     out = torch.zeros(len(tokens), len(cuts), dtype=torch.float64)
     for r in tqdm(range(0, len(tokens), batch_size), desc="effrem", disable=not progress):
         x = tokens[r:r + batch_size, :T].to(_device(lm))
-        state, active = None, 0  # rows [k * len(x), (k + 1) * len(x)) hold the suffix from starts[k]
         for a, b in zip(stops[:-1], stops[1:]):
-            while active < len(starts) and starts[active] == a:  # a suffix starts here, from zero
-                zero = lm.zero_state(len(x), x.device)
-                state = zero if state is None else [{k: torch.cat([s[k], z[k]]) for k in s}
-                                                    for s, z in zip(state, zero)]
-                active += 1
-            logits, state = lm(x[:, a:b].repeat(active, 1), state, last_only=True)
-        p = _last_probs(logits).view(len(starts), len(x), -1)
+            if a in starts:  # the suffix from a joins the batch, from a zero state
+                z0 = lm.zero_state(len(x), x.device)
+                state = z0 if a == 0 else [{k: torch.cat([s[k], z[k]]) for k in s} for s, z in zip(state, z0)]
+            logits, state = lm(x[:, a:b].repeat(sum(t <= a for t in starts), 1), state, last_only=True)
+        p = logits[:, -1].double().softmax(-1).view(len(starts), len(x), -1)  # p[k]: from starts[k] on
         for j, t in enumerate(cuts.tolist()):
             out[r:r + len(x), j] = DISTANCES[distance](p[0], p[starts.index(t)]).clamp(0, 1).cpu()
     return out.mean(0) if reduce else out
@@ -212,16 +204,15 @@ def state_statistics(lm, tokens, positions=None, chunk_len=512, batch_size=8, t_
     assert 0 <= positions.min() and positions.max() < tokens.shape[1], "positions must lie in [0, T - 1]"
     ends = (positions + 1).tolist()
     stops = sorted(set(ends) | set(range(chunk_len, ends[-1], chunk_len)))
-    sums = None  # [count, sum, sum of squares] per position, layer and head
+    acc = {}  # context length -> [count, sum, sum of squares] per layer and head
     for r in tqdm(range(0, len(tokens), batch_size), desc="state", disable=not progress):
         x, state = tokens[r:r + batch_size].to(_device(lm)), None
         for a, b in zip([0] + stops[:-1], stops):
             _, state = lm(x[:, a:b], state, last_only=True)
             if b in ends:
                 h = torch.stack([s["h"] for s in state]).transpose(1, 2).flatten(2).double().cpu()
-                sums = torch.zeros(3, len(ends), *h.shape[:2], dtype=torch.float64) if sums is None else sums
-                sums[:, ends.index(b)] += torch.stack([h[..., 0] * 0 + h.shape[2], h.sum(2), h.pow(2).sum(2)])
-    cnt, s, sq = sums.transpose(1, 2)  # [layers, P, heads]
+                acc[b] = acc.get(b, 0) + torch.stack([h[..., 0] * 0 + h.shape[2], h.sum(2), h.pow(2).sum(2)])
+    cnt, s, sq = torch.stack([acc[b] for b in ends], 1).transpose(1, 2)  # [layers, P, heads]
     std = ((sq - s * s / cnt) / (cnt - 1).clamp_min(1)).clamp_min(0).sqrt()
     out = dict(positions=positions, std=list(std), rms=list((sq / cnt).sqrt()))
     if t_train is not None:
@@ -252,17 +243,14 @@ def _curves(m):
         b = m["ppl"]["buckets"]
         x = [math.sqrt((lo + 1) * hi) for lo, hi in zip(b["lo"], b["hi"])]  # a bucket's geometric middle
         out["ppl"] = [(x, b["ppl"], b["ppl_sem"], f"{label} (T={m['verdict']['generalizes_to']})", t)]
-        # gap: a failure perplexity can hide (the Bayes predictor keeps learning); diff: paired to --reference
         out.update({k: [(x, m[k]["nll"], m[k]["nll_sem"], label, t)] for k in ("gap", "diff") if k in m})
-    if "effrem" in m:
-        e = m["effrem"]
+    if e := m.get("effrem"):
         out["effrem"] = [(e["cuts"], e["mean"], e["sem"], f"{label} (T={e['T']})", t and e["T"] - t)]
     if "state" in m:  # per layer the head that drifts most, its coverage in the legend
-        st, out["state"] = m["state"], []
-        for layer, std in enumerate(np.array(st["std"], dtype=float)):
-            cov = np.nan_to_num(np.array(st["coverage"][layer], dtype=float), nan=-1)
-            h, legend = int(cov.argmax()), f"{label} L{layer} h{int(cov.argmax())} cov {cov.max():.3g}"
-            out["state"].append((np.array(st["positions"]) + 1, std[:, h], None, legend, t))
+        st, x = m["state"], np.array(m["state"]["positions"]) + 1
+        cov = np.nan_to_num(np.array(st["coverage"], dtype=float), nan=-1)  # [layers, heads]
+        out["state"] = [(x, std[:, h], None, f"{label} L{i} h{h} cov {cov[i, h]:.3g}", t)
+                        for i, (std, h) in enumerate(zip(np.array(st["std"], dtype=float), cov.argmax(1)))]
     for key, y, sem in [("passkey", "exact_mean", None), ("copy", "char_mean", "char_sem"),
                         ("babilong", "mean", None)]:
         if key in m:
@@ -274,11 +262,10 @@ def show(report, out):
     """Per model the verdict; each curve printed (8 columns, models together) and drawn in its PANELS PNG."""
     for m in report["models"]:
         print(f"[{m['label']}] {m['arch']}, {m['params']:,} params, t_train {m['t_train']}")
-        v = m.get("verdict")
-        if v and v["ratio"] is not None:
+        if (v := m.get("verdict", {})).get("ratio") is not None:
             print(f"  verdict (Def. 3.2): p* = {v['p_star']:.4g} at t* = {v['t_star']}, generalizes to T = "
                   f"{v['generalizes_to']}{'+' * v['censored']} ({v['ratio']:.1f}x t_train)")
-        if v and "warning" in v:
+        if "warning" in v:
             print(f"warning: {m['label']}: {v['warning']}", file=sys.stderr)
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     panels = {name: [(colors[i % len(colors)], *c) for i, m in enumerate(report["models"])
@@ -314,10 +301,8 @@ def show(report, out):
             for color, m in zip(colors, report["models"] if name == "ppl" else []):  # Definition 3.2's p*
                 if m["verdict"]["p_star"] is not None:
                     ax.axhline(m["verdict"]["p_star"], color=color, ls="--", lw=0.8)
-            if name == "ppl" and "optimal" in report:
-                b = report["optimal"]
-                ax.plot([math.sqrt((lo + 1) * hi) for lo, hi in zip(b["lo"], b["hi"])], b["ppl"], "k--", lw=1,
-                        label="Bayes-optimal")
+            if name == "ppl" and "optimal" in report:  # the models' buckets: x of the first curve
+                ax.plot(panels[name][0][1], report["optimal"]["ppl"], "k--", lw=1, label="Bayes-optimal")
             ax.legend(fontsize=8)
     pk = [m for m in report["models"] if "passkey" in m]
     if pk:  # the paper's Fig. 7: total length x insertion depth, exact match as colour
@@ -397,7 +382,7 @@ def run(args):
         require(os.path.exists(data.hub_path(p)), f"no checkpoint at {p}: check the path (OUT/ckpt.pt)")
     cfgs = [model.train_config(p) for p in args.ckpts]  # a corrupt checkpoint is reported as corrupt
     args.metrics, known = args.metrics.split(","), LM_METRICS + TASK_METRICS
-    lm_metrics = bool(set(args.metrics) & set(LM_METRICS))
+    lm_metrics, task_metrics = (bool(set(args.metrics) & set(m)) for m in (LM_METRICS, TASK_METRICS))
     require(set(args.metrics) <= set(known), f"unknown metric in --metrics {','.join(args.metrics)}: "
                                              f"use a subset of {','.join(known)}")
     require(args.device != "cuda" or torch.cuda.is_available(), "no CUDA device: use --device cpu")
@@ -413,13 +398,12 @@ def run(args):
         require(not args.effrem_len or 1 < args.effrem_len <= args.eval_len, f"--effrem-len "
                 f"{args.effrem_len} must lie in [2, --eval-len {args.eval_len}]: lower it or raise that")
     ids = {c["tokenizer_id"] for c in cfgs if c.get("tokenizer_id")}   # the runs' tokenizers (train.py)
-    require(len(ids) <= 1, f"the checkpoints were trained with different tokenizers {sorted(ids)}: evaluate "
-                           "them separately")
+    require(len(ids) <= 1, f"checkpoints of different tokenizers {sorted(ids)}: evaluate them separately")
     args.tokenizer = _agree(args, cfgs, "tokenizer", required=False) or "bytes"
     enc = data.get_tokenizer(args.tokenizer)
     require(ids <= {enc.name}, f"--tokenizer {args.tokenizer} ({enc.name}) does not match the checkpoints' "
                                f"{''.join(ids)}: pass the tokenizer.json they were trained with")
-    _ = set(args.metrics) & set(TASK_METRICS) and tasks.task_tokenizer(args.tokenizer)  # it spells the tasks
+    _ = task_metrics and tasks.task_tokenizer(args.tokenizer)  # it spells the tasks
     _ = "passkey" in args.metrics and tasks.passkey_sample(args.tokenizer, min(args.passkey_lengths))  # fits
     seeds = {c.get("split_seed", c.get("seed")) for c in cfgs if str(c.get("data"))[:6] == "markov"} - {None}
     require(len(seeds) <= 1, f"the checkpoints were trained with --split-seed {sorted(seeds)}, drawing their "
@@ -458,8 +442,7 @@ def run(args):
         for t in args.babi_tasks:  # a story of each task fits the shortest length: said before any metric
             tasks.babi_mixture(args.tokenizer, min(args.babi_lengths), [args.seed], (t,), args.filler)
         report.update(babi_tasks=args.babi_tasks, babi_filler=f"{corpus.name} (val split)")
-    vocab = max([int(args.windows.max()) + 1 if lm_metrics else 0]
-                + [data.get_tokenizer(args.tokenizer).n_vocab] * bool(set(args.metrics) & set(TASK_METRICS)))
+    vocab = max(int(args.windows.max()) + 1 if lm_metrics else 0, enc.n_vocab if task_metrics else 0)
     for path, label, t_train in zip(args.ckpts, args.labels, t_trains):
         lm = model.from_pretrained(path, device=args.device)
         require(vocab <= lm.cfg.vocab_size <= 2 * enc.n_vocab, f"{path}: the data / tokenizer has {vocab} "
@@ -487,11 +470,10 @@ def measure(lm, t_train, args, **out):
         out["per_seq"] = per_seq = buckets.pop("per_seq")
         out["ppl"] = dict(nll=nll.mean(0), nll_sem=_sem(nll), buckets=buckets)
         short = short_context_nll(lm, args.windows, t_train, **{k: kw[k] for k in kw if k != "progress"})
-        edges = list(zip(buckets["lo"], buckets["hi"]))
-        ref = torch.stack([short[:, lo:hi].nanmean(1) for lo, hi in edges], 1)  # same tokens, T_train context
-        out["verdict"] = length_generalization(per_seq, buckets["lo"], buckets["hi"], t_train, ref,
-                                               seed=args.seed)
-        if args.optimal is not None:  # the same windows: a paired difference per sequence
+        lo, hi = buckets["lo"], buckets["hi"]
+        ref = torch.stack([short[:, a:b].nanmean(1) for a, b in zip(lo, hi)], 1)  # at a T_train context
+        out["verdict"] = length_generalization(per_seq, lo, hi, t_train, ref, seed=args.seed)
+        if args.optimal is not None:  # paired per sequence; a failing PPL can hide (the floor keeps falling)
             out["gap"] = _summary(per_seq - args.optimal["per_seq"])
     if "effrem" in args.metrics:
         T = args.effrem_len or args.eval_len  # where a failing model fails (the paper's T: 4 T_train)
@@ -534,10 +516,6 @@ def _require_eval_inputs(tokens, min_len=1, T=None, cuts=None, distance="tv"):
 
 def _device(lm):  # a model without parameters: the CPU
     return next(lm.parameters(), torch.empty(0)).device
-
-
-def _last_probs(logits):
-    return logits[:, -1].double().softmax(-1)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,8 @@
-"""
-Where the initial state of each training sequence comes from (the paper's Section 4).
+"""Where the initial state of each training sequence comes from (the paper's Section 4).
 
-A model trained only from h = 0 on sequences of length T_train only ever sees the states reachable
-in T_train steps from zero; past T_train it meets states it never learned to read (the "unexplored
-states hypothesis"). The fix is to start training sequences from states that look like the states
-of long sequences. Each strategy answers one question, "what is this batch's initial state?":
+Trained only from h = 0 on length-T_train sequences, a model sees only states reachable in T_train steps from
+zero; past T_train it meets states it never learned to read (the "unexplored states hypothesis"). The fix:
+train from states like those of long sequences. Each strategy answers "what is this batch's initial state?":
 
     zero    the usual h = 0                                                     (the baseline)
     random  iid N(0, sigma^2) in every layer's matrix state, one sigma for all   (Random Noise)
@@ -12,12 +10,10 @@ of long sequences. Each strategy answers one question, "what is this batch's ini
     sp      the previous batch's final states, detached; rows reset with prob p  (State Passing)
     tbtt    the final state of the previous chunk of the SAME document          (TBTT)
 
-A layer's state is the matrix state "h" plus the short memory of the layer ("conv" window of Mamba,
-"shift"/"ffn_shift" token shift of RWKV). random/fitted put noise on "h" only and keep the rest at
-zero: the paper models the distribution of the matrix state, and a conv window / token shift is just
-the last input tokens, for which noise is not a plausible value. sp/tbtt carry everything, because
-the whole final state is a state the model really reaches. Evaluation always starts from zero.
-"""
+A layer's state is the matrix state "h" plus its short memory: Mamba's "conv" window, RWKV's token shift
+("shift", "ffn_shift"). random/fitted put noise on "h" only, the rest stays zero: the paper models the matrix
+state's distribution, and a conv window / token shift is just the last inputs, where noise is no plausible
+value. sp/tbtt carry the whole final state, one the model reaches. Evaluation starts from zero."""
 from functools import partial
 
 import torch
@@ -47,9 +43,8 @@ class Noise:
     def __init__(self, lm, batch_size, sigma=0.1, fit=False, seed=0, **_):
         self.lm, self.batch_size, self.fit = lm, batch_size, fit
         self.gen = torch.Generator().manual_seed(seed)
-        n_heads = [layer["h"].shape[1] for layer in lm.zero_state(1)]
-        self.mu = [torch.zeros(h) for h in n_heads]
-        self.var = [torch.full((h,), 0.0 if fit else sigma ** 2) for h in n_heads]
+        self.mu = [torch.zeros(layer["h"].shape[1]) for layer in lm.zero_state(1)]   # [heads] per layer
+        self.var = [torch.full_like(mu, 0.0 if fit else sigma ** 2) for mu in self.mu]
 
     def initial_state(self, batch):
         """h_{-1} ~ N(mu, var) iid, per layer and head (dim 1 of "h"); conv window / token shift stay 0."""

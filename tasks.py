@@ -12,17 +12,15 @@ from tqdm import tqdm
 from data import DataError, get_tokenizer, is_int, require
 
 Sample = collections.namedtuple("Sample", "tokens answer_mask meta")   # int64 [n], bool [n], dict
+FLAGS = "train.py --seq-len; evaluate.py --passkey-lengths, --babi-lengths"   # where a length comes from
+# Our filler carries no information: only what is hidden in it is worth remembering.
+FILLER_SENTENCES = (" The river runs down to the sea.", " The hills are quiet at night.",
+                    " The wind is soft today.", " On we walk.", " Up the path and down again.")
 
 
 def split_answer(sample):
     """-> (prompt, answer): int64 token arrays; the model reads the prompt and must produce the answer."""
-    start = len(sample[0]) - int(np.sum(sample[1]))
-    return np.asarray(sample[0])[:start], np.asarray(sample[0])[start:]
-
-
-# Our filler carries no information: only what is hidden in it is worth remembering.
-FILLER_SENTENCES = (" The river runs down to the sea.", " The hills are quiet at night.",
-                    " The wind is soft today.", " On we walk.", " Up the path and down again.")
+    return np.split(np.asarray(sample[0]), [len(sample[0]) - int(np.sum(sample[1]))])
 
 
 # --- Passkey retrieval (Fig. 7) ---------------------------------------------------------------
@@ -33,21 +31,19 @@ PASSKEY_QUESTION = " What is the pass key? The pass key is"
 def passkey_sample(tokenizer, length, depth=None, seed=0):
     """A 5-digit key at `depth` (fraction of filler before it, at a sentence boundary; None: uniform) in
     filler, then the question; the answer " {key}." has the paper's period: the model learns to stop."""
-    enc, (content_rng, layout_rng) = task_tokenizer(tokenizer), _rngs(seed, 2)
+    enc, (content_rng, layout_rng) = task_tokenizer(tokenizer), np.random.default_rng(seed).spawn(2)
     key = str(int(content_rng.integers(10_000, 100_000)))
     depth = float(layout_rng.random()) if depth is None else depth
     require(0 <= depth <= 1, f"passkey_sample: depth must be in [0, 1], got {depth}")
-    at_depth = lambda b, n: [int(b[np.abs(b - depth * n).argmin()])]   # noqa: E731  (the nearest boundary)
     tokens, mask, (start,), n = _hide(enc, "passkey_sample", length, [PASSKEY_SENTENCE.format(key=key)],
-                                      PASSKEY_QUESTION, f" {key}.", at_depth)
+                                      PASSKEY_QUESTION, f" {key}.", depth)
     return Sample(tokens, mask, dict(task="passkey", answer=key, key=key, depth=depth, key_start=start,
                                      seed=seed, actual_depth=(start - 1) / n if n else 0.0))
 
 
 def passkey_digit_accuracy(pred_text, key):
     """The fraction of the key's digits that the first run of digits in pred_text gets right, in place."""
-    digits = re.search(r"\d+", pred_text)
-    return sum(a == b for a, b in zip(digits.group() if digits else "", str(key))) / len(str(key))
+    return sum(a == b for a, b in zip(re.match(r"\D*(\d*)", pred_text)[1], str(key))) / len(str(key))
 
 
 # --- Synthetic copying (Table 1): eot s SEP s EOS, the answer the copy AND the EOS (where it stops) ---
@@ -58,15 +54,13 @@ COPY_SEP, COPY_EOS = b"\x1d", b"\x03"
 
 def copy_sample(tokenizer, length, seed=0):
     """A random string of `length` (or drawn from [lo, hi]) letters to copy: 2 * length + 3 tokens."""
-    enc, (rng,) = task_tokenizer(tokenizer), _rngs(seed, 1)
-    drawn = isinstance(length, (tuple, list))
-    lo, hi = tuple(length) if drawn and len(length) == 2 else (length, length)
+    enc, (rng,) = task_tokenizer(tokenizer), np.random.default_rng(seed).spawn(1)
+    lo, hi = length if isinstance(length, (tuple, list)) and len(length) == 2 else (length, length)
     require(is_int(lo) and is_int(hi, lo), f"copy_sample: need length >= 1 or (lo, hi), 1 <= lo <= hi")
-    length = int(rng.integers(lo, hi + 1)) if drawn else length
+    length = length if is_int(length) else int(rng.integers(lo, hi + 1))   # (lo, hi): drawn
     pick = rng.integers(0, len(COPY_ALPHABET), size=length)
     s = np.array([enc.encode_single_token(c.encode()) for c in COPY_ALPHABET], dtype=np.int64)[pick]
-    sep, eos = enc.encode_single_token(COPY_SEP), enc.encode_single_token(COPY_EOS)
-    tokens = np.concatenate([[enc.eot_token], s, [sep], s, [eos]]).astype(np.int64)
+    tokens = np.r_[enc.eot_token, s, enc.encode_single_token(COPY_SEP), s, enc.encode_single_token(COPY_EOS)]
     return Sample(tokens, np.arange(len(tokens)) >= length + 2, dict(
         task="copy", length=length, target=s, answer="".join(COPY_ALPHABET[i] for i in pick), seed=seed))
 
@@ -79,8 +73,7 @@ def copy_scores(pred_tokens, target_tokens):
 
 
 # --- BABILong-style QA (Fig. 6): the ten bAbI families from a tiny world simulation, our own words ----
-# A story is a list of events (dicts with their sentence, "text"); the question is about the final state,
-# and meta["asked"] names what is asked, so tests re-derive every answer from the events alone.
+# A story: event dicts (sentence in "text"); meta["asked"] names the question: tests re-derive its answer
 BABI_PEOPLE = ("Alice", "Bruno", "Chloe", "Dmitri", "Elena", "Farid")
 BABI_PLACES = ("kitchen", "garden", "hallway", "bedroom", "office", "cellar", "attic", "library")
 BABI_OBJECTS = ("apple", "ball", "milk", "key", "book", "lamp")
@@ -122,7 +115,7 @@ MAX_CARRIED = 3
 def _simulate(rng, kinds, n_events, sizes):
     """A random valid story: to pick up or give, a person must be somewhere known; a lying object is picked
     up only where it lies; give needs both people in one place; nobody carries more than MAX_CARRIED."""
-    people, places, objects = ([str(x) for x in rng.choice(pool, n, replace=False)] if n else []
+    people, places, objects = (rng.choice(pool, n, replace=False).tolist()
                                for pool, n in zip((BABI_PEOPLE, BABI_PLACES, BABI_OBJECTS), sizes))
     loc, holder, lies_at = dict.fromkeys(people), dict.fromkeys(objects), dict.fromkeys(objects)
     history, events = {o: [] for o in objects}, []   # loc None: unknown; history: each object's places
@@ -146,18 +139,16 @@ def _simulate(rng, kinds, n_events, sizes):
         elif o:   # grab, drop: a dropped object lies where it was dropped
             holder[o], lies_at[o] = (p, None) if kind == "grab" else (None, loc[p])
             history[o] = history[o] or [loc[p]]   # where it was first picked up
-        else:     # move; "not in" and "either" leave the place unknown
+        else:     # move (what p carries goes along); "not in" and "either" leave the place unknown
             loc[p] = event["place"] if kind == "move" else None
-            for x in objects:   # what p carries goes along
-                history[x] += [loc[p]] if holder[x] == p and kind == "move" else []
-        event["text"] = _pick(rng, BABI_TEMPLATES[kind]).format(**event)
-        events.append(event)
+            history.update({x: h + [loc[p]] for x, h in history.items() if holder[x] == p and loc[p]})
+        events.append(dict(event, text=_pick(rng, BABI_TEMPLATES[kind]).format(**event)))
     return events, dict(loc=loc, holder=holder, lies_at=lies_at, history=history, people=people,
                         places=places, objects=objects)
 
 
-def _relations(rng, n_places):   # qa4's story: places on a grid, each new one next to a placed one
-    places = [str(p) for p in rng.choice(BABI_PLACES, n_places, replace=False)]
+def _relations(rng, n_places):   # qa4's story (and no world): places on a grid, each next to a placed one
+    places = rng.choice(BABI_PLACES, n_places, replace=False).tolist()
     cell, events = {places[0]: (0, 0)}, []
     for new in places[1:]:
         old, d = _pick(rng, [(old, d) for old in cell for d, (dx, dy) in BABI_DIRECTIONS.items()
@@ -165,7 +156,7 @@ def _relations(rng, n_places):   # qa4's story: places on a grid, each new one n
         cell[new] = (cell[old][0] + BABI_DIRECTIONS[d][0], cell[old][1] + BABI_DIRECTIONS[d][1])
         e = dict(kind="relation", place=new, direction=d, place2=old)
         events.append(dict(e, text=BABI_TEMPLATES["relation"][0].format(**e)))
-    return [events[i] for i in rng.permutation(len(events))]
+    return [events[i] for i in rng.permutation(len(events))], {}
 
 
 def _ask(task, rng, events, w):
@@ -201,18 +192,16 @@ def _ask(task, rng, events, w):
         answer = BABI_NUMBERS[len(held)] if task == "qa7" else ",".join(held) or "nothing"
         return answer, dict(kind="count_carried" if task == "qa7" else "list_carried", person=p)
     last_fact = {e["person"]: e for e in events}   # qa9: "not in" facts; qa10: "either" facts
-    p = _pick(rng, [p for p in w["people"] if p in last_fact])
-    last = last_fact[p]
-    named = [last["place"]] + ([last["place2"]] if last["kind"] == "either" else [])
+    last = last_fact[_pick(rng, [p for p in w["people"] if p in last_fact])]
+    named = [last[k] for k in ("place", "place2") if k in last]   # place2: an "either" fact's
+    others = [x for x in w["places"] if x not in named]
     if task == "qa10":
-        others = [x for x in w["places"] if x not in named]
         place = _pick(rng, named) if rng.random() < 0.5 else _pick(rng, others)
         answer = "no" if place not in named else ("yes" if last["kind"] == "move" else "maybe")
     else:   # a "not in" fact answers only about its place; after a move, 3/4 "yes" balances their "no"
-        place = last["place"] if last["kind"] == "not_in" or rng.random() < 0.75 else \
-            _pick(rng, [x for x in w["places"] if x != last["place"]])
+        place = last["place"] if last["kind"] == "not_in" or rng.random() < 0.75 else _pick(rng, others)
         answer = "yes" if last["kind"] == "move" and place == last["place"] else "no"
-    return answer, dict(kind="is_in", person=p, place=place)
+    return answer, dict(kind="is_in", person=last["person"], place=place)
 
 
 def babi_story(task, seed=0):
@@ -221,22 +210,19 @@ def babi_story(task, seed=0):
     (kinds, n_events, *sizes), rng, qa = BABI_TASKS[task], np.random.default_rng(seed), None
     while not qa:   # a story without a good question: draw another from the same rng
         n = int(rng.integers(*n_events))
-        events, world = (_relations(rng, n + 1), {}) if task == "qa4" else \
-            _simulate(rng, kinds.split(), n, sizes)
+        events, world = _relations(rng, n + 1) if task == "qa4" else _simulate(rng, kinds.split(), n, sizes)
         qa = _ask(task, rng, events, world)
     return events, BABI_QUESTIONS[qa[1]["kind"]].format(**qa[1]), *qa
 
 
 def babi_sample(task, tokenizer, length, seed=0, filler_tokens=None):
-    """A bAbI story (task "qa1".."qa10", None: drawn uniformly) in order at random boundaries of our
-    filler or of filler_tokens (a stream of the same tokenizer), "Question: ...\nAnswer:", " {answer}."."""
-    enc, (task_rng, story_rng, layout_rng) = task_tokenizer(tokenizer), _rngs(seed, 3)
+    """A bAbI story (task "qa1".."qa10", None: uniform), its facts in order at random boundaries of filler."""
+    enc, (task_rng, story_rng, layout_rng) = task_tokenizer(tokenizer), np.random.default_rng(seed).spawn(3)
     task = _pick(task_rng, list(BABI_TASKS)) if task is None else task   # babi_story checks it
     events, question, answer, asked = babi_story(task, int(story_rng.integers(2**63)))
     facts = [f" {e['text']}" if filler_tokens is None else f"{e['text']}\n" for e in events]
-    place = lambda b, n: np.sort(layout_rng.choice(b, size=len(facts))).tolist()   # noqa: E731
     tokens, mask, starts, _ = _hide(enc, f"babi_sample {task}", length, facts, f"\nQuestion: {question}\n"
-                                    f"Answer:", f" {answer}.", place, filler_tokens, layout_rng)
+                                    f"Answer:", f" {answer}.", corpus=filler_tokens, rng=layout_rng)
     return Sample(tokens, mask, dict(task=task, answer=answer, question=question, asked=asked, events=events,
                                      fact_starts=starts, seed=seed))
 
@@ -255,9 +241,7 @@ def babi_mixture(tokenizer, length, seed, babi_tasks, filler_tokens=None):
     raise DataError(f"no {task} story fits in {length} tokens: use a larger length (bytes: >= 512; {FLAGS})")
 
 
-# --- Scoring: greedy answers from the zero state ------------------------------------------------------
-# Prompts are streamed carrying the state, answers decoded one token at a time from it (= argmax decoding of
-# the whole sequence). Sample i of a cell (depth, length, bAbI task) is seeded by (seed, cell, i) only.
+# --- Scoring: greedy answers from the zero state; sample i of a cell is seeded by (seed, cell, i) only ---
 @torch.inference_mode()
 def greedy_answer(lm, prompt_tokens, max_new_tokens, chunk_len=512):
     """Greedy continuation [b, max_new_tokens] (lists) of prompt_tokens [b, T] from the zero state."""
@@ -288,14 +272,12 @@ def _answers(lm, samples, batch_size=None, chunk_len=512, slack=2):
 
 def _exact(lm, tokenizer, samples, **kw):
     """Exact match of each sample's decoded answer (cut at its first period or newline), and those texts."""
-    enc = get_tokenizer(tokenizer)
-    texts = [cut_answer(enc.decode(p)) for p in _answers(lm, samples, **kw)]
+    texts = [cut_answer(t) for t in map(get_tokenizer(tokenizer).decode, _answers(lm, samples, **kw))]
     return [float(exact_match(p, s.meta["answer"])) for p, s in zip(texts, samples)], texts
 
 
 def passkey_grid(lm, tokenizer, lengths, depths=10, n_per_cell=4, seed=0, progress=False, **kw):
-    """Passkey retrieval on total length x insertion depth (Fig. 7); depths: a count in [0, 1] or a list.
-    Returns exact and digits [L][D] (exact match, per-digit accuracy) and exact_mean [L]."""
+    """Passkey retrieval (Fig. 7) per length x depth (a count in [0, 1] or a list): exact, digits [L][D]."""
     depths = [float(d) for d in (np.linspace(0, 1, depths) if isinstance(depths, int) else depths)]
     exact, digits = [], []
     for L in tqdm(lengths, desc="passkey", disable=not progress):
@@ -342,17 +324,13 @@ def exact_match(pred_text, answer_text):
 
 def cut_answer(text):
     """A generated continuation up to and including the first period, or up to the first newline."""
-    ends = [i + keep for stop, keep in ((".", 1), ("\n", 0)) for i in [text.find(stop)] if i >= 0]
-    return text[:min(ends, default=len(text))]
+    return re.match(r"[^.\n]*\.?", text)[0]
 
 
 TASKS = {"passkey": passkey_sample, "copy": copy_sample, "babilong": babi_sample}   # train.py --task
 
 
-# --- Plumbing: the tokenizer, seeded streams, hiding facts in filler, a random pick ---------------------
-FLAGS = "train.py --seq-len; evaluate.py --passkey-lengths, --babi-lengths"   # where a length comes from
-
-
+# --- Plumbing: the tokenizer, hiding facts in filler, a random pick --------------------------------------
 def task_tokenizer(tokenizer):
     """get_tokenizer's, if it spells the tasks' text back exactly: answers are compared as text (a WordPiece
     or WordLevel tokenizer.json reads the separators as [UNK] and cannot)."""
@@ -362,13 +340,9 @@ def task_tokenizer(tokenizer):
     return enc
 
 
-def _rngs(seed, n):
-    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(n)]
-
-
-def _hide(enc, what, length, facts, question, answer, place, corpus=None, rng=None):
-    """eot, filler (ours, or from the token stream `corpus`) with the facts at place(boundaries, n_filler),
-    question, answer: `length` tokens -> (tokens, answer_mask, each fact's start, n_filler)."""
+def _hide(enc, what, length, facts, question, answer, depth=None, corpus=None, rng=None):
+    """eot, filler (ours, or from the token stream `corpus`), each fact at a boundary (the nearest to depth *
+    n_filler, or rng's draw), question, answer: `length` tokens -> (tokens, answer_mask, starts, n_filler)."""
     require(is_int(length), f"{what}: length must be an integer >= 1, got {length!r}")
     *pieces, question, answer = (enc.encode_ordinary(text) for text in facts + [question, answer])
     n = length - 1 - sum(map(len, pieces + [question, answer]))
@@ -377,22 +351,20 @@ def _hide(enc, what, length, facts, question, answer, place, corpus=None, rng=No
     if corpus is None:   # the LAST n tokens of our sentences repeated; boundaries between whole sentences
         sentences = [enc.encode_ordinary(s) for s in FILLER_SENTENCES]
         sentences *= n // sum(map(len, sentences)) + 1
-        ends = np.cumsum([0] + [len(s) for s in sentences])
-        cut = ends[-1] - n   # tokens dropped from the front
-        filler, boundaries = np.concatenate(sentences).astype(np.int64)[cut:], ends[ends >= cut] - cut
-    else:   # its eots become newlines (it must read as one text); boundaries at line starts
+        bounds = np.cumsum([n - sum(map(len, sentences))] + [len(s) for s in sentences])   # < 0: cut off
+        filler, boundaries = np.concatenate(sentences).astype(np.int64)[-bounds[0]:], bounds[bounds >= 0]
+    else:   # eots become newlines (one text); boundaries at line starts (decoded per token: parts are U+FFFD)
         require(len(corpus) >= n, f"{what}: filler_tokens has {len(corpus)} tokens, {n} needed: pass more")
         start = int(rng.integers(0, len(corpus) - n + 1))
         filler = np.asarray(corpus[start:start + n]).astype(np.int64)
         require((filler < enc.n_vocab).all(), f"{what}: filler_tokens must come from the same tokenizer")
         filler[filler == enc.eot_token] = enc.encode_ordinary("\n")[-1]
-        ends_line = [enc.decode([t]).endswith("\n") for t in filler.tolist()]   # part of a character: U+FFFD
-        boundaries = np.union1d(np.flatnonzero(ends_line) + 1, [0])
-    positions = place(boundaries, n)   # each fact's start: after the eot and the facts before it
-    starts = [pos + 1 + sum(map(len, pieces[:i])) for i, pos in enumerate(positions)]
-    parts = [x for segment, piece in zip(np.split(filler, positions), pieces + [question + answer])
-             for x in (segment, piece)]
-    tokens = np.concatenate([[enc.eot_token]] + parts).astype(np.int64)
+        boundaries = np.flatnonzero([True] + [enc.decode([t]).endswith("\n") for t in filler.tolist()])
+    positions = [int(boundaries[np.abs(boundaries - depth * n).argmin()])] if depth is not None else \
+        np.sort(rng.choice(boundaries, size=len(pieces))).tolist()   # passkey's one fact; bAbI's, in order
+    starts = [pos + 1 + sum(map(len, pieces[:i])) for i, pos in enumerate(positions)]   # + eot, facts before
+    body = np.insert(filler, np.repeat(positions, list(map(len, pieces))), np.concatenate(pieces))
+    tokens = np.concatenate([[enc.eot_token], body, question, answer]).astype(np.int64)
     return tokens, np.arange(len(tokens)) >= len(tokens) - len(answer), starts, n
 
 

@@ -6,9 +6,8 @@
         --init-state sp --steps 100 --grad-accum 32      # the paper's Fig. 5 on an official checkpoint
     torchrun --nproc_per_node 2 train.py --init-state sp               # DistributedDataParallel
 
-The interventions differ only in where each training sequence's initial state comes from (interventions.py);
-the rest is Appendix B's recipe. --out holds ckpt.pt (all a resume needs; written atomically, only with finite
-weights), metrics.jsonl, args.json and train.lock (one writer at a time).
+The interventions differ only in each sequence's initial state (interventions.py); the rest is Appendix B's
+recipe. --out: ckpt.pt (all a resume needs; atomic; finite weights), metrics.jsonl, args.json, train.lock.
 """
 import argparse
 import fcntl
@@ -16,6 +15,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import signal
 import sys
 import time
@@ -55,6 +55,7 @@ def accumulate_gradients(fwd, sampler, strategy, n_micro, device, autocast=nullc
 
 
 def train(args):
+    exit_on_bad_flags(args)
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     ddp = "RANK" in os.environ
@@ -74,8 +75,8 @@ def train(args):
         print(f"{lm.extra_repr()}, data {source}, --init-state {args.init_state}{' --streams' * args.streams}"
               f", {args.steps} steps of {args.grad_accum * world * args.batch_size} x {args.seq_len} tokens, "
               f"lr {args.lr:g}, {device}" + (f", resuming at step {step}" if step else ""))
-    with open_run(args, step) if master else nullcontext() as log:
-        bar = tqdm(total=args.steps, initial=step, disable=args.quiet or not master, file=sys.stdout)
+    with open_run(args, step) if master else open(os.devnull, "w") as log, \
+            tqdm(total=args.steps, initial=step, disable=args.quiet or not master, file=sys.stdout) as bar:
         t0 = time.time()
         start = step
         saved_step = step or None  # resumed: the checkpoint's step
@@ -96,18 +97,16 @@ def train(args):
             if save or step % args.eval_interval == 0:
                 val_sampler.load_state_dict(val_state0)
                 record["val_loss"] = evaluate_loss(lm, val_sampler, args.eval_batches, device, amp)
-            if master:
-                print(json.dumps(record), file=log, flush=True)
-                bar.set_postfix({k: f"{v:.3g}" for k, v in record.items() if k != "step"})
-                bar.update(1)
+            print(json.dumps(record), file=log, flush=True)  # other ranks: to os.devnull, no bar
+            bar.set_postfix({k: f"{v:.3g}" for k, v in record.items() if k != "step"})
+            bar.update(1)
             if save:
                 if not math.isfinite(record["val_loss"]):  # only weights with a finite val loss are saved
                     diverged(args, step, "the validation loss", saved_step)
                 save_checkpoint(ckpt_path, lm, optimizer, step, args, sampler, strategy, rank, world)
                 saved_step = step
-        bar.close()
-        if master:
-            print(f"done: step {step}, {time.time() - t0:.0f}s, checkpoint {ckpt_path}")
+    if master:
+        print(f"done: step {step}, {time.time() - t0:.0f}s, checkpoint {ckpt_path}")
     if ddp:
         torch.distributed.destroy_process_group()
     return lm
@@ -115,11 +114,10 @@ def train(args):
 
 def setup_data(args, rank):
     """-> (sampler, val_sampler, vocab_size, the data's name): windows of --data, or --task's examples."""
-    lm_data = args.task in ("lm", "babilong")
     if rank:   # under torchrun rank 0 tokenizes --data into the cache first, then the others read it
         torch.distributed.barrier()
-    corpus = data.load_data(args.data, args.tokenizer, args.split_seed,
-                            cache_dir=args.cache_dir) if lm_data else None
+    corpus = data.load_data(args.data, args.tokenizer, args.split_seed, cache_dir=args.cache_dir) \
+        if args.task in ("lm", "babilong") else None
     if rank == 0 and torch.distributed.is_initialized():
         torch.distributed.barrier()
     if args.task == "babilong" and corpus.tokenizer is None:
@@ -156,17 +154,14 @@ def setup_model(args, device, vocab_size, sampler, path, rank, world):
     """-> (lm, optimizer, strategy, step): new, --init-from's, or resumed from `path` with the sampler."""
     torch.manual_seed(args.seed)
     resume = model.read_checkpoint(path, device) if args.resume else None
-    if resume:
-        if not {"model_config", "model", "optimizer", "step", "sampler", "strategy"} <= resume.keys():
-            raise ValueError(f"{path} is not a checkpoint of train.py: it cannot be resumed")
-        if len(resume["sampler"]) != world:
-            raise ValueError(f"{path} was saved by {len(resume['sampler'])} processes, this run has {world}: "
-                             f"resume with as many (torchrun --nproc_per_node {len(resume['sampler'])})")
-        lm = model.LM(model.ModelConfig(**resume["model_config"]))
-        lm.load_state_dict(resume["model"])
-    else:
-        lm = model.from_pretrained(args.init_from) if args.init_from else \
-            model.LM(model.make_config(args.arch, args.size, vocab_size=vocab_size))
+    if resume and not {"model_config", "model", "optimizer", "step", "sampler", "strategy"} <= resume.keys():
+        raise ValueError(f"{path} is not a checkpoint of train.py: it cannot be resumed")
+    if resume and len(resume["sampler"]) != world:
+        raise ValueError(f"{path} was saved by {len(resume['sampler'])} processes, this run has {world}: "
+                         f"resume with as many (torchrun --nproc_per_node {len(resume['sampler'])})")
+    lm = model.LM(model.ModelConfig(**resume["model_config"])) if resume else \
+        model.from_pretrained(args.init_from) if args.init_from else \
+        model.LM(model.make_config(args.arch, args.size, vocab_size=vocab_size))
     args.arch, n_vocab = lm.cfg.arch, data.get_tokenizer(args.tokenizer).n_vocab
     if lm.cfg.vocab_size < vocab_size:
         raise ValueError(f"the data's vocabulary ({vocab_size}) exceeds the model's: use its --tokenizer")
@@ -179,6 +174,7 @@ def setup_model(args, device, vocab_size, sampler, path, rank, world):
     strategy = interventions.make_strategy(args.init_state, lm, args.batch_size, sigma=args.sigma,
                                            p_reset=args.p_reset, seed=args.seed + rank)
     if resume:
+        lm.load_state_dict(resume["model"])
         optimizer.load_state_dict(resume["optimizer"])
         sampler.load_state_dict(resume["sampler"][rank])
         strategy.load_state_dict(resume["strategy"][rank])
@@ -186,16 +182,14 @@ def setup_model(args, device, vocab_size, sampler, path, rank, world):
 
 
 # The demo: a tiny Mamba-1 whose state channels barely decay within T_train ("tiny-slow"), trained from the
-# zero state on Python source bytes at T_train = 16: past T_train its state drifts to values it never learned
-# to read and perplexity rises (the paper's failure). Then 10% more steps three ways: the zero state again
-# (the matched control), State Passing and TBTT. docs/RESULTS.md has the measured numbers.
+# zero state on Python bytes at T_train = 16: past it the state drifts to values it never learned to read and
+# perplexity rises (the paper's failure). Then 10% more steps: zero again (the matched control), SP and TBTT.
 DEMO = dict(arch="mamba1", size="tiny-slow", data="stdlib", seq_len=16, batch_size=16, base_steps=1500,
             post_steps=150, eval_len=1024, n_seqs=64)
 
 
 def demo(out, seeds=(0,), device="auto", quiet=False, **overrides):
-    """Failure and fix for each training seed in OUT/seed{S} (a seed with an eval.json is kept): a zero-state
-    base, post-trained three ways, evaluated to 64 x T_train on the same windows; the summary over seeds."""
+    """The DEMO per training seed in OUT/seed{S} (kept if it has an eval.json), then the seeds' summary."""
     import evaluate
     d = {**DEMO, **overrides}  # tests shrink it
     for seed in seeds:
@@ -211,18 +205,16 @@ def demo(out, seeds=(0,), device="auto", quiet=False, **overrides):
             model_flags = ["--init-from", runs["base"], "--steps", str(d["post_steps"])] if i else \
                 ["--arch", d["arch"], "--size", d["size"], "--steps", str(d["base_steps"])]
             main(common + model_flags + ["--init-state", strategy, "--out", runs[label]])
-        code = evaluate.main([*runs.values(), "--labels", *runs, "--metrics", "ppl,state", "--reference",
-                              "control", "--eval-len", str(d["eval_len"]), "--n-seqs", str(d["n_seqs"]),
-                              "--device", device, "--out", where])
-        if code:
+        if code := evaluate.main([*runs.values(), "--labels", *runs, "--metrics", "ppl,state", "--reference",
+                                  "control", "--eval-len", str(d["eval_len"]), "--n-seqs", str(d["n_seqs"]),
+                                  "--device", device, "--out", where]):
             return code
     reports = {seed: json.loads(pathlib.Path(out, f"seed{seed}", "eval.json").read_text()) for seed in seeds}
     return over_seeds(reports, out) if len(seeds) > 1 else 0
 
 
 def over_seeds(reports, out):
-    """The demo over training seeds: per seed the verdicts and the last bucket's NLL paired to the control,
-    their mean +- s.e. over seeds and the worst seed -> a table, seeds.json and seeds.png."""
+    """Each seed's verdicts and last-bucket NLL - control, their mean +- s.e. -> a table, seeds.{json,png}."""
     import matplotlib.figure
     import numpy as np
     runs = {seed: {m["label"]: m for m in r["models"]} for seed, r in reports.items()}
@@ -269,8 +261,7 @@ def over_seeds(reports, out):
               ylabel="NLL - control NLL (nats)", xticks=range(len(seeds)), xticklabels=seeds)
     left.legend(fontsize=8), right.legend(fontsize=8)
     fig.savefig(os.path.join(out, "seeds.png"), dpi=120)
-    pathlib.Path(out, "seeds.json").write_text(json.dumps(dict(seeds=rows, summary=summary), indent=1,
-                                                          default=float))
+    pathlib.Path(out, "seeds.json").write_text(json.dumps(dict(seeds=rows, summary=summary), indent=1))
     print(f"wrote {out}/seeds.json, {out}/seeds.png")
     return 0
 
@@ -279,7 +270,7 @@ def over_seeds(reports, out):
 # Peak learning rates from scratch: the paper's Table 2 for its sizes; tiny tuned for the CPU demos.
 PEAK_LR = {"tiny": 3e-3, "45m": 1.5e-3, "70m": 1.5e-3, "85m": 1.5e-3, "125m": 1e-3, "130m": 1e-3,
            "370m": 7.5e-4, "780m": 5e-4, "1.3b": 4e-4}
-# Each flag: name, type (list: choices; bool: a switch), default, help. Not given: None until resolve().
+# Each flag: name, type (list: choices; bool: a switch), default, help. Not given: None until get_args().
 FLAGS = [
     ("init-state", list(interventions.STRATEGIES), "sp", "initial state of each training sequence"),
     ("sigma", float, 0.1, "std of the random initial state"),
@@ -319,8 +310,7 @@ FLAGS = [
     ("seeds", str, None, "--demo: training seeds, e.g. 0-7 or 0,5: a demo each, then the summary over seeds"),
 ]
 DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
-# A resumed run takes its configuration from the checkpoint. These flags describe one invocation, not
-# the run; these may change on resume (the schedule's length, and the remedies for a divergence).
+# Not resumed: flags of one invocation, not of the run. May change on resume: the length, divergence remedies.
 PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo", "seeds", "cache_dir")
 MAY_CHANGE = ("steps", "ckpt_interval", "eval_interval", "lr", "grad_clip")
 
@@ -346,37 +336,25 @@ def main(argv=None):
 def parse_seeds(text):
     """"0-7" -> [0, ..., 7]; "0,5" -> [0, 5]."""
     lo, dash, hi = text.partition("-")
-    ok = lo.isdigit() and hi.isdigit() and int(lo) <= int(hi) if dash else \
-        all(v.isdigit() for v in text.split(","))
-    if not ok:
+    if not re.fullmatch(r"\d+-\d+|\d+(,\d+)*", text) or dash and int(lo) > int(hi):
         sys.exit(f"error: --seeds must be A-B or A,B,... (integers >= 0), got {text!r}")
     return list(range(int(lo), int(hi) + 1)) if dash else [int(v) for v in text.split(",")]
 
 
 def get_args(argv=None):
+    """Parse the flags, fill in each one not given: on --resume the checkpoint's (a given flag must agree, but
+    MAY_CHANGE); post-training the parent's data, tokenizer, seq_len, peak lr / 10 (App. B); then DEFAULTS."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.error = lambda message: sys.exit(f"error: {message} (see python train.py --help)")
     for name, kind, default, help in FLAGS:
-        kw = dict(action="store_true") if kind is bool else \
-            dict(choices=kind) if isinstance(kind, list) else dict(type=kind)
+        kw = {"action": "store_true"} if kind is bool else {"choices" if type(kind) is list else "type": kind}
         p.add_argument("--" + name, default=None, help=help + f" (default {default})" * bool(default), **kw)
     args = p.parse_args(argv)
-    resolve(args)
-    if not args.demo:
-        exit_on_bad_flags(args)
-    return args
-
-
-def resolve(args):
-    """Fill in every flag not given: on --resume the checkpoint's (a given flag must agree, but MAY_CHANGE);
-    post-training the parent's data, tokenizer, seq_len and a tenth of its peak lr (App. B); then DEFAULTS."""
     given = {k for k, v in vars(args).items() if v is not None}
     out = args.out or DEFAULTS["out"]
     if args.resume and not args.demo:
-        saved = model.train_config(os.path.join(out, "ckpt.pt"))
-        if not saved:
-            sys.exit(f"error: --resume but {out}/ckpt.pt does not exist: start without --resume, or fix "
-                     "--out")
+        saved = model.train_config(os.path.join(out, "ckpt.pt")) or sys.exit(
+            f"error: --resume but {out}/ckpt.pt does not exist: start without --resume, or fix --out")
         differ = [f"--{k.replace('_', '-')} {saved[k]} (given {getattr(args, k)})" for k in sorted(given)
                   if k in saved and k not in PER_INVOCATION + MAY_CHANGE and saved[k] != getattr(args, k)]
         if differ:
@@ -388,17 +366,16 @@ def resolve(args):
     if args.init_from and not args.resume and {"arch", "size"} & given:
         sys.exit("error: the architecture and size come from --init-from: drop --arch and --size")
     inherited = ("data", "tokenizer", "seq_len", "split_seed", "arch", "size")  # args.json: what is used
-    for k, v in DEFAULTS.items():
-        if getattr(args, k) is None:
-            setattr(args, k, parent.get(k, v) if k in inherited else v)
+    vars(args).update({k: parent.get(k, v) if k in inherited else v for k, v in DEFAULTS.items()
+                       if getattr(args, k) is None})
     if args.data_seed is None:  # post-training reads on in its parent's stream (read_on)
         args.data_seed = parent.get("data_seed", parent.get("seed", args.seed))
     if args.resume:
-        return
+        return args
     if args.init_from and os.path.isfile(os.path.join(args.init_from, "config.json")):
         c = model.official_config(args.init_from)  # official: the preset of its shape
-        args.arch, args.size = c.arch, next((s for s, p in model.PRESETS[c.arch].items()
-                                             if (p["d_model"], p["n_layer"]) == (c.d_model, c.n_layer)), None)
+        args.arch, args.size = c.arch, next((s for s, q in model.PRESETS[c.arch].items()
+                                             if (q["d_model"], q["n_layer"]) == (c.d_model, c.n_layer)), None)
     args.peak_lr = parent.get("peak_lr") or not args.init_from and args.lr or PEAK_LR.get(args.size, 3e-3)
     args.lr = args.lr if args.lr is not None else args.peak_lr / (10 if args.init_from else 1)
     args.min_lr = args.min_lr if "min_lr" in given else min(args.min_lr, args.lr)
@@ -406,32 +383,29 @@ def resolve(args):
         per_row = args.seq_len if args.task != "copy" else 2 * int(args.copy_len.split(",")[-1]) + 2
         per_step = args.batch_size * per_row * int(os.environ.get("WORLD_SIZE", 1)) * args.grad_accum
         args.steps = max(1, int(args.tokens // per_step))
+    return args
 
 
 def exit_on_bad_flags(args):
     """Every flag's value, in one place: the first problem is one line naming the flag and the fix."""
-    fin = math.isfinite
-    positive = "seq_len batch_size grad_accum steps ckpt_interval eval_interval eval_batches".split()
-    rules = [(k, getattr(args, k) > 0, "a positive integer") for k in positive] + [
-        ("stop_at", args.stop_at is None or args.stop_at > 0, "a positive integer"),
-        ("batch_size", args.batch_size * args.seq_len <= 1 << 32, "at most 2**32 tokens / --seq-len"),
-        *[(k, 0 <= getattr(args, k) < 2**63, "in [0, 2**63)") for k in ("seed", "data_seed", "split_seed")],
-        ("device", args.device in ("auto", "cpu", "cuda") or args.device[:5] == "cuda:" and
-         args.device[5:].isdigit(), "auto, cpu, cuda or cuda:N"),
-        ("tokens", args.tokens is None or fin(args.tokens) and args.tokens > 0, "a finite number > 0"),
-        ("lr", fin(args.lr) and args.lr > 0, "finite and > 0"),
-        ("min_lr", 0 <= args.min_lr <= args.lr, f"in [0, --lr] = [0, {args.lr:g}]"),
-        ("warmup", 0 <= args.warmup < 1, "a fraction of the steps in [0, 1)"),
-        ("weight_decay", fin(args.weight_decay) and args.weight_decay >= 0, "finite and >= 0"),
-        ("grad_clip", args.grad_clip > 0, "> 0 (inf: no clipping)"),
-        ("sigma", fin(args.sigma) and args.sigma > 0, "finite and > 0"),
-        ("p_reset", 0 <= args.p_reset <= 1, "a probability in [0, 1]")]
-    problems = [f"--{k.replace('_', '-')} must be {rule}, got {getattr(args, k)!r}" for k, ok, rule in rules
-                if not ok]
+    fin, value = math.isfinite, vars(args)
+    must = lambda k, ok, rule: (not ok, f"--{k.replace('_', '-')} must be {rule}, got {value[k]!r}")
+    positive = "seq_len batch_size grad_accum steps ckpt_interval eval_interval eval_batches stop_at".split()
     lo, _, hi = args.copy_len.partition(",")
     bad_babi = [t for t in args.babi_tasks.split(",") if t not in tasks.BABI_TASKS]
     ckpt, real, exists = os.path.join(args.out, "ckpt.pt"), os.path.realpath, os.path.exists
-    problems += [message for bad, message in [
+    checks = [must(k, value[k] is None or value[k] > 0, "a positive integer") for k in positive] + [
+        must("batch_size", args.batch_size * args.seq_len <= 1 << 32, "at most 2**32 tokens / --seq-len"),
+        *[must(k, 0 <= value[k] < 2**63, "in [0, 2**63)") for k in ("seed", "data_seed", "split_seed")],
+        must("device", re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device), "auto, cpu, cuda or cuda:N"),
+        must("tokens", args.tokens is None or fin(args.tokens) and args.tokens > 0, "a finite number > 0"),
+        must("lr", fin(args.lr) and args.lr > 0, "finite and > 0"),
+        must("min_lr", 0 <= args.min_lr <= args.lr, f"in [0, --lr] = [0, {args.lr:g}]"),
+        must("warmup", 0 <= args.warmup < 1, "a fraction of the steps in [0, 1)"),
+        must("weight_decay", fin(args.weight_decay) and args.weight_decay >= 0, "finite and >= 0"),
+        must("grad_clip", args.grad_clip > 0, "> 0 (inf: no clipping)"),
+        must("sigma", fin(args.sigma) and args.sigma > 0, "finite and > 0"),
+        must("p_reset", 0 <= args.p_reset <= 1, "a probability in [0, 1]"),
         (not args.init_from and args.size not in model.PRESETS[args.arch], f"unknown --size {args.size!r} "
          f"for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}"),
         (args.init_from and not exists(args.init_from), f"--init-from {args.init_from} does not exist"),
@@ -444,10 +418,9 @@ def exit_on_bad_flags(args):
          f"read documents in chunks; --task {args.task} examples are independent"),
         (not (lo.isdigit() and hi.isdigit() and 0 < int(lo) <= int(hi)),
          "--copy-len must be LO,HI, 0 < LO <= HI"),
-        (bad_babi, f"unknown --babi-tasks {bad_babi}: choose from {','.join(tasks.BABI_TASKS)}"),
-    ] if bad]
-    if problems:
-        sys.exit(f"error: {problems[0]}")
+        (bad_babi, f"unknown --babi-tasks {bad_babi}: choose from {','.join(tasks.BABI_TASKS)}")]
+    if any(bad for bad, _ in checks):
+        sys.exit(f"error: {next(message for bad, message in checks if bad)}")
     try:  # one example, so that a --seq-len too short for the task, or a --tokenizer, is a clear error now
         _ = args.task != "lm" and make_task_sampler(args, 0, None).next_samples()
     except ValueError as e:
@@ -457,10 +430,9 @@ def exit_on_bad_flags(args):
 def lr_at(step, args):
     """Linear warm-up over the first `warmup` fraction of steps, then cosine decay to min_lr."""
     warm = int(args.warmup * args.steps)
-    if step < warm:
-        return args.lr * (step + 1) / warm
     progress = (step - warm) / max(1, args.steps - warm)
-    return args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+    return args.lr * (step + 1) / warm if step < warm else \
+        args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 def make_optimizer(lm, lr, weight_decay, device):
@@ -475,9 +447,7 @@ def make_optimizer(lm, lr, weight_decay, device):
 
 
 def read_on(sampler, parent, rank):
-    """Post-training reads on where the parent's sampler of the same kind and seed stopped (RandomWindows: its
-    step; DocumentStreams: its next document), never the parent's batches again (the paper post-trains on
-    new data). Another kind or seed of sampler, or an official checkpoint, is a stream of its own."""
+    """Post-training reads on where the parent's sampler (same kind, seed) stopped: new data, as the paper."""
     path = os.path.join(parent, "ckpt.pt") if os.path.isdir(parent) else parent
     states = model.read_checkpoint(path, "cpu").get("sampler", []) if os.path.isfile(path) else []
     state = dict(states[rank]) if rank < len(states) else {}
@@ -499,21 +469,18 @@ def make_task_sampler(args, seed, filler_tokens):
 @torch.no_grad()
 def evaluate_loss(lm, sampler, n_batches, device, autocast):
     """Mean next-token loss (tasks: per answer token) on validation batches, from the zero state."""
-    lm.eval()
     total, count = 0.0, 0
     for x, y, _ in (sampler.next_batch() for _ in range(n_batches)):
         with autocast:
             logits = lm(x.to(device))[0].float().flatten(0, 1)
         total += F.cross_entropy(logits, y.to(device).flatten(), ignore_index=-100, reduction="sum").item()
         count += int((y != -100).sum())
-    lm.train()
     return total / count
 
 
-def diverged(args, step, what, saved_step):
-    last = (f"the last checkpoint, {args.out}/ckpt.pt (step {saved_step}), is intact: continue it with "
-            "--resume and a lower --lr" if saved_step else
-            "no checkpoint was saved: start again with a lower --lr")
+def diverged(args, step, what, saved):
+    last = (f"the last checkpoint, {args.out}/ckpt.pt (step {saved}), is intact: continue it with --resume "
+            "and a lower --lr" if saved else "no checkpoint was saved: start again with a lower --lr")
     sys.exit(f"error: training diverged at step {step} ({what} not finite); stopped without saving: {last}")
 
 
@@ -533,12 +500,11 @@ def open_run(args, step):
         path = os.path.join(args.out, "metrics.jsonl")
         rows = open(path).readlines() if os.path.exists(path) else []
         try:  # a row cut short by a kill has no "}\n": dropped
-            rows = [r for r in rows if r.endswith("}\n") and json.loads(r)["step"] <= step]
+            kept = "".join(r for r in rows if r.endswith("}\n") and json.loads(r)["step"] <= step)
         except (ValueError, KeyError, TypeError):
             sys.exit(f"error: {path} holds a row that is not train.py's (JSON with a step): move it away")
-        data.write_atomically(os.path.join(args.out, "args.json"), lambda tmp: pathlib.Path(tmp).write_text(
-            json.dumps(vars(args), indent=1)))
-        data.write_atomically(path, lambda tmp: pathlib.Path(tmp).write_text("".join(rows)))
+        for name, text in (("args.json", json.dumps(vars(args), indent=1)), ("metrics.jsonl", kept)):
+            data.write_atomically(os.path.join(args.out, name), lambda t: pathlib.Path(t).write_text(text))
         with open(path, "a") as log:
             yield log
 
