@@ -469,12 +469,14 @@ def make_task_sampler(args, seed, filler_tokens):
 @torch.no_grad()
 def evaluate_loss(lm, sampler, n_batches, device, autocast):
     """Mean next-token loss (tasks: per answer token) on validation batches, from the zero state."""
+    lm.eval()  # no layer here depends on the mode; one added (dropout) would
     total, count = 0.0, 0
     for x, y, _ in (sampler.next_batch() for _ in range(n_batches)):
         with autocast:
             logits = lm(x.to(device))[0].float().flatten(0, 1)
         total += F.cross_entropy(logits, y.to(device).flatten(), ignore_index=-100, reduction="sum").item()
         count += int((y != -100).sum())
+    lm.train()
     return total / count
 
 
