@@ -197,15 +197,12 @@ MARKOV_DEFAULTS = dict(k=8, alpha=0.3, doc_len=4096, docs=2048, val_docs=256, sh
 
 def markov_prior(k, alpha, shared=0.0, seed=0):
     """[k, k] Dirichlet pseudo-counts of every document's rows: alpha, or shared * G (related documents)."""
-    if not shared:
-        return np.full((k, k), float(alpha))
-    return shared * np.random.default_rng([seed, 2]).dirichlet(np.full(k, alpha), size=k)
+    return np.full((k, k), float(alpha)) if not shared else \
+        shared * np.random.default_rng([seed, 2]).dirichlet(np.full(k, alpha), size=k)
 
 
 def sample_markov(k, alpha, doc_len, docs, seed=0, split="train", shared=0.0):
     """-> (tokens [docs, doc_len] int64 in 0..k-1, transitions [docs, k, k]); doc d: from (seed, split, d)."""
-    require(split in ("train", "val") and is_int(k, 2) and is_int(doc_len) and is_int(docs) and alpha > 0
-            and shared >= 0, f"sample_markov: need k >= 2, doc_len, docs >= 1, alpha > 0, shared >= 0")
     prior = markov_prior(k, alpha, shared, seed)
     transitions, u = np.empty((docs, k, k)), np.empty((doc_len, docs))   # u: uniforms [time, doc]
     for doc in range(docs):
@@ -226,10 +223,9 @@ def markov_bayes_nll(tokens, k, alpha, prior=None):
     at a document start (eot = k, or its first token). With Dirichlet(alpha) rows, after bigram counts c:
         p(j | i, c) = (c_ij + alpha) / (sum_j' c_ij' + K alpha);  a first token: 1/K.  prior: [k, k] alpha."""
     x = torch.as_tensor(np.asarray(tokens) if not torch.is_tensor(tokens) else tokens).long().cpu()
-    require(x.dim() == 2 and x.shape[1] >= 2 and not ((x < 0) | (x > k)).any(), f"markov_bayes_nll: tokens "
-            f"must be [n, T >= 2] of ids in 0..{k} (k is eot), got shape {list(x.shape)}")
-    require(not (x[:, 1:] == k).any(), "markov_bayes_nll: a window crosses a document boundary (an eot after "
-            "its start): use windows from document starts of <= doc_len + 1 tokens")
+    require(x.dim() == 2 and x.shape[1] >= 2 and not ((x < 0) | (x > k)).any() and not (x[:, 1:] == k).any(),
+            f"markov_bayes_nll: need [n, T >= 2] ids in 0..{k} (k is eot), no window crossing a document "
+            "boundary (an eot after its start): use windows from document starts of <= doc_len + 1 tokens")
     (n, T), rows = x.shape, torch.arange(len(x))
     prior = torch.as_tensor(markov_prior(k, alpha) if prior is None else prior, dtype=torch.float64)
     counts = torch.zeros(n, k, k, dtype=torch.float64)   # counts[r, i, j]: bigrams i -> j so far
@@ -249,9 +245,6 @@ class RandomWindows:
     """Windows from anywhere in the stream (across documents, as nanoGPT's): for zero, noise and SP states."""
 
     def __init__(self, tokens, batch_size, seq_len, seed=0):
-        require(is_int(batch_size) and is_int(seq_len) and len(tokens) > seq_len,
-                f"RandomWindows: need batch_size >= 1 and 1 <= seq_len < {len(tokens)} (the tokens): use a "
-                "shorter seq_len or more data")
         self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
         self.seed, self.step = seed, 0
 
@@ -298,7 +291,6 @@ class DocumentStreams:
                     row_pos=list(self.row_pos))
 
     def load_state_dict(self, state):
-        require(len(state["row_doc"]) == self.batch_size, "DocumentStreams: resume with the same batch size")
         self.seed, self.epoch, self.cursor = int(state["seed"]), int(state["epoch"]), int(state["cursor"])
         self.row_doc, self.row_pos = [int(d) for d in state["row_doc"]], [int(p) for p in state["row_pos"]]
         self._order = self._shuffled()
@@ -309,9 +301,8 @@ class DocumentStreams:
 
 def eval_windows(tokens, n, length, seed=0, eot_token=None):
     """n seeded windows -> int64 [n, length]; with eot_token each at a distinct document's start."""
-    require(is_int(n) and is_int(length, 2) and len(tokens) >= length, f"eval_windows: need n >= 1 and 2 <= "
-            f"length <= {len(tokens)} (the tokens), got {n!r}, {length!r}: use a shorter length or more data")
     rng, last = np.random.default_rng(seed), len(tokens) - length   # the last start that fits
+    require(last >= 0, f"eval_windows: windows of {length} > {len(tokens)} tokens: shorten them or add data")
     if eot_token is None:
         return _windows(tokens, rng.integers(0, last + 1, size=n), length)
     candidates = np.flatnonzero(np.asarray(tokens[: last + 1]) == eot_token)
@@ -325,7 +316,6 @@ class TaskSampler:
     answer; eot pads on the RIGHT: each row reads its example from the initial state, as evaluation does."""
 
     def __init__(self, task_fn, batch_size, seed=0, **task_kwargs):
-        require(is_int(batch_size), f"TaskSampler: batch_size must be an integer >= 1, got {batch_size!r}")
         self.task_fn, self.batch_size, self.seed, self.task_kwargs = task_fn, batch_size, seed, task_kwargs
         self.pad_id, self.step = get_tokenizer(task_kwargs.get("tokenizer", "bytes")).eot_token, 0
 
