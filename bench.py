@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 
 import torch
 import torch.nn.functional as F
@@ -76,17 +75,16 @@ def bench_scans(args, device):
     rows, forms_timed = [], 3 if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1" else 2
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     print_row("scan", "T", "naive ms", "chunked ms", "speed-up", "triton ms", "rel diff")
-    for name, forms in SCANS.items():
-        for T in args.lengths:
-            inputs, h0 = scan_inputs(name, T, args.scan_batch, paper=args.paper_shapes)
-            inputs, h0 = tuple(x.to(device, dtype) for x in inputs), h0.to(device)
-            ms, ys = [None] * 3, []
-            for i, f in enumerate(list(forms.values())[:forms_timed]):
-                run = torch.no_grad()(lambda: ys.append(f(*inputs, initial_state=h0)[0].float()))
-                ms[i] = 1e3 * times(run, args.repeats, device)[0][0]
-            diff = max(float((y - ys[0]).abs().max() / ys[0].abs().max()) for y in ys[1:])
-            rows.append(dict(scan=name, T=T, naive_ms=ms[0], chunked_ms=ms[1], triton_ms=ms[2], diff=diff))
-            print_row(name, T, ms[0], ms[1], f"{ms[0] / ms[1]:.0f}x", ms[2], f"{diff:.1e}")
+    for name, forms, T in [(n, f, T) for n, f in SCANS.items() for T in args.lengths]:
+        inputs, h0 = scan_inputs(name, T, args.scan_batch, paper=args.paper_shapes)
+        inputs, h0 = tuple(x.to(device, dtype) for x in inputs), h0.to(device)
+        ms, ys = [None] * 3, []
+        for i, f in enumerate(list(forms.values())[:forms_timed]):
+            run = torch.no_grad()(lambda: ys.append(f(*inputs, initial_state=h0)[0].float()))
+            ms[i] = 1e3 * times(run, args.repeats, device)[0][0]
+        diff = max(float((y - ys[0]).abs().max() / ys[0].abs().max()) for y in ys[1:])
+        rows.append(dict(scan=name, T=T, naive_ms=ms[0], chunked_ms=ms[1], triton_ms=ms[2], diff=diff))
+        print_row(name, T, ms[0], ms[1], f"{ms[0] / ms[1]:.0f}x", ms[2], f"{diff:.1e}")
     return rows
 
 
@@ -125,7 +123,7 @@ def bench_train(args, device, vocab_size=50280):
         lm = model.set_scan_impl(model.LM(cfgs[name]).to(device), form)
         optimizer = train.make_optimizer(lm, lr=1e-4, weight_decay=0.01, device=device)  # lr: no cost
         idx = torch.randint(vocab_size, (args.batch_size, args.seq_len + 1), device=device)  # data: not timed
-        sampler = types.SimpleNamespace(next_batch=lambda: data.Batch(idx[:, :-1], idx[:, 1:], None))
+        sampler = argparse.Namespace(next_batch=lambda: data.Batch(idx[:, :-1], idx[:, 1:], None))
         strategy = interventions.make_strategy("zero", lm, args.batch_size)
         autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda)  # as train.py
 
@@ -142,8 +140,7 @@ def bench_train(args, device, vocab_size=50280):
     return rows
 
 
-# A fresh process measures (argv: data.py's folder, what, corpus, tokenizer, cache) tokens, seconds, peak
-# RSS (kB) of that data.py's cache build, or of encode_batch_fast on 16 kB of lines, 256 a call (as data.py)
+# Fresh process: tokens, seconds, peak RSS (kB) of the cache build or of encode_batch_fast as data.py calls it
 DATA_CHILD = """import glob, itertools, re, sys, time
 sys.path.insert(0, sys.argv[1])
 import data, tokenizers
@@ -220,9 +217,8 @@ def main(argv=None):
         raise SystemExit(f"error: --forms {args.forms}: choose from auto, naive, chunked, triton (triton: "
                          "CUDA, or on the CPU TRITON_INTERPRET=1, slow)")
     print(f"device: {device}" + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads"))
-    benches = dict(scans=bench_scans, eval=bench_eval, train=bench_train, data=bench_data)
     for what in ("scans", "eval") if args.what == "all" else (args.what,):
-        benches[what](args, device)
+        globals()[f"bench_{what}"](args, device)   # --what's choices name the bench_ functions
         print()
 
 
