@@ -96,12 +96,13 @@ def chunked_scan(q, k, v, g, initial_state, chunk_size, shift):
 
 
 # --- Layers: the GLA mixer and the SwiGLU MLP of a GLA block (as fla's GatedLinearAttention/GatedMLP) --
-def head_dims(layer, d_model, num_heads, expand_k, expand_v):
-    """key_dim, value_dim and their per-head sizes of a matrix-state layer (GLA's, RWKV-6's)."""
+def set_head_dims(layer, name, d_model, num_heads, expand_k, expand_v):
+    """Sets num_heads, key_dim, value_dim and their per-head sizes on a matrix-state layer (GLA, RWKV-6)."""
     key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)
     if key_dim % num_heads or value_dim % num_heads:
-        raise ValueError(f"{layer}: num_heads {num_heads} must divide key_dim {key_dim} and value_dim")
-    return key_dim, value_dim, key_dim // num_heads, value_dim // num_heads
+        raise ValueError(f"{name}: num_heads {num_heads} must divide key_dim {key_dim} and value_dim")
+    layer.num_heads, layer.key_dim, layer.value_dim = num_heads, key_dim, value_dim
+    layer.head_k_dim, layer.head_v_dim = key_dim // num_heads, value_dim // num_heads
 
 
 class GLA(nn.Module):
@@ -110,10 +111,8 @@ class GLA(nn.Module):
     def __init__(self, d_model, num_heads=4, expand_k=0.5, expand_v=1.0, gate_low_rank_dim=16,
                  gate_logit_normalizer=16, norm_eps=1e-6, layer_idx=None, scan_impl="auto"):
         super().__init__()
-        self.num_heads, self.layer_idx, self.scan_impl = num_heads, layer_idx, scan_impl
-        dims = head_dims("GLA", d_model, num_heads, expand_k, expand_v)
-        self.key_dim, self.value_dim, self.head_k_dim, self.head_v_dim = dims
-        self.gate_logit_normalizer, self.norm_eps = gate_logit_normalizer, norm_eps
+        set_head_dims(self, "GLA", d_model, num_heads, expand_k, expand_v)
+        self.scan_impl, self.gate_logit_normalizer, self.norm_eps = scan_impl, gate_logit_normalizer, norm_eps
         self.q_proj = nn.Linear(d_model, self.key_dim, bias=False)
         self.k_proj = nn.Linear(d_model, self.key_dim, bias=False)
         self.v_proj = nn.Linear(d_model, self.value_dim, bias=False)
@@ -134,8 +133,7 @@ class GLA(nn.Module):
         # gate and norm in (at least) float32: bf16 would quantise a decay that compounds over many steps
         f32 = torch.promote_types(x.dtype, torch.float32)
         g = F.logsigmoid(self.gk_proj(x).to(f32)).view(heads) / self.gate_logit_normalizer
-        h0 = None if state is None else state["h"]
-        o, final_state = pick_form(GLA_SCANS, self.scan_impl, x)(q, k, v, g, h0)
+        o, final_state = pick_form(GLA_SCANS, self.scan_impl, x)(q, k, v, g, state and state["h"])
         o = F.rms_norm(o.to(f32), (self.head_v_dim,), self.norm_weight.to(f32), self.norm_eps)
         o = o * F.silu(self.g_proj(x).to(f32).view(heads))
         return self.o_proj(o.flatten(2).to(x.dtype)), {"h": final_state}
@@ -159,9 +157,8 @@ class SwiGLU(nn.Module):
 
 
 def _init_linears(module):  # as fla's _init_weights: every linear weight ~ N(0, 0.02)
-    for m in module.modules():
-        if isinstance(m, nn.Linear):
-            nn.init.normal_(m.weight, std=0.02)
+    for linear in [m for m in module.modules() if isinstance(m, nn.Linear)]:
+        nn.init.normal_(linear.weight, std=0.02)
 
 
 # --- Triton: the naive loop fused (shared with RWKV-6). One program per (batch * head, block of value
@@ -199,20 +196,19 @@ def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, u_ptr, h0_ptr, o_ptr, ht_ptr, 
 
 
 def recurrent_forward(q, k, v, g, initial_state, scale, u=None):
-    """_recurrent_kernel's (o in q's dtype, final state in compute_dtype), as the chunked form has them."""
+    """(o, final state) of _recurrent_kernel, in the chunked form's dtypes; scale None: dk ** -0.5 (GLA's)."""
     (b, t, H, dk), dv = q.shape, v.shape[-1]
     o, final_state = q.new_empty(b, t, H, dv), q.new_empty(b, H, dk, dv, dtype=torch.float32)
     initial_state = torch.zeros_like(final_state) if initial_state is None else initial_state
     block_v = min(triton.next_power_of_2(dv), 32)  # a [dk, 32] float32 tile fits registers for dk <= 128
     tensors = [x.contiguous() for x in (q, k, v, g, q if u is None else u, initial_state)]
     _recurrent_kernel[(b * H, triton.cdiv(dv, block_v))](
-        *tensors, o, final_state, t, H, float(scale), DK=dk, DV=dv,
+        *tensors, o, final_state, t, H, float(dk ** -0.5 if scale is None else scale), DK=dk, DV=dv,
         BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v, BONUS=u is not None)
     return o, final_state.to(compute_dtype(q, k, v, g, initial_state))
 
 
 def gla_triton(q, k, v, g, initial_state=None, scale=None):
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
     return triton_scan(recurrent_forward, gla_chunked, q, k, v, g, initial_state, scale=scale)
 
 

@@ -76,8 +76,7 @@ def make_config(arch, size="tiny", vocab_size=257, **overrides):
     p = PRESETS[arch][size]
     # GLA as fla's GLAConfig: an untied head and RMSNorm eps 1e-6 (the Mamba LMs and RWKV-6: tied, 1e-5)
     own = dict(tie_embeddings=False, norm_eps=1e-6) if arch == "gla" else {}
-    return ModelConfig(**{**dict(arch=arch, vocab_size=vocab_size, d_model=p["d_model"], n_layer=p["n_layer"],
-                                 mixer=dict(p["mixer"]), **own), **overrides})
+    return ModelConfig(arch, vocab_size, **{**p, "mixer": dict(p["mixer"]), **own, **overrides})
 
 
 class RMSNorm(nn.RMSNorm):
@@ -112,12 +111,11 @@ class LM(nn.Module):
                                            layers=nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layer)]),
                                            norm_f=RMSNorm(cfg.d_model, cfg.norm_eps)))
         self.lm_head = nn.Linear(cfg.d_model, padded_vocab, bias=False)
+        # as mamba_ssm (mixers init their dt, A...): embedding ~ N(0, 0.02), residual outputs / sqrt(branches)
+        nn.init.normal_(self.backbone.embedding.weight, std=0.02)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.backbone.embedding.weight
-        # The mixers initialise their own parameters (dt, A, decays...). Here, as mamba_ssm: embeddings
-        # ~ N(0, 0.02), and each projection into the residual stream is scaled by 1/sqrt(residual branches)
-        nn.init.normal_(self.backbone.embedding.weight, std=0.02)
-        if not self.cfg.tie_embeddings:
+        else:
             nn.init.normal_(self.lm_head.weight, std=0.02)
         n_branches = self.cfg.n_layer * (2 if self.backbone.layers[0].mlp is not None else 1)
         for name, p in self.named_parameters():
@@ -134,8 +132,7 @@ class LM(nn.Module):
             x, s = block(x, s)
             final_state.append(s)
         x = self.backbone.norm_f(x[:, -1:] if last_only else x)
-        logits = self.lm_head(x)[..., : self.cfg.vocab_size]  # drop the padding rows
-        return logits, final_state
+        return self.lm_head(x)[..., : self.cfg.vocab_size], final_state  # without the padding rows
 
     def zero_state(self, batch_size, device=None):
         device, n = device or self.backbone.embedding.weight.device, batch_size
@@ -160,9 +157,11 @@ def set_scan_impl(lm, impl):
 
 
 # --- loading -------------------------------------------------------------------------------------
-# The keys of mamba_ssm's MambaConfig (config.json of the state-spaces/mamba* checkpoints).
+# The keys of mamba_ssm's MambaConfig (config.json of the state-spaces/mamba* checkpoints). SIZES are
+# positive integers, which export writes with ssm_cfg (the other keys: MambaConfig's defaults).
 OFFICIAL_KEYS = set("d_model n_layer vocab_size ssm_cfg d_intermediate attn_layer_idx attn_cfg rms_norm "
                     "residual_in_fp32 fused_add_norm pad_vocab_size_multiple tie_embeddings".split())
+SIZES = ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple")
 
 
 def from_pretrained(path, device="cpu"):
@@ -207,9 +206,8 @@ def official_config(path):
         raise ValueError(f"{file} is not valid JSON: re-download it") from None
     if not isinstance(c, dict):
         raise ValueError(f"{file} is not a JSON object (a Mamba config): re-download it")
-    sizes = ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple")   # each a positive integer
-    bad = sorted(set(c) - OFFICIAL_KEYS) + [f"no {k}" for k in sizes[:3] if k not in c] + [
-        f"{k} {c[k]!r}" for k in sizes if k in c and not (type(c[k]) is int and c[k] > 0)] + [
+    bad = sorted(set(c) - OFFICIAL_KEYS) + [f"no {k}" for k in SIZES[:3] if k not in c] + [
+        f"{k} {c[k]!r}" for k in SIZES if k in c and not (type(c[k]) is int and c[k] > 0)] + [
         f"ssm_cfg {c.get('ssm_cfg')!r}"] * (not isinstance(c.get("ssm_cfg") or {}, dict))
     unsupported = c.get("d_intermediate") or c.get("attn_layer_idx") or not c.get("rms_norm", True)
     if bad or unsupported or not c.get("tie_embeddings", True):
@@ -217,8 +215,7 @@ def official_config(path):
                          "MLP/attention layers, LayerNorm and untied embeddings are not supported)")
     mixer = dict(c.get("ssm_cfg") or {})
     arch = "mamba2" if mixer.pop("layer", "Mamba1") == "Mamba2" else "mamba1"
-    return ModelConfig(arch=arch, vocab_size=c["vocab_size"], d_model=c["d_model"], n_layer=c["n_layer"],
-                       mixer=mixer, pad_vocab_size_multiple=c.get("pad_vocab_size_multiple", 8))
+    return ModelConfig(arch=arch, mixer=mixer, **{k: c[k] for k in SIZES if k in c})
 
 
 def export(lm, out):
@@ -228,8 +225,7 @@ def export(lm, out):
         raise ValueError(f"{c.arch}: the official layout holds Mamba LMs (tied head, norm eps 1e-5) only")
     if any(map(os.path.exists, files)):
         raise FileExistsError(f"{out} holds a model already: pass a new OUT_DIR")
-    keys = ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple")   # the rest: MambaConfig defaults
-    config = dict({k: getattr(c, k) for k in keys}, ssm_cfg=dict(c.mixer, layer=c.arch.title()))
+    config = dict({k: getattr(c, k) for k in SIZES}, ssm_cfg=dict(c.mixer, layer=c.arch.title()))
     os.makedirs(out, exist_ok=True)   # the weights first: a config.json is a whole export
     data.write_atomically(files[0], lambda tmp: torch.save(lm.state_dict(), tmp))
     data.write_atomically(files[1], lambda tmp: pathlib.Path(tmp).write_text(json.dumps(config)))

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gla import chunked_scan, head_dims, recurrent_forward
+from gla import chunked_scan, recurrent_forward, set_head_dims
 from ssm import compute_dtype, pick_form, triton_scan
 
 
@@ -51,9 +51,8 @@ class RWKV6TimeMix(nn.Module):
     def __init__(self, d_model, num_heads=4, proj_low_rank_dim=32, gate_low_rank_dim=64, expand_k=0.5,
                  expand_v=1.0, norm_eps=6.4e-4, layer_idx=0, num_layers=1, scan_impl="auto"):
         super().__init__()
-        self.d_model, self.num_heads, self.scan_impl = d_model, num_heads, scan_impl
-        dims = head_dims("RWKV6", d_model, num_heads, expand_k, expand_v)
-        self.key_dim, self.value_dim, self.head_k_dim, self.head_v_dim = dims
+        self.d_model, self.scan_impl = d_model, scan_impl
+        set_head_dims(self, "RWKV6", d_model, num_heads, expand_k, expand_v)
         self.norm_eps = norm_eps  # BlinkDL's ln_x: 1e-5 * head_size_divisor**2 = 6.4e-4 (fla: 1e-5)
         ratio_0_to_1, ratio_1_to_almost0 = layer_idx / max(num_layers - 1, 1), 1.0 - layer_idx / num_layers
         ramp = torch.arange(d_model) / d_model
@@ -73,8 +72,7 @@ class RWKV6TimeMix(nn.Module):
         self.decay_lora_down = nn.Parameter(torch.zeros(d_model, gate_low_rank_dim))
         self.decay_lora_up = nn.Parameter(torch.empty(gate_low_rank_dim, self.key_dim).uniform_(-0.01, 0.01))
         self.bonus = nn.Parameter((ratio_0_to_1 * (1.0 - key_ramp) + zigzag).view(num_heads, self.head_k_dim))
-        for p in (self.mu_x, self.mu, self.mix_lora_down, self.mix_lora_up, self.w0, self.decay_lora_down,
-                  self.decay_lora_up, self.bonus):
+        for p in self.parameters():  # all so far: the mixes, their LoRAs, w0, the decay LoRA, the bonus
             p._no_weight_decay = True
         self.r_proj = nn.Linear(d_model, self.key_dim, bias=False)
         self.k_proj = nn.Linear(d_model, self.key_dim, bias=False)
@@ -90,18 +88,17 @@ class RWKV6TimeMix(nn.Module):
 
     def forward(self, x, state=None):
         b, t, _ = x.shape
-        state = state or self.zero_state(b, x.device)
-        delta, shift = _token_shift(x, state["shift"])
+        delta, shift = _token_shift(x, state and state["shift"])
         lora = torch.tanh((x + delta * self.mu_x) @ self.mix_lora_down).view(b, t, 5, -1)
         mix = torch.einsum("btfr,frd->btfd", lora, self.mix_lora_up) + self.mu  # [b, t, 5, d_model]
         x_r, x_w, x_k, x_v, x_g = (x.unsqueeze(2) + delta.unsqueeze(2) * mix).unbind(2)
         heads = (b, t, self.num_heads, -1)
         r, k, v = self.r_proj(x_r).view(heads), self.k_proj(x_k).view(heads), self.v_proj(x_v).view(heads)
         w = -torch.exp(self.w0 + torch.tanh(x_w @ self.decay_lora_down) @ self.decay_lora_up).view(heads)
-        o, final_state = pick_form(RWKV6_SCANS, self.scan_impl, x)(r, k, v, w, self.bonus, state["h"])
+        o, h = pick_form(RWKV6_SCANS, self.scan_impl, x)(r, k, v, w, self.bonus, state and state["h"])
         o = F.group_norm(o.reshape(b * t, self.value_dim), self.num_heads, self.norm_weight, self.norm_bias,
                          self.norm_eps).view(b, t, self.value_dim)
-        return self.o_proj(o * F.silu(self.g_proj(x_g))), {"h": final_state, "shift": shift}
+        return self.o_proj(o * F.silu(self.g_proj(x_g))), {"h": h, "shift": shift}
 
 
 class RWKV6ChannelMix(nn.Module):
@@ -120,14 +117,14 @@ class RWKV6ChannelMix(nn.Module):
         return {"ffn_shift": torch.zeros(batch_size, self.d_model, device=device)}
 
     def forward(self, x, state=None):
-        state = state or self.zero_state(x.shape[0], x.device)
-        delta, shift = _token_shift(x, state["ffn_shift"])
+        delta, shift = _token_shift(x, state and state["ffn_shift"])
         k = torch.relu(self.key(x + delta * self.mu_k)).square()
         return torch.sigmoid(self.receptance(x + delta * self.mu_r)) * self.value(k), {"ffn_shift": shift}
 
 
-def _token_shift(x, shift_state):  # x_prev - x (x_prev at position 0: shift_state) and the new shift state
-    x_prev = torch.cat([shift_state.to(x.dtype).unsqueeze(1), x[:, :-1]], dim=1)
+def _token_shift(x, shift_state):  # x_prev - x (x_prev at position 0: shift_state, None: 0), new shift state
+    first = torch.zeros_like(x[:, :1]) if shift_state is None else shift_state.to(x.dtype).unsqueeze(1)
+    x_prev = torch.cat([first, x[:, :-1]], dim=1)
     return x_prev - x, x[:, -1].to(compute_dtype(x))
 
 

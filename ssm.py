@@ -146,14 +146,12 @@ class Mamba2(nn.Module):
                  dt_min=0.001, dt_max=0.1, dt_init_floor=1e-4, chunk_size=64, layer_idx=None,
                  scan_impl="auto"):
         super().__init__()
-        self.d_inner, self.nheads = expand * d_model, expand * d_model // headdim
+        self.d_inner, self.nheads, self.scan_impl = expand * d_model, expand * d_model // headdim, scan_impl
         assert self.d_inner % headdim == 0 and self.nheads % ngroups == 0, \
             "Mamba2: headdim must divide expand * d_model, and ngroups the number of heads"
         self.d_state, self.d_conv, self.headdim, self.ngroups = d_state, d_conv, headdim, ngroups
-        self.chunk_size, self.layer_idx, self.scan_impl = chunk_size, layer_idx, scan_impl
-        self.conv_dim = self.d_inner + 2 * ngroups * d_state
-        # One projection for everything, in the official order [z, x, B, C, dt]. nn.Conv1d is only the
-        # official container of weight and bias: causal_conv1d applies it, carrying its window as state.
+        self.chunk_size, self.conv_dim = chunk_size, self.d_inner + 2 * ngroups * d_state
+        # in_proj: the official order [z, x, B, C, dt]; conv1d: only the official weight and bias holder
         self.in_proj = nn.Linear(d_model, self.d_inner + self.conv_dim + self.nheads, bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, padding=d_conv - 1,
                                 groups=self.conv_dim)
@@ -165,21 +163,18 @@ class Mamba2(nn.Module):
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
 
     def forward(self, x, state=None):
-        b, t, _ = x.shape
-        state = self.zero_state(b, x.device) if state is None else state
+        state = self.zero_state(x.shape[0], x.device) if state is None else state
         z, xBC, dt = torch.split(self.in_proj(x), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
-        xBC, conv_state = causal_conv1d(xBC, self.conv1d.weight, self.conv1d.bias, state["conv"])
-        gn = self.ngroups * self.d_state
-        xs, B, C = torch.split(F.silu(xBC), [self.d_inner, gn, gn], dim=-1)
-        xs = xs.reshape(b, t, self.nheads, self.headdim)
+        xBC, conv_state = causal_conv1d_silu(xBC, self.conv1d.weight, self.conv1d.bias, state["conv"])
+        xs, BC = xBC.tensor_split([self.d_inner], dim=-1)
+        B, C = BC.unflatten(-1, (2, self.ngroups, self.d_state)).unbind(-3)  # [b, t, g, n] each
+        xs = xs.unflatten(-1, (self.nheads, self.headdim))
         dt = F.softplus(dt.float() + self.dt_bias.float())
         A = -torch.exp(self.A_log.float())
-        scan = pick_form(SSD_SCANS, self.scan_impl, x)
-        kwargs = {"chunk_size": self.chunk_size} if scan is ssd_chunked else {}
-        y, h = scan(xs, dt, A, B.reshape(b, t, self.ngroups, self.d_state),
-                    C.reshape(b, t, self.ngroups, self.d_state), initial_state=state["h"], **kwargs)
+        scan = pick_form(SSD_SCANS, self.scan_impl, x, chunk_size=self.chunk_size)
+        y, h = scan(xs, dt, A, B, C, initial_state=state["h"])
         y = y.float() + self.D.float()[:, None] * xs.float()  # skip connection, outside the scan
-        y = self.norm(y.reshape(b, t, self.d_inner), z)
+        y = self.norm(y.flatten(-2), z)
         return self.out_proj(y.to(x.dtype)), {"h": h, "conv": conv_state}
 
     def zero_state(self, batch_size, device):
@@ -196,8 +191,7 @@ class RMSNormGated(nn.Module):
 
     def forward(self, y, z):  # float32 out
         y = (y.float() * F.silu(z.float())).unflatten(-1, (-1, self.group_size))
-        y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2)
-        return y * self.weight.float()
+        return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2) * self.weight.float()
 
 
 class Mamba1(nn.Module):
@@ -209,8 +203,7 @@ class Mamba1(nn.Module):
                  bias=False, layer_idx=None, scan_impl="auto"):
         super().__init__()
         self.d_state, self.d_conv, self.d_inner = d_state, d_conv, int(expand * d_model)
-        self.dt_rank = math.ceil(d_model / 16) if dt_rank == "auto" else dt_rank
-        self.layer_idx, self.scan_impl = layer_idx, scan_impl
+        self.dt_rank, self.scan_impl = (math.ceil(d_model / 16) if dt_rank == "auto" else dt_rank), scan_impl
         self.in_proj = nn.Linear(d_model, 2 * self.d_inner, bias=bias)
         self.conv1d = nn.Conv1d(self.d_inner, self.d_inner, d_conv, groups=self.d_inner,
                                 padding=d_conv - 1, bias=conv_bias)
@@ -230,8 +223,7 @@ class Mamba1(nn.Module):
     def forward(self, x, state=None):
         state = self.zero_state(x.shape[0], x.device) if state is None else state
         xs, z = self.in_proj(x).chunk(2, dim=-1)  # [b, t, d_inner] each
-        xs, conv_state = causal_conv1d(xs, self.conv1d.weight, self.conv1d.bias, state["conv"])
-        xs = F.silu(xs)
+        xs, conv_state = causal_conv1d_silu(xs, self.conv1d.weight, self.conv1d.bias, state["conv"])
         dt_low, B, C = self.x_proj(xs).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         dt = F.softplus(self.dt_proj(dt_low).float())  # softplus in float32: it sets the decay
         A = -torch.exp(self.A_log.float())
@@ -349,11 +341,11 @@ def compute_dtype(*tensors):  # the module docstring says why
     return torch.float64 if torch.float64 in [v.dtype for v in tensors if v is not None] else torch.float32
 
 
-def pick_form(forms, impl, x):
-    """forms: {"naive", "chunked", "triton"} -> function. "auto": the Triton kernel on CUDA, else chunked."""
+def pick_form(forms, impl, x, **chunked_kw):
+    """forms["naive" | "chunked" | "triton"]; "auto": Triton on CUDA, else chunked, given chunked_kw."""
     if impl == "auto":
         impl = "triton" if x.is_cuda and HAS_TRITON else "chunked"
-    return forms[impl]
+    return partial(forms[impl], **chunked_kw) if impl == "chunked" else forms[impl]
 
 
 def triton_scan(launch, chunked, *inputs, **kw):
@@ -374,24 +366,23 @@ class _TritonForward(torch.autograd.Function):  # no backward kernel: the same f
         return launch(*inputs)
 
     @staticmethod
-    def backward(ctx, dy, dfinal_state):
+    def backward(ctx, dy, dfinal):
         needs = ctx.needs_input_grad[2:]
         with torch.enable_grad():
             inputs = [v if v is None else v.detach().requires_grad_(need)
                       for v, need in zip(ctx.saved_tensors, needs)]
-            y, final_state = ctx.chunked(*inputs)
             wanted = [v for v, need in zip(inputs, needs) if need]
-            grads = iter(torch.autograd.grad((y, final_state), wanted, (dy, dfinal_state), allow_unused=True))
+            grads = iter(torch.autograd.grad(ctx.chunked(*inputs), wanted, (dy, dfinal), allow_unused=True))
         return (None, None) + tuple(next(grads) if need else None for need in needs)
 
 
-def causal_conv1d(x, weight, bias, conv_state):
-    """Depthwise causal conv of x [b, t, c] by nn.Conv1d's weight and bias, after conv_state [b, k-1, c] (the
-    inputs before x; zeros at a start): y [b, t, c], new state; conv(x[:, :a]), conv(x[:, a:]) = conv(x)."""
+def causal_conv1d_silu(x, weight, bias, conv_state):
+    """SiLU(depthwise causal conv of x [b, t, c] after conv_state [b, k-1, c], the inputs before x, zeros at a
+    start; weight, bias: nn.Conv1d's): y [b, t, c], new state; conv(x[:, :a]), conv(x[:, a:]) = conv(x)."""
     xx = torch.cat([conv_state.to(x.dtype), x], dim=1)  # [b, k-1+t, c]
     bias = None if bias is None else bias.to(x.dtype)
     y = F.conv1d(xx.transpose(1, 2), weight.to(x.dtype), bias, groups=x.shape[-1])
-    return y.transpose(1, 2), xx[:, x.shape[1]:].float()
+    return F.silu(y.transpose(1, 2)), xx[:, x.shape[1]:].float()
 
 
 def inverse_softplus_dt(size, dt_min, dt_max, dt_init_floor):
