@@ -123,18 +123,16 @@ def setup_data(args, rank):
     if args.task == "babilong" and corpus.tokenizer is None:
         raise ValueError(f"--task babilong hides its stories in --data text, but {corpus.name} is not text")
     for split, tokens in (("training", corpus.train), ("validation", corpus.val)) if corpus else ():
-        if len(tokens) <= args.seq_len:
-            raise ValueError(f"the {split} split of {corpus.name} has {len(tokens)} tokens, --seq-len "
-                             f"{args.seq_len} needs more: use more text or a smaller --seq-len")
+        data.require(len(tokens) > args.seq_len, f"the {split} split of {corpus.name} has {len(tokens)} "
+                     f"tokens, --seq-len {args.seq_len} needs more: use more text or a smaller --seq-len")
     # what the run read, kept in its checkpoint: a resume must read the same, post-training the same tokenizer
     now = dict(tokenizer_id=data.get_tokenizer(args.tokenizer).name, data_id=corpus and " ".join(
         [corpus.name, str(corpus.info.get("key", "")), f"split-seed {args.split_seed}"]))
     saved = vars(args) if args.resume else model.train_config(args.init_from) if args.init_from else {}
     for key, flag, fix in [("tokenizer_id", "--tokenizer", "pass the tokenizer.json it was trained with")] + [
             ("data_id", "--data", "restore its files, or start a new run")] * args.resume:
-        if saved.get(key) not in (None, now[key]):
-            raise ValueError(f"{flag} {getattr(args, flag[2:])} ({now[key]}) does not match "
-                             f"{args.out if args.resume else args.init_from}'s {saved[key]}: {fix}")
+        data.require(saved.get(key) in (None, now[key]), f"{flag} {vars(args)[flag[2:]]} ({now[key]}) does "
+                     f"not match {args.out if args.resume else args.init_from}'s {saved.get(key)}: {fix}")
     vars(args).update(now)
     if args.task == "lm":
         Sampler = data.DocumentStreams if args.init_state == "tbtt" or args.streams else data.RandomWindows
@@ -233,8 +231,7 @@ def over_seeds(reports, out):
     for s, r in rows.items():
         print(f"{s:>5}" + "".join(f"{v:>17}" if isinstance(v, str) else f"{v:>17.3f}" if k == "base PPL last"
                                   else f"{v[0]:>+10.3f} +- {v[1]:.3f}" for k, v in r.items()))
-    fig = matplotlib.figure.Figure(figsize=(13, 4.5), layout="tight")
-    left, right = fig.subplots(1, 2)
+    left, right = matplotlib.figure.Figure(figsize=(13, 4.5), layout="tight").subplots(1, 2)
     for color, label in zip(matplotlib.rcParams["axes.prop_cycle"].by_key()["color"], runs[seeds[0]]):
         b = [runs[s][label]["ppl"]["buckets"] for s in seeds]
         x = [np.sqrt((lo + 1) * hi) for lo, hi in zip(b[0]["lo"], b[0]["hi"])]  # a bucket's geometric middle
@@ -243,14 +240,13 @@ def over_seeds(reports, out):
         left.plot(x, np.exp(nll.T), color=color, lw=0.5, alpha=0.4)
         left.plot(x, np.exp(mean), color=color, lw=2, label=f"{label} (thin: a seed; thick: the mean)")
         left.fill_between(x, np.exp(mean - sem), np.exp(mean + sem), color=color, alpha=0.25)
-        if label in fixes:  # [seeds, (mean, s.e.)] of each seed's paired difference
-            d = np.array([rows[s][label] for s in seeds])
-            summary[f"{label} - control"] = v = dict(
-                mean=d[:, 0].mean(), sem=d[:, 0].std(ddof=1) / np.sqrt(len(d)), worst=d[:, 0].max(),
-                worst_seed=seeds[int(d[:, 0].argmax())], beyond_3_sem=int((d[:, 0] < -3 * d[:, 1]).sum()))
+        if label in fixes:  # over the seeds: each seed's paired difference d and its s.e.
+            d, se = np.array([rows[s][label] for s in seeds]).T
+            summary[f"{label} - control"] = v = dict(mean=d.mean(), sem=d.std(ddof=1) / np.sqrt(len(d)),
+                worst=d.max(), worst_seed=seeds[int(d.argmax())], beyond_3_sem=int((d < -3 * se).sum()))
             print(f"{label} - control: {v['mean']:+.3f} +- {v['sem']:.3f} over {len(d)} seeds, worst "
                   f"{v['worst']:+.3f} (seed {v['worst_seed']}), below -3 s.e. on {v['beyond_3_sem']}")
-            right.errorbar(range(len(d)), d[:, 0], d[:, 1], fmt="o", color=color, label=label)
+            right.errorbar(range(len(d)), d, se, fmt="o", color=color, label=label)
             right.axhspan(v["mean"] - v["sem"], v["mean"] + v["sem"], color=color, alpha=0.2)
     print(f"base fails within 32 x T_train on {fails} of {len(rows)} seeds")
     left.axvline(t_train, color="k", ls=":", lw=1)
@@ -260,7 +256,7 @@ def over_seeds(reports, out):
     right.set(title="Last bucket, paired to the control (+-1 s.e.; band: over seeds)", xlabel="training seed",
               ylabel="NLL - control NLL (nats)", xticks=range(len(seeds)), xticklabels=seeds)
     left.legend(fontsize=8), right.legend(fontsize=8)
-    fig.savefig(os.path.join(out, "seeds.png"), dpi=120)
+    left.figure.savefig(os.path.join(out, "seeds.png"), dpi=120)
     pathlib.Path(out, "seeds.json").write_text(json.dumps(dict(seeds=rows, summary=summary), indent=1))
     print(f"wrote {out}/seeds.json, {out}/seeds.png")
     return 0
@@ -391,7 +387,7 @@ def exit_on_bad_flags(args):
     fin, value = math.isfinite, vars(args)
     must = lambda k, ok, rule: (not ok, f"--{k.replace('_', '-')} must be {rule}, got {value[k]!r}")
     positive = "seq_len batch_size grad_accum steps ckpt_interval eval_interval eval_batches stop_at".split()
-    lo, _, hi = args.copy_len.partition(",")
+    lo, _, hi = (int(v) if v.isdigit() else 0 for v in args.copy_len.partition(","))   # 0: not a number
     bad_babi = [t for t in args.babi_tasks.split(",") if t not in tasks.BABI_TASKS]
     ckpt, real, exists = os.path.join(args.out, "ckpt.pt"), os.path.realpath, os.path.exists
     checks = [must(k, value[k] is None or value[k] > 0, "a positive integer") for k in positive] + [
@@ -416,8 +412,7 @@ def exit_on_bad_flags(args):
         (not args.resume and exists(ckpt), f"{args.out} holds a run: --resume it, or use another --out"),
         (args.task != "lm" and (args.init_state == "tbtt" or args.streams), "--init-state tbtt and --streams "
          f"read documents in chunks; --task {args.task} examples are independent"),
-        (not (lo.isdigit() and hi.isdigit() and 0 < int(lo) <= int(hi)),
-         "--copy-len must be LO,HI, 0 < LO <= HI"),
+        (not 0 < lo <= hi, "--copy-len must be LO,HI, 0 < LO <= HI"),
         (bad_babi, f"unknown --babi-tasks {bad_babi}: choose from {','.join(tasks.BABI_TASKS)}")]
     if any(bad for bad, _ in checks):
         sys.exit(f"error: {next(message for bad, message in checks if bad)}")
@@ -513,13 +508,12 @@ def open_run(args, step):
 
 def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy, rank, world):
     """All a resume needs, with every rank's sampler and strategy state: every rank continues exactly."""
-    gathered = [{"sampler": sampler.state_dict(), "strategy": strategy.state_dict()}] * world
+    states = [{"sampler": sampler.state_dict(), "strategy": strategy.state_dict()}] * world
     if world > 1:
-        torch.distributed.all_gather_object(gathered, gathered[0])
+        torch.distributed.all_gather_object(states, states[0])
     if rank == 0:
         ckpt = {"model_config": asdict(lm.cfg), "model": lm.state_dict(), "optimizer": optimizer.state_dict(),
-                "train_config": vars(args), "step": step, "sampler": [g["sampler"] for g in gathered],
-                "strategy": [g["strategy"] for g in gathered]}
+                "train_config": vars(args), "step": step, **{k: [g[k] for g in states] for k in states[0]}}
         data.write_atomically(path, lambda tmp: torch.save(ckpt, tmp))
 
 
