@@ -93,11 +93,10 @@ BABI_TEMPLATES = {   # event kind -> its sentences (one is drawn)
 BABI_QUESTIONS = {   # asked["kind"] -> the question, filled from `asked`
     "where_person": "Where is {person}?", "where_object": "Where is the {obj}?",
     "where_before": "Where was the {obj} before the {place}?", "is_in": "Is {person} in the {place}?",
-    "what_is_dir_of": "What is {direction} of the {place}?",
-    "what_is_x_dir_of": "What is the {place} {direction} of?",
+    "what_is_dir_of": "What is {direction} of the {place}?", "who_gave": "Who gave the {obj} to {other}?",
+    "what_is_x_dir_of": "What is the {place} {direction} of?", "who_received": "Who received the {obj}?",
     "count_carried": "How many objects is {person} carrying?", "list_carried": "What is {person} carrying?",
-    "who_gave": "Who gave the {obj} to {other}?", "what_given": "What did {person} give to {other}?",
-    "given_to": "Who did {person} give the {obj} to?", "who_received": "Who received the {obj}?"}
+    "what_given": "What did {person} give to {other}?", "given_to": "Who did {person} give the {obj} to?"}
 BABI_GIVE_ASKS = {   # qa5's question kinds: (what the question names, what it asks)
     "who_gave": (("obj", "other"), "person"), "what_given": (("person", "other"), "obj"),
     "given_to": (("person", "obj"), "other"), "who_received": (("obj",), "other")}
