@@ -94,11 +94,10 @@ def length_generalization_naive(ppl, t_train):
 
 def short_context_nll(lm, tokens, t_train, chunk_len=512, batch_size=8):
     """Each target of tokens [n, L+1] read after (t_train / 2, t_train] tokens from the zero state -> NLL
-    [n, L] (NaN at t < t_train / 2): Definition 3.2's p* on the very tokens it is compared with. Pieces of
-    t_train at offsets 0, t_train / 2 and L - t_train: every target past t_train / 2 is in a second half."""
+    [n, L] (NaN at t < t_train / 2): Definition 3.2's p* on the very tokens it is compared with."""
     n, L = tokens.shape[0], tokens.shape[1] - 1
     out = torch.full((n, L), math.nan)
-    for offset in (0, t_train // 2, L - t_train):
+    for offset in (0, t_train // 2, L - t_train):  # every target past t_train / 2: in a piece's second half
         k = (L - offset) // t_train  # whole pieces
         pieces = tokens[:, offset:offset + k * t_train + 1].unfold(1, t_train + 1, t_train)  # [n, k, T+1]
         nll = sequence_nll(lm, pieces.flatten(0, 1), chunk_len, batch_size * max(1, L // t_train))
@@ -108,14 +107,12 @@ def short_context_nll(lm, tokens, t_train, chunk_len=512, batch_size=8):
 
 
 def length_generalization(per_seq, lo, hi, t_train, ref=None, alpha=0.05, n_boot=2000, seed=0):
-    """Definition 3.2 on bucketed per-sequence NLLs per_seq [n, K] (bucketize's); ref [n, K]: the same
-    buckets read at a training-length context (short_context_nll, bucketed), or None (p*'s window's NLL).
-    1. p*: the PPL at contexts in [t_train / 2, t_train) (t* = t_train / 2), with ref over every target past
-       t_train / 2, without over the buckets inside [t_train / 2, t_train) (a minimum is biased low).
+    """Definition 3.2 on bucketed per-sequence NLLs per_seq [n, K] (bucketize's); ref [n, K]: the same buckets
+    read at a training-length context (short_context_nll, bucketed), or None (per_seq's NLL in [t*, t_train)).
+    1. p*: the PPL of ref over the buckets past t* = t_train / 2, not a minimum (a minimum is biased low).
     2. A bucket past t_train exceeds p* when the mean over sequences of the paired difference NLL - ref is
        > 0 at the alpha / m quantile of n_boot seeded bootstrap means, m = buckets past t_train (Bonferroni).
-    3. generalizes_to = hi of the last bucket before the first that exceeds p* (t_train if the first does;
-       censored: none does). With fewer than MIN_SEQS sequences the result carries a warning."""
+    3. generalizes_to: hi of the bucket before the first exceeding p* (the first: t_train; none: censored)."""
     per_seq, lo, hi = torch.as_tensor(per_seq, dtype=torch.float64), list(lo), list(hi)
     n, K = per_seq.shape
     window = [j for j in range(K) if lo[j] >= t_train // 2 and hi[j] <= t_train]
