@@ -386,9 +386,8 @@ def run(args):
     args.device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     t_trains = [args.t_train or c.get("seq_len") for c in cfgs]
     if lm_metrics:
-        missing = ", ".join(p for p, t in zip(args.ckpts, t_trains) if not t)
-        require(not missing, f"{missing}: no train_config seq_len (an official checkpoint?): pass --t-train "
-                             "N (the official Mamba-2 checkpoints: 2048)")
+        require(all(t_trains), f"{', '.join(p for p, t in zip(args.ckpts, t_trains) if not t)}: no "
+                "train_config seq_len (an official checkpoint?): pass --t-train N (official Mamba-2: 2048)")
         args.eval_len = args.eval_len or 16 * max(t_trains)
         require(args.eval_len > max(t_trains), f"--eval-len {args.eval_len} must be larger than t_train "
                                              f"({max(t_trains)}): try --eval-len {16 * max(t_trains)}")
@@ -493,11 +492,10 @@ def measure(lm, t_train, args, **out):
 
 def _agree(args, cfgs, key, required=True):
     """The flag's value, else the one train_config value of all checkpoints (they share data, tokenizer)."""
-    values = {c[key] for c in cfgs if c.get(key) is not None}
-    require(getattr(args, key) is not None or len(values) == 1 or not required and not values,
-            f"{'the checkpoints disagree on' if values else 'no'} train_config {key} "
-            f"{sorted(map(str, values))}: pass --{key.replace('_', '-')}")
-    return getattr(args, key) if getattr(args, key) is not None else next(iter(values), None)
+    values = {getattr(args, key)} - {None} or {c[key] for c in cfgs if c.get(key) is not None}
+    require(len(values) == 1 or not (required or values), f"{'checkpoints disagree on' if values else 'no'}"
+            f" train_config {key} {sorted(map(str, values))}: pass --{key.replace('_', '-')}")
+    return next(iter(values), None)
 
 
 def _require_eval_inputs(tokens, min_len=1, T=None, cuts=None, distance="tv"):
