@@ -236,8 +236,7 @@ PANELS = {
 def _curves(m):
     """A model's curves: name -> [(x, y, s.e. or None, legend, x of its dotted line or None)]."""
     out, label, t = {}, m["label"], m["t_train"]
-    if "ppl" in m:
-        b = m["ppl"]["buckets"]
+    if b := m.get("ppl", {}).get("buckets"):
         x = [math.sqrt((lo + 1) * hi) for lo, hi in zip(b["lo"], b["hi"])]  # a bucket's geometric middle
         out["ppl"] = [(x, b["ppl"], b["ppl_sem"], f"{label} (T={m['verdict']['generalizes_to']})", t)]
         out.update({k: [(x, m[k]["nll"], m[k]["nll_sem"], label, t)] for k in ("gap", "diff") if k in m})
@@ -248,11 +247,9 @@ def _curves(m):
         cov = np.nan_to_num(np.array(st["coverage"], dtype=float), nan=-1)  # [layers, heads]
         out["state"] = [(x, std[:, h], None, f"{label} L{i} h{h} cov {cov[i, h]:.3g}", t)
                         for i, (std, h) in enumerate(zip(np.array(st["std"], dtype=float), cov.argmax(1)))]
-    for key, y, sem in [("passkey", "exact_mean", None), ("copy", "char_mean", "char_sem"),
-                        ("babilong", "mean", None)]:
-        if key in m:
-            out[key] = [(m[key]["lengths"], m[key][y], sem and m[key][sem], label, key != "copy" and t)]
-    return out
+    return out | {key: [(m[key]["lengths"], m[key][y], sem and m[key][sem], label, key != "copy" and t)]
+                  for key, y, sem in [("passkey", "exact_mean", None), ("copy", "char_mean", "char_sem"),
+                                      ("babilong", "mean", None)] if key in m}
 
 
 def show(report, out):
@@ -265,9 +262,8 @@ def show(report, out):
         if "warning" in v:
             print(f"warning: {m['label']}: {v['warning']}", file=sys.stderr)
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-    panels = {name: [(colors[i % len(colors)], *c) for i, m in enumerate(report["models"])
-                     for c in _curves(m).get(name, [])] for name in PANELS}
-    panels = {name: rows for name, rows in panels.items() if rows}
+    panels = {name: rows for name in PANELS if (rows := [(colors[i % len(colors)], *c)  # panels with a curve
+              for i, m in enumerate(report["models"]) for c in _curves(m).get(name, [])])}
     for name, rows in panels.items():
         _, title, xlabel, ylabel, _ = PANELS[name]
         print(f"\n{title}: {ylabel}", end="")
@@ -301,8 +297,7 @@ def show(report, out):
             if name == "ppl" and "optimal" in report:  # the models' buckets: x of the first curve
                 ax.plot(panels[name][0][1], report["optimal"]["ppl"], "k--", lw=1, label="Bayes-optimal")
             ax.legend(fontsize=8)
-    pk = [m for m in report["models"] if "passkey" in m]
-    if pk:  # the paper's Fig. 7: total length x insertion depth, exact match as colour
+    if pk := [m for m in report["models"] if "passkey" in m]:  # Fig. 7: length x depth, exact match as colour
         figs["passkey.png"] = matplotlib.figure.Figure(figsize=(1 + 4.5 * len(pk), 4.2), layout="tight")
         for ax, m in zip(figs["passkey.png"].subplots(1, len(pk), squeeze=False)[0], pk):
             p = m["passkey"]
