@@ -94,11 +94,10 @@ def length_generalization_naive(ppl, t_train):
 
 def short_context_nll(lm, tokens, t_train, chunk_len=512, batch_size=8):
     """Each target of tokens [n, L+1] read after (t_train / 2, t_train] tokens from the zero state -> NLL
-    [n, L] (NaN at t < t_train / 2): Definition 3.2's p* on the very tokens it is compared with. Pieces of
-    t_train at offsets 0, t_train / 2 and L - t_train: every target past t_train / 2 is in a second half."""
+    [n, L] (NaN at t < t_train / 2): Definition 3.2's p* on the very tokens it is compared with."""
     n, L = tokens.shape[0], tokens.shape[1] - 1
     out = torch.full((n, L), math.nan)
-    for offset in (0, t_train // 2, L - t_train):
+    for offset in (0, t_train // 2, L - t_train):  # every target past t_train / 2: in a piece's second half
         k = (L - offset) // t_train  # whole pieces
         pieces = tokens[:, offset:offset + k * t_train + 1].unfold(1, t_train + 1, t_train)  # [n, k, T+1]
         nll = sequence_nll(lm, pieces.flatten(0, 1), chunk_len, batch_size * max(1, L // t_train))
@@ -108,14 +107,12 @@ def short_context_nll(lm, tokens, t_train, chunk_len=512, batch_size=8):
 
 
 def length_generalization(per_seq, lo, hi, t_train, ref=None, alpha=0.05, n_boot=2000, seed=0):
-    """Definition 3.2 on bucketed per-sequence NLLs per_seq [n, K] (bucketize's); ref [n, K]: the same
-    buckets read at a training-length context (short_context_nll, bucketed), or None (p*'s window's NLL).
-    1. p*: the PPL at contexts in [t_train / 2, t_train) (t* = t_train / 2), with ref over every target past
-       t_train / 2, without over the buckets inside [t_train / 2, t_train) (a minimum is biased low).
+    """Definition 3.2 on bucketed per-sequence NLLs per_seq [n, K] (bucketize's); ref [n, K]: the same buckets
+    read at a training-length context (short_context_nll, bucketed), or None (per_seq's NLL in [t*, t_train)).
+    1. p*: the PPL of ref over the buckets past t* = t_train / 2, not a minimum (a minimum is biased low).
     2. A bucket past t_train exceeds p* when the mean over sequences of the paired difference NLL - ref is
        > 0 at the alpha / m quantile of n_boot seeded bootstrap means, m = buckets past t_train (Bonferroni).
-    3. generalizes_to = hi of the last bucket before the first that exceeds p* (t_train if the first does;
-       censored: none does). With fewer than MIN_SEQS sequences the result carries a warning."""
+    3. generalizes_to: hi of the bucket before the first exceeding p* (the first: t_train; none: censored)."""
     per_seq, lo, hi = torch.as_tensor(per_seq, dtype=torch.float64), list(lo), list(hi)
     n, K = per_seq.shape
     window = [j for j in range(K) if lo[j] >= t_train // 2 and hi[j] <= t_train]
@@ -239,8 +236,7 @@ PANELS = {
 def _curves(m):
     """A model's curves: name -> [(x, y, s.e. or None, legend, x of its dotted line or None)]."""
     out, label, t = {}, m["label"], m["t_train"]
-    if "ppl" in m:
-        b = m["ppl"]["buckets"]
+    if b := m.get("ppl", {}).get("buckets"):
         x = [math.sqrt((lo + 1) * hi) for lo, hi in zip(b["lo"], b["hi"])]  # a bucket's geometric middle
         out["ppl"] = [(x, b["ppl"], b["ppl_sem"], f"{label} (T={m['verdict']['generalizes_to']})", t)]
         out.update({k: [(x, m[k]["nll"], m[k]["nll_sem"], label, t)] for k in ("gap", "diff") if k in m})
@@ -251,11 +247,9 @@ def _curves(m):
         cov = np.nan_to_num(np.array(st["coverage"], dtype=float), nan=-1)  # [layers, heads]
         out["state"] = [(x, std[:, h], None, f"{label} L{i} h{h} cov {cov[i, h]:.3g}", t)
                         for i, (std, h) in enumerate(zip(np.array(st["std"], dtype=float), cov.argmax(1)))]
-    for key, y, sem in [("passkey", "exact_mean", None), ("copy", "char_mean", "char_sem"),
-                        ("babilong", "mean", None)]:
-        if key in m:
-            out[key] = [(m[key]["lengths"], m[key][y], sem and m[key][sem], label, key != "copy" and t)]
-    return out
+    return out | {key: [(m[key]["lengths"], m[key][y], sem and m[key][sem], label, key != "copy" and t)]
+                  for key, y, sem in [("passkey", "exact_mean", None), ("copy", "char_mean", "char_sem"),
+                                      ("babilong", "mean", None)] if key in m}
 
 
 def show(report, out):
@@ -268,9 +262,8 @@ def show(report, out):
         if "warning" in v:
             print(f"warning: {m['label']}: {v['warning']}", file=sys.stderr)
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-    panels = {name: [(colors[i % len(colors)], *c) for i, m in enumerate(report["models"])
-                     for c in _curves(m).get(name, [])] for name in PANELS}
-    panels = {name: rows for name, rows in panels.items() if rows}
+    panels = {name: rows for name in PANELS if (rows := [(colors[i % len(colors)], *c)  # panels with a curve
+              for i, m in enumerate(report["models"]) for c in _curves(m).get(name, [])])}
     for name, rows in panels.items():
         _, title, xlabel, ylabel, _ = PANELS[name]
         print(f"\n{title}: {ylabel}", end="")
@@ -304,8 +297,7 @@ def show(report, out):
             if name == "ppl" and "optimal" in report:  # the models' buckets: x of the first curve
                 ax.plot(panels[name][0][1], report["optimal"]["ppl"], "k--", lw=1, label="Bayes-optimal")
             ax.legend(fontsize=8)
-    pk = [m for m in report["models"] if "passkey" in m]
-    if pk:  # the paper's Fig. 7: total length x insertion depth, exact match as colour
+    if pk := [m for m in report["models"] if "passkey" in m]:  # Fig. 7: length x depth, exact match as colour
         figs["passkey.png"] = matplotlib.figure.Figure(figsize=(1 + 4.5 * len(pk), 4.2), layout="tight")
         for ax, m in zip(figs["passkey.png"].subplots(1, len(pk), squeeze=False)[0], pk):
             p = m["passkey"]
@@ -389,9 +381,8 @@ def run(args):
     args.device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     t_trains = [args.t_train or c.get("seq_len") for c in cfgs]
     if lm_metrics:
-        missing = ", ".join(p for p, t in zip(args.ckpts, t_trains) if not t)
-        require(not missing, f"{missing}: no train_config seq_len (an official checkpoint?): pass --t-train "
-                             "N (the official Mamba-2 checkpoints: 2048)")
+        require(all(t_trains), f"{', '.join(p for p, t in zip(args.ckpts, t_trains) if not t)}: no "
+                "train_config seq_len (an official checkpoint?): pass --t-train N (official Mamba-2: 2048)")
         args.eval_len = args.eval_len or 16 * max(t_trains)
         require(args.eval_len > max(t_trains), f"--eval-len {args.eval_len} must be larger than t_train "
                                              f"({max(t_trains)}): try --eval-len {16 * max(t_trains)}")
@@ -496,11 +487,10 @@ def measure(lm, t_train, args, **out):
 
 def _agree(args, cfgs, key, required=True):
     """The flag's value, else the one train_config value of all checkpoints (they share data, tokenizer)."""
-    values = {c[key] for c in cfgs if c.get(key) is not None}
-    require(getattr(args, key) is not None or len(values) == 1 or not required and not values,
-            f"{'the checkpoints disagree on' if values else 'no'} train_config {key} "
-            f"{sorted(map(str, values))}: pass --{key.replace('_', '-')}")
-    return getattr(args, key) if getattr(args, key) is not None else next(iter(values), None)
+    values = {getattr(args, key)} - {None} or {c[key] for c in cfgs if c.get(key) is not None}
+    require(len(values) == 1 or not (required or values), f"{'checkpoints disagree on' if values else 'no'}"
+            f" train_config {key} {sorted(map(str, values))}: pass --{key.replace('_', '-')}")
+    return next(iter(values), None)
 
 
 def _require_eval_inputs(tokens, min_len=1, T=None, cuts=None, distance="tv"):
