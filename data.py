@@ -63,9 +63,6 @@ class ByteTokenizer:
     def decode(self, ids):   # a character cut in two reads U+FFFD
         return b"".join(self._pieces[int(t)] for t in ids).decode(errors="replace")
 
-    def decode_single_token_bytes(self, token):
-        return self._pieces[token]
-
     def encode_single_token(self, piece):
         return self._pieces.index(piece)
 

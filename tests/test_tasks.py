@@ -37,7 +37,7 @@ def enc(request, tok_json):   # the generators must not rely on one token per by
 def test_bytes_tokenizer():
     raw = bytes(np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8))
     assert BYTES.encode_ordinary("héllo\n") == [104, 195, 169, 108, 108, 111, 10] and BYTES.n_vocab == 257
-    assert b"".join(BYTES.decode_single_token_bytes(t) for t in raw) == raw
+    assert BYTES.decode(list(raw)) == raw.decode(errors="replace")   # a byte cut from its character: U+FFFD
     text = "ascii, ünïcödé, 中文, 🐍𝄞, tabs\t\nNUL\x00 <|endoftext|> " * 20
     assert BYTES.encode_ordinary(text) == list(text.encode()) and BYTES.decode(list(text.encode())) == text
     assert BYTES.decode([EOT, 65]) == "<|endoftext|>A" and BYTES.encode_single_token(b"<|endoftext|>") == EOT
