@@ -32,12 +32,10 @@ TRAIN_PRESETS = "mamba2:45m,mamba2:85m,mamba2:125m,gla:70m,rwkv6:70m,mamba2:130m
 SCANS = {"ssd (mamba2)": ssm.SSD_SCANS, "selective (mamba1)": ssm.SELECTIVE_SCANS, "gla": gla.GLA_SCANS,
          "rwkv6": rwkv.RWKV6_SCANS}   # each {"naive", "chunked", "triton"} -> the form
 
-
 def print_row(*cells):  # the first cell left-aligned, the others right-aligned; floats to 3 digits
     text = ["-" if c is None else f"{c:.3g}" if isinstance(c, float) and abs(c) < 100 else
             f"{c:.0f}" if isinstance(c, float) else str(c) for c in cells]
     print(f"{text[0]:<20}" + "".join(f"{c:>12}" for c in text[1:]), flush=True)
-
 
 def times(fn, repeats, device):
     """Sorted seconds of `repeats` calls after a warm-up (allocation, compilation), and the peak memory in
@@ -53,7 +51,6 @@ def times(fn, repeats, device):
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return sorted(out[1:]), peak * (1 if cuda else 1024)
 
-
 def scan_inputs(name, T, b=1, seed=0, paper=False):
     """Random inputs and a non-zero initial state; paper=True: one layer of the paper's 130m / 70m models."""
     g = torch.Generator().manual_seed(seed)
@@ -68,7 +65,6 @@ def scan_inputs(name, T, b=1, seed=0, paper=False):
     q, k, v = r(b, T, h, dk), r(b, T, h, dk) * dk ** -0.5, r(b, T, h, dv)
     g_log = F.logsigmoid(r(b, T, h, dk) + 3)  # per-channel log decay, mostly near 0
     return ((q, k, v, g_log) if name == "gla" else (q, k, v, g_log, r(h, dk) * 0.1)), r(b, h, dk, dv)
-
 
 def bench_scans(args, device):
     """Best forward time of each form (ms), and its distance from the loop: max |difference| / max |loop|."""
@@ -86,7 +82,6 @@ def bench_scans(args, device):
         rows.append(dict(scan=name, T=T, naive_ms=ms[0], chunked_ms=ms[1], triton_ms=ms[2], diff=diff))
         print_row(name, T, ms[0], ms[1], f"{ms[0] / ms[1]:.0f}x", ms[2], f"{diff:.1e}")
     return rows
-
 
 def bench_eval(args, device, lengths=(8192, 131072), T=1024):
     """position_nll per length, shortest first (flat peak memory: no growth); EffRem vs its definition."""
@@ -108,7 +103,6 @@ def bench_eval(args, device, lengths=(8192, 131072), T=1024):
     diff = float((out[0] - out[-1].double()).abs().max())
     print(f"one pass vs one forward per cut: max |diff| {diff:.1e}")
     return dict(ppl=rows, effrem_s=secs, max_abs_diff=diff)
-
 
 def bench_train(args, device, vocab_size=50280):
     """Training steps of each preset (GPT-NeoX's vocabulary, as Mamba's): train.py's step, clipping, AdamW."""
@@ -139,7 +133,6 @@ def bench_train(args, device, vocab_size=50280):
         print_row(*rows[-1].values())
     return rows
 
-
 # Fresh process: tokens, seconds, peak RSS (kB) of the cache build or of encode_batch_fast as data.py calls it
 DATA_CHILD = """import glob, itertools, re, sys, time
 sys.path.insert(0, sys.argv[1])
@@ -155,7 +148,6 @@ else:
     while batch := list(itertools.islice(pieces, 256)):
         n += sum(len(e.ids) for e in enc.encode_batch_fast(batch, add_special_tokens=False))
 print(n, time.perf_counter() - t, re.search(r"VmHWM:\\s*(\\d+)", open("/proc/self/status").read())[1])"""
-
 
 def bench_data(args, device=None):
     """Tokens/s and peak RSS of building the corpus cache vs tokenizers' encode_batch_fast, each in a fresh
@@ -189,7 +181,6 @@ def bench_data(args, device=None):
                 n, s, kb = map(float, out.stdout.split()[-3:])
                 print_row(f"{name}, {os.path.basename(tok)}", what, int(n), s, n / s, kb / 1024)
 
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
@@ -220,7 +211,6 @@ def main(argv=None):
     for what in ("scans", "eval") if args.what == "all" else (args.what,):
         globals()[f"bench_{what}"](args, device)   # --what's choices name the bench_ functions
         print()
-
 
 if __name__ == "__main__":
     main()

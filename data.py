@@ -37,14 +37,11 @@ Data = collections.namedtuple("Data", "name train val vocab_size eot_token token
 # x, y int64 [batch, seq_len] (y: x shifted by one); new_doc bool [batch]: rows starting a document, or None
 Batch = collections.namedtuple("Batch", "x y new_doc")
 
-
 class DataError(ValueError):
     """Bad input (data, tokenizer, task or metric arguments); the message is one line naming the fix."""
 
-
 class TokenizerUnavailableError(RuntimeError):
     """A tokenizer that cannot be loaded on this machine (a package or, offline, its files missing)."""
-
 
 # --- 1. Tokenizers and corpora ---------------------------------------------------------------------
 # A tokenizer has name, n_vocab, eot_token, encode_ordinary(text) -> ids (a special token's text inside
@@ -65,7 +62,6 @@ class ByteTokenizer:
 
     def encode_single_token(self, piece):
         return self._pieces.index(piece)
-
 
 class JsonTokenizer:
     """A Hugging Face tokenizer.json (GPT-NeoX's, as the official Mamba checkpoints) via `tokenizers`."""
@@ -98,7 +94,6 @@ class JsonTokenizer:
         require(len(ids) == 1, f"{piece!r} is not one token of {self.name}: use a byte-level BPE")
         return ids[0]
 
-
 def get_tokenizer(name="bytes"):
     """-> the tokenizer "bytes" (built in), of a tokenizer.json or .tiktoken path, a tiktoken encoding (gpt2,
     ...) or a folder's or hub repo's tokenizer.json (EleutherAI/gpt-neox-20b); a tokenizer passes through."""
@@ -107,7 +102,6 @@ def get_tokenizer(name="bytes"):
     require(isinstance(name, str) and name, f"unknown tokenizer {name!r}: use bytes or a tokenizer.json")
     name = name if name.endswith((".json", ".tiktoken")) else hub_path(name, "tokenizer.json")
     return _load_tokenizer(os.path.abspath(name) if name.endswith((".json", ".tiktoken")) else name)
-
 
 def hub_path(name, file=None):
     """name itself where it exists (a local path wins) or is no hub id ORG/NAME, else the repo's folder in
@@ -125,7 +119,6 @@ def hub_path(name, file=None):
             why = f"{type(e).__name__}, HF_HUB_OFFLINE={int(constants.HF_HUB_OFFLINE)}"
     raise DataError(f"{name}: no such path, nor in the Hugging Face cache ({why}): run `hf download {name} "
                     f"{' '.join(files[:2])}` on a connected machine (the same HF_HOME), or check the path")
-
 
 def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache_dir=None, out=None):
     """data: "stdlib" (the standard library's .py files: offline text), "markov:k=8,..." (MARKOV_DEFAULTS,
@@ -184,19 +177,16 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
             raise
     return _prepared(data, folder, enc, meta)
 
-
 # --- 2. The in-context Markov process and its exact Bayes floor -----------------------------------
 # Each document draws its OWN transition matrix P (K x K, rows ~ Dirichlet(alpha)), a uniform first token,
 # then doc_len tokens of the chain: predicting well means counting bigrams in context, the skill whose
 # failure past T_train the paper studies. shared=C > 0: RELATED documents, rows ~ Dirichlet(C * G_i).
 MARKOV_DEFAULTS = dict(k=8, alpha=0.3, doc_len=4096, docs=2048, val_docs=256, shared=0.0)
 
-
 def markov_prior(k, alpha, shared=0.0, seed=0):
     """[k, k] Dirichlet pseudo-counts of every document's rows: alpha, or shared * G (related documents)."""
     return np.full((k, k), float(alpha)) if not shared else \
         shared * np.random.default_rng([seed, 2]).dirichlet(np.full(k, alpha), size=k)
-
 
 def sample_markov(k, alpha, doc_len, docs, seed=0, split="train", shared=0.0):
     """-> (tokens [docs, doc_len] int64 in 0..k-1, transitions [docs, k, k]); doc d: from (seed, split, d)."""
@@ -213,7 +203,6 @@ def sample_markov(k, alpha, doc_len, docs, seed=0, split="train", shared=0.0):
     for t in range(1, doc_len):
         tokens[t] = (cdf[np.arange(docs), tokens[t - 1]] < u[t, :, None]).sum(-1)
     return np.ascontiguousarray(tokens.T), transitions
-
 
 def markov_bayes_nll(tokens, k, alpha, prior=None):
     """Exact Bayes-optimal NLL (nats) [n, T-1] of windows [n, T] (numpy or torch, returned alike) that start
@@ -235,7 +224,6 @@ def markov_bayes_nll(tokens, k, alpha, prior=None):
         counts[rows, prev, nxt] += (~at_start).double()   # (eot, first token) is not a bigram of P
     return nll if torch.is_tensor(tokens) else nll.numpy()
 
-
 # --- 3. Samplers: each one's randomness is a pure function of (seed, counters), so a resume is exact ---
 # next_batch() -> Batch; state_dict() and load_state_dict() hold all that the next batches depend on.
 class RandomWindows:
@@ -255,7 +243,6 @@ class RandomWindows:
 
     def load_state_dict(self, state):
         self.seed, self.step = int(state["seed"]), int(state["step"])
-
 
 class DocumentStreams:
     """TBTT: row r reads a document in chunks, each from its predecessor's last token (and final state),
@@ -295,7 +282,6 @@ class DocumentStreams:
     def _shuffled(self):   # the order of the documents in pass `epoch`
         return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.doc_start))
 
-
 def eval_windows(tokens, n, length, seed=0, eot_token=None):
     """n seeded windows -> int64 [n, length]; with eot_token each at a distinct document's start."""
     rng, last = np.random.default_rng(seed), len(tokens) - length   # the last start that fits
@@ -306,7 +292,6 @@ def eval_windows(tokens, n, length, seed=0, eot_token=None):
     require(len(candidates) >= n, f"eval_windows: only {len(candidates)} documents start a window of "
             f"{length} tokens, {n} asked: use fewer or shorter windows or more documents")
     return _windows(tokens, rng.choice(candidates, size=n, replace=False), length)
-
 
 class TaskSampler:
     """x, y of task_fn(seed=[seed, step, row, 1], length=seq_len + 1, ...), y -100 (ignored) but on the
@@ -330,7 +315,6 @@ class TaskSampler:
 
     state_dict, load_state_dict = RandomWindows.state_dict, RandomWindows.load_state_dict
 
-
 # --- Plumbing: the tokenizer cache, the corpus cache, the Markov spec, windows, input checks ----------
 @functools.lru_cache(maxsize=None)
 def _load_tokenizer(name):
@@ -339,7 +323,6 @@ def _load_tokenizer(name):
             _tiktoken(name)
     except ImportError as e:   # an optional package (requirements.txt) not installed
         raise TokenizerUnavailableError(f"tokenizer {name} needs: pip install {e.name}") from None
-
 
 def _tiktoken(name):
     """A tiktoken encoding (gpt2: nanoGPT's ids) from tiktoken's cache (TIKTOKEN_CACHE_DIR), fetched unless
@@ -363,7 +346,6 @@ def _tiktoken(name):
             raise TokenizerUnavailableError(f"tiktoken's {name} files are not in its cache ({why}): run "
                                             f"tiktoken.get_encoding('{name}') when online") from None
 
-
 def write_atomically(path, write):
     """write(tmp) under a name unique to this process, then rename: a kill leaves the old file or the new."""
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -377,7 +359,6 @@ def write_atomically(path, write):
             raise
         why = f"{str(e).splitlines()[0]}; disk full?" if isinstance(e, RuntimeError) else e.strerror or e
         raise OSError(f"cannot write {path} ({why}): the previous one is intact") from None
-
 
 def _build(folder, label, files, enc, val_fraction):
     """Text files (sorted) -> folder/train.bin and val.bin, eot + the ids of each (val: a val_fraction of the
@@ -422,7 +403,6 @@ def _build(folder, label, files, enc, val_fraction):
           "files skipped: binary, not UTF-8 or empty) -> {}".format(folder, **meta))
     return meta
 
-
 def _pieces(path, cut=True):
     """The file's text in pieces of about PIECE_CHARS, each ending at a LINE_CUT (cut=False: one piece)."""
     rest = ""
@@ -435,7 +415,6 @@ def _pieces(path, cut=True):
     if rest:
         yield rest
 
-
 def _whole(folder):   # -> its meta.json if train.bin + val.bin have the sha1 it records (it is written last)
     try:
         meta, sha1 = json.loads(pathlib.Path(folder, "meta.json").read_text()), hashlib.sha1()
@@ -446,7 +425,6 @@ def _whole(folder):   # -> its meta.json if train.bin + val.bin have the sha1 it
     except (OSError, ValueError, KeyError, TypeError):   # a missing or damaged file
         return None
 
-
 def _prepared(name, folder, enc, meta=None):   # -> Data of folder's train.bin and val.bin (meta: verified)
     meta = meta or _whole(folder)
     require(meta, f"{folder}: no train.bin and val.bin that match its meta.json: run python data.py again")
@@ -455,7 +433,6 @@ def _prepared(name, folder, enc, meta=None):   # -> Data of folder's train.bin a
     train, val = [np.memmap(os.path.join(folder, f"{s}.bin"), meta["dtype"], "r") if meta[f"n_{s}"] else
                   np.zeros(0, meta["dtype"]) for s in ("train", "val")]   # an empty file cannot be mapped
     return Data(name, train, val, enc.n_vocab, enc.eot_token, enc, info=dict(meta, key=meta["sha1"][:16]))
-
 
 def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): not cached on disk
     cfg, usage = dict(MARKOV_DEFAULTS), ",".join(f"{k}={v}" for k, v in MARKOV_DEFAULTS.items())
@@ -476,14 +453,11 @@ def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): no
     floor = functools.partial(markov_bayes_nll, k=k, alpha=alpha, prior=markov_prior(k, alpha, shared, seed))
     return Data(name, train, val, k + 1, k, None, floor, cfg)
 
-
 def _windows(tokens, starts, length):   # tokens[s : s+length] for each start -> int64 [len(starts), length]
     return torch.from_numpy(np.stack([np.asarray(tokens[s:s + length]) for s in starts]).astype(np.int64))
 
-
 def _batch(windows, new_doc=None):   # windows of seq_len + 1 tokens -> Batch: y is x shifted by one
     return Batch(windows[:, :-1].contiguous(), windows[:, 1:].contiguous(), new_doc)
-
 
 def require_file(path, fix):   # -> os.stat of a regular file we may read, else DataError (a FIFO would hang)
     try:
@@ -494,15 +468,12 @@ def require_file(path, fix):   # -> os.stat of a regular file we may read, else 
     require(os.access(path, os.R_OK), f"{path}: permission denied: {fix}")
     return st
 
-
 def require(ok, message):   # bad input: a one-line DataError naming the problem and the fix (evaluate's too)
     if not ok:
         raise DataError(message)
 
-
 def is_int(x, minimum=1):
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= minimum
-
 
 if __name__ == "__main__":   # the prepare command
     ap = argparse.ArgumentParser(description="Tokenize a corpus once into DIR/train.bin, val.bin (5% of the "

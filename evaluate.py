@@ -28,14 +28,12 @@ from data import require
 
 MIN_SEQS = 16  # below this many sequences the verdict's bootstrap means nothing: warn
 
-
 # ==== 1. Position-wise perplexity: PPL(t) = exp( E_x[ -log q(x_{t+1} | x_{0..t}) ] ) ====
 def position_nll_naive(lm, tokens):
     """The definition, one full forward: NLL [n, T-1], entry (s, i) = -log q(x[s, i+1] | x[s, :i+1])."""
     with torch.inference_mode():
         logits, _ = lm(tokens)
     return F.cross_entropy(logits[:, :-1].float().transpose(1, 2), tokens[:, 1:], reduction="none")
-
 
 @torch.inference_mode()
 def sequence_nll(lm, tokens, chunk_len=512, batch_size=8, progress=False):
@@ -50,17 +48,14 @@ def sequence_nll(lm, tokens, chunk_len=512, batch_size=8, progress=False):
             out[r:r + len(x), a:a + chunk_len] = nll.cpu()
     return out
 
-
 def position_nll(lm, tokens, chunk_len=512, batch_size=8):
     """Mean NLL per position [T-1], averaged over sequences FIRST: PPL(t) = exp(this), not mean(exp(nll))."""
     return sequence_nll(lm, tokens, chunk_len, batch_size).double().mean(0)
-
 
 def log_edges(length, per_octave=2, include=()):
     """Bucket edges 0, 1, 2, 3, 4, 6, 8, 11, 16, ..., length, and `include` (no bucket straddles t_train)."""
     grid = [round(2 ** (k / per_octave)) for k in range(per_octave * int(length).bit_length() + 1)]
     return sorted({0, length} | {int(e) for e in [*grid, *include] if 0 < e < length})
-
 
 def bucketize(nll, edges):
     """Each sequence's NLL [n, L] averaged per bucket first (per_seq [n, K]), then mean and standard error
@@ -71,15 +66,12 @@ def bucketize(nll, edges):
     per_seq = torch.stack([nll[:, lo:hi].mean(1) for lo, hi in zip(edges[:-1], edges[1:])], 1)
     return dict(lo=list(edges[:-1]), hi=list(edges[1:]), per_seq=per_seq, **_summary(per_seq))
 
-
 def _summary(per_seq):
     nll, sem = per_seq.mean(0), _sem(per_seq)
     return dict(nll=nll, nll_sem=sem, ppl=nll.exp(), ppl_sem=nll.exp() * sem)  # delta method
 
-
 def _sem(x):
     return x.std(0) / math.sqrt(len(x)) if len(x) > 1 else x[0] * math.nan
-
 
 # ==== 2. Length generalization (Definition 3.2) ====
 def length_generalization_naive(ppl, t_train):
@@ -90,7 +82,6 @@ def length_generalization_naive(ppl, t_train):
     t_star = int(ppl[:t_train].argmin())
     above = (ppl[t_star:] > ppl[t_star]).nonzero()
     return t_star + int(above[0]) if len(above) else len(ppl)
-
 
 def short_context_nll(lm, tokens, t_train, chunk_len=512, batch_size=8):
     """Each target of tokens [n, L+1] read after (t_train / 2, t_train] tokens from the zero state -> NLL
@@ -104,7 +95,6 @@ def short_context_nll(lm, tokens, t_train, chunk_len=512, batch_size=8):
         second_half = torch.arange(k * t_train) % t_train >= t_train // 2
         out[:, offset:offset + k * t_train][:, second_half] = nll.view(n, -1)[:, second_half]
     return out
-
 
 def length_generalization(per_seq, lo, hi, t_train, ref=None, alpha=0.05, n_boot=2000, seed=0):
     """Definition 3.2 on bucketed per-sequence NLLs per_seq [n, K] (bucketize's); ref [n, K]: the same buckets
@@ -138,7 +128,6 @@ def length_generalization(per_seq, lo, hi, t_train, ref=None, alpha=0.05, n_boot
         out["warning"] = f"only {n} sequences: the verdict is not meaningful (use --n-seqs >= {MIN_SEQS})"
     return out
 
-
 # ==== 3. Effective Remembrance: EffRem_T(t) = d( q(.|x[0:T]), q(.|x[t:T]) ) ====
 # d between next-token distributions [..., V]: 0 exactly when p == q, at most 1 (clamped where used).
 DISTANCES = {
@@ -146,7 +135,6 @@ DISTANCES = {
     "js": lambda p, q: (torch.xlogy(p, p) + torch.xlogy(q, q)  # Jensen-Shannon in bits: [0, 1] like TV
                         - torch.xlogy(p + q, (p + q) / 2)).sum(-1) / (2 * math.log(2)),
     "cos": lambda p, q: 0.5 * (F.normalize(p, dim=-1) - F.normalize(q, dim=-1)).pow(2).sum(-1)}  # 1 - cos
-
 
 @torch.inference_mode()
 def effective_remembrance_naive(lm, tokens, T, cuts, distance="tv"):
@@ -156,7 +144,6 @@ def effective_remembrance_naive(lm, tokens, T, cuts, distance="tv"):
     p, d = lm(x)[0][:, -1].double().softmax(-1), DISTANCES[distance]  # float64 next-token distributions
     return torch.stack([d(p, lm(x[:, t:])[0][:, -1].double().softmax(-1)).clamp(0, 1).mean()
                         for t in cuts.tolist()]).cpu()
-
 
 @torch.inference_mode()
 def effective_remembrance(lm, tokens, T, cuts, distance="tv", batch_size=2, chunk_len=256, reduce=True,
@@ -180,14 +167,12 @@ def effective_remembrance(lm, tokens, T, cuts, distance="tv", batch_size=2, chun
             out[r:r + len(x), j] = DISTANCES[distance](p[0], p[starts.index(t)]).clamp(0, 1).cpu()
     return out.mean(0) if reduce else out
 
-
 def default_cuts(T, n_cuts=32):
     """0, log-spaced from the start (a failing model jumps at once) and toward T (a healthy one rises)."""
     half, top = max(1, (n_cuts - 1) // 2), math.log10(max(1, T // 2))
     early = torch.logspace(0, top, half).round().long()
     late = T - torch.logspace(0, top, max(0, n_cuts - 1 - half)).round().long()
     return torch.cat([torch.tensor([0]), early, late]).clamp(0, T - 1).unique()
-
 
 # ==== 4. State statistics (Fig. 4): the spread of each head's state "h" as a function of position ====
 @torch.inference_mode()
@@ -218,7 +203,6 @@ def state_statistics(lm, tokens, positions=None, chunk_len=512, batch_size=8, t_
         out["coverage"] = list(std[:, late].mean(1) / std[:, early].amax(1) if both else std[:, 0] * math.nan)
     return out
 
-
 # ==== 5. Report and plots: each curve is printed (a few columns) and drawn (a PNG panel) from one table ====
 CTX = "context length (dotted: T_train)"
 # curve -> PNG file holding its panel (None: printed only), title, x label, y label, scale (log x, log-log)
@@ -231,7 +215,6 @@ PANELS = {
     "passkey": (None, "Passkey", "total length", "exact match", "log"),
     "copy": ("copy.png", "Copying", "string length", "char accuracy (+- s.e.)", None),
     "babilong": ("babilong.png", "BABILong", "total length (dotted: T_train)", "accuracy (task mean)", "log")}
-
 
 def _curves(m):
     """A model's curves: name -> [(x, y, s.e. or None, legend, x of its dotted line or None)]."""
@@ -250,7 +233,6 @@ def _curves(m):
     return out | {key: [(m[key]["lengths"], m[key][y], sem and m[key][sem], label, key != "copy" and t)]
                   for key, y, sem in [("passkey", "exact_mean", None), ("copy", "char_mean", "char_sem"),
                                       ("babilong", "mean", None)] if key in m}
-
 
 def show(report, out):
     """Per model the verdict; each curve printed (8 columns, models together) and drawn in its PANELS PNG."""
@@ -310,10 +292,8 @@ def show(report, out):
         fig.savefig(os.path.join(out, file), dpi=120)
     print("\nwrote " + ", ".join(os.path.join(out, file) for file in ["eval.json", *figs]))
 
-
 # ==== 6. Command line ====
 LM_METRICS, TASK_METRICS = ("ppl", "effrem", "state"), ("passkey", "copy", "babilong")
-
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
@@ -356,13 +336,11 @@ def main(argv=None):
         return 1
     return 0
 
-
 def _ints(text, one=False, lo=1):  # an argparse type: "128,256" -> [128, 256]; one=True: "128" -> 128
     kind = ("a positive integer" if one else "comma-separated positive integers") if lo else "in [0, 2**63)"
     if not all(v.isdigit() and lo <= int(v) < 2**63 for v in text.split(",")) or one and "," in text:
         raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}")
     return int(text) if one else [int(v) for v in text.split(",")]
-
 
 def run(args):
     """Checks the flags (defaults: train_config), measures each checkpoint on the same data -> eval.json."""
@@ -450,7 +428,6 @@ def run(args):
                            lambda tmp: pathlib.Path(tmp).write_text(json.dumps(report, indent=1)))
     return report
 
-
 def measure(lm, t_train, args, **out):
     """One model's report: `out` and a key per metric in args.metrics."""
     out.update(arch=lm.cfg.arch, params=sum(p.numel() for p in lm.parameters()), t_train=t_train)
@@ -484,14 +461,12 @@ def measure(lm, t_train, args, **out):
                                                   filler=args.filler, **kw)
     return out
 
-
 def _agree(args, cfgs, key, required=True):
     """The flag's value, else the one train_config value of all checkpoints (they share data, tokenizer)."""
     values = {getattr(args, key)} - {None} or {c[key] for c in cfgs if c.get(key) is not None}
     require(len(values) == 1 or not (required or values), f"{'checkpoints disagree on' if values else 'no'}"
             f" train_config {key} {sorted(map(str, values))}: pass --{key.replace('_', '-')}")
     return next(iter(values), None)
-
 
 def _require_eval_inputs(tokens, min_len=1, T=None, cuts=None, distance="tv"):
     """The metrics' input check: integer tokens [n, >= min_len]; for EffRem also T, the cuts and distance."""
@@ -503,10 +478,8 @@ def _require_eval_inputs(tokens, min_len=1, T=None, cuts=None, distance="tv"):
             f"effective_remembrance: need T = {T} in [1, {tokens.shape[1]}], cuts in [0, T-1]")
     return tokens.long(), cuts
 
-
 def _device(lm):  # a model without parameters: the CPU
     return next(lm.parameters(), torch.empty(0)).device
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 
 from ssm import compute_dtype, pick_form, tl, triton, triton_scan
 
-
 def gla_naive(q, k, v, g, initial_state=None, scale=None):
     """h_t = diag(exp(g_t)) h_{t-1} + k_t^T v_t, o_t = scale q_t h_t, one step at a time: the definition."""
     b, t, H, dk = q.shape
@@ -27,7 +26,6 @@ def gla_naive(q, k, v, g, initial_state=None, scale=None):
         h = decay[:, i, :, :, None] * h + write
         o.append(scale * torch.einsum("bHk,bHkv->bHv", q[:, i].to(dtype), h))  # [b, H, dv]
     return torch.stack(o, dim=1).to(q.dtype), h
-
 
 # --- Chunked form (Yang et al. 2024, Sec. 4; shared with RWKV-6) ---------------------------------------
 # Time is cut into chunks of L tokens; in a chunk G_i = g_0 + ... + g_i is the log decay from its start,
@@ -44,7 +42,6 @@ def gla_chunked(q, k, v, g, initial_state=None, scale=None, chunk_size=64):
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     o, final_state = chunked_scan(q, k, v, g, initial_state, chunk_size, shift=False)
     return (scale * o).to(q.dtype), final_state
-
 
 def chunked_scan(q, k, v, g, initial_state, chunk_size, shift):
     """h_t = diag(exp(g_t)) h_{t-1} + k_t^T v_t, o_t = q_t h_t (q_t h_{t-1} if shift), by steps 1-3 above."""
@@ -94,7 +91,6 @@ def chunked_scan(q, k, v, g, initial_state, chunk_size, shift):
         o += (q * k).sum(-1, keepdim=True) * v
     return o.permute(0, 2, 3, 1, 4).reshape(b, -1, H, dv)[:, :t], h
 
-
 # --- Layers: the GLA mixer and the SwiGLU MLP of a GLA block (as fla's GatedLinearAttention/GatedMLP) --
 def set_head_dims(layer, name, d_model, num_heads, expand_k, expand_v):
     """Sets num_heads, key_dim, value_dim and their per-head sizes on a matrix-state layer (GLA, RWKV-6)."""
@@ -103,7 +99,6 @@ def set_head_dims(layer, name, d_model, num_heads, expand_k, expand_v):
         raise ValueError(f"{name}: num_heads {num_heads} must divide key_dim {key_dim} and value_dim")
     layer.num_heads, layer.key_dim, layer.value_dim = num_heads, key_dim, value_dim
     layer.head_k_dim, layer.head_v_dim = key_dim // num_heads, value_dim // num_heads
-
 
 class GLA(nn.Module):
     """q, k, v; forget gate g = logsigmoid(W2 W1 x + b2) / 16 (low rank, the only bias); scan; per-head
@@ -138,7 +133,6 @@ class GLA(nn.Module):
         o = o * F.silu(self.g_proj(x).to(f32).view(heads))
         return self.o_proj(o.flatten(2).to(x.dtype)), {"h": final_state}
 
-
 class SwiGLU(nn.Module):
     """fla's GatedMLP: down(swish(gate(x)) * up(x)), no biases, stateless; hidden size as fla picks it."""
     def __init__(self, d_model, hidden_ratio=4):
@@ -155,11 +149,9 @@ class SwiGLU(nn.Module):
     def forward(self, x, state=None):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)), {}
 
-
 def _init_linears(module):  # as fla's _init_weights: every linear weight ~ N(0, 0.02)
     for linear in [m for m in module.modules() if isinstance(m, nn.Linear)]:
         nn.init.normal_(linear.weight, std=0.02)
-
 
 # --- Triton: the naive loop fused (shared with RWKV-6). One program per (batch * head, block of value
 # channels) keeps its state columns in registers. BONUS (RWKV-6): o_t = q_t (h_{t-1} + diag(u) k_t^T v_t).
@@ -194,7 +186,6 @@ def _recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, u_ptr, h0_ptr, o_ptr, ht_ptr, 
         p_k, p_v = p_k + H * DK, p_v + H * DV
     tl.store(ht_ptr + p_state, h, mask=mask_kv)
 
-
 def recurrent_forward(q, k, v, g, initial_state, scale, u=None):
     """(o, final state) of _recurrent_kernel, in the chunked form's dtypes; scale None: dk ** -0.5 (GLA's)."""
     (b, t, H, dk), dv = q.shape, v.shape[-1]
@@ -207,9 +198,7 @@ def recurrent_forward(q, k, v, g, initial_state, scale, u=None):
         BLOCK_K=triton.next_power_of_2(dk), BLOCK_V=block_v, BONUS=u is not None)
     return o, final_state.to(compute_dtype(q, k, v, g, initial_state))
 
-
 def gla_triton(q, k, v, g, initial_state=None, scale=None):
     return triton_scan(recurrent_forward, gla_chunked, q, k, v, g, initial_state, scale=scale)
-
 
 GLA_SCANS = {"naive": gla_naive, "chunked": gla_chunked, "triton": gla_triton}

@@ -18,7 +18,6 @@ from functools import partial
 
 import torch
 
-
 class Zero:
     """The baseline: every training sequence starts from h = 0."""
 
@@ -33,7 +32,6 @@ class Zero:
         return {}
     def load_state_dict(self, d):
         """Nothing to restore."""
-
 
 class Noise:
     """Random Noise: mu = 0, var = sigma^2 in all layers and heads, never updated (App. F: tune sigma).
@@ -74,7 +72,6 @@ class Noise:
         self.gen.set_state(d["gen"].cpu())
         self.mu, self.var = [t.cpu() for t in d["mu"]], [t.cpu() for t in d["var"]]
 
-
 class PassedState:
     """State Passing and TBTT: a batch starts from the previous batch's final states, detached (the history
     accumulates in the forward pass only; gradients stay inside the batch). Which rows restart from zero:
@@ -110,10 +107,8 @@ class PassedState:
         self.gen.set_state(d["gen"].cpu())
         self.passed = d["passed"]
 
-
 STRATEGIES = {"zero": Zero, "random": Noise, "fitted": partial(Noise, fit=True), "sp": PassedState,
               "tbtt": partial(PassedState, by_document=True)}
-
 
 def make_strategy(name, lm, batch_size, **options):
     """-> the strategy of --init-state `name` (STRATEGIES), for batches of batch_size rows of lm's state."""

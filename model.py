@@ -25,7 +25,6 @@ import gla
 import rwkv
 import ssm
 
-
 @dataclass
 class ModelConfig:
     arch: str = "mamba2"          # one of ARCHS: mamba1, mamba2, gla, rwkv6
@@ -37,7 +36,6 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = True  # the head shares the embedding matrix (official Mamba LMs; fla's GLA unties)
 
-
 # arch -> (mixer, MLP or None) of block i: official Mamba blocks have no MLP, GLA and RWKV-6 a channel mix.
 ARCHS = {
     "mamba2": lambda cfg, i: (ssm.Mamba2(cfg.d_model, layer_idx=i, **cfg.mixer), None),
@@ -46,10 +44,8 @@ ARCHS = {
     "rwkv6": lambda cfg, i: (rwkv.RWKV6TimeMix(cfg.d_model, layer_idx=i, num_layers=cfg.n_layer, **cfg.mixer),
                              rwkv.RWKV6ChannelMix(cfg.d_model, layer_idx=i, num_layers=cfg.n_layer))}
 
-
 def _size(d_model, n_layer, **mixer):  # a preset
     return dict(d_model=d_model, n_layer=n_layer, mixer=mixer)
-
 
 # Presets: dimensions only; vocab_size comes from the data. "tiny": CPU-sized, for demos and tests.
 # "45m/85m/125m" (Mamba-2), "70m" (GLA, RWKV-6): the paper's from-scratch sizes (our dimensions, near
@@ -67,7 +63,6 @@ PRESETS = {
     "gla": {"tiny": _size(64, 2, num_heads=2), "70m": _size(512, 12, num_heads=4)},
     "rwkv6": {"tiny": _size(64, 2, num_heads=2), "70m": _size(512, 12, num_heads=8)}}
 
-
 def make_config(arch, size="tiny", vocab_size=257, **overrides):
     """The ModelConfig of a preset, e.g. make_config("mamba2", "tiny", vocab_size=257)."""
     if size not in PRESETS.get(arch, {}):
@@ -78,11 +73,9 @@ def make_config(arch, size="tiny", vocab_size=257, **overrides):
     own = dict(tie_embeddings=False, norm_eps=1e-6) if arch == "gla" else {}
     return ModelConfig(arch, vocab_size, **{**p, "mixer": dict(p["mixer"]), **own, **overrides})
 
-
 class RMSNorm(nn.RMSNorm):
     def forward(self, x):  # normalise in float32: the residual stream can be large and bf16 loses it
         return super().forward(x.float()).to(x.dtype)
-
 
 class Block(nn.Module):
     """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm2(x)) where there is an MLP."""
@@ -100,7 +93,6 @@ class Block(nn.Module):
             y, mlp_state = self.mlp(self.norm2(x), state)
             x, new_state = x + y, {**new_state, **mlp_state}
         return x, new_state
-
 
 class LM(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -145,7 +137,6 @@ class LM(nn.Module):
     def extra_repr(self):
         return f"arch={self.cfg.arch}, params={self.num_params():,}"
 
-
 def set_scan_impl(lm, impl):
     """Use one scan form everywhere: "auto" (Triton on CUDA, chunked on CPU), "naive", "chunked", "triton"."""
     if impl not in ("auto", "naive", "chunked", "triton"):
@@ -155,14 +146,12 @@ def set_scan_impl(lm, impl):
             m.scan_impl = impl
     return lm
 
-
 # --- loading -------------------------------------------------------------------------------------
 # The keys of mamba_ssm's MambaConfig (config.json of the state-spaces/mamba* checkpoints). SIZES are
 # positive integers, which export writes with ssm_cfg (the other keys: MambaConfig's defaults).
 OFFICIAL_KEYS = set("d_model n_layer vocab_size ssm_cfg d_intermediate attn_layer_idx attn_cfg rms_norm "
                     "residual_in_fp32 fused_add_norm pad_vocab_size_multiple tie_embeddings".split())
 SIZES = ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple")
-
 
 def from_pretrained(path, device="cpu"):
     """Our checkpoint (train.py's ckpt.pt or its directory), a state-spaces/mamba directory (config.json +
@@ -194,7 +183,6 @@ def from_pretrained(path, device="cpu"):
     lm.load_state_dict(state_dict)
     return lm.to(device)
 
-
 def official_config(path):
     """The ModelConfig of a state-spaces/mamba directory's config.json (Mamba-1 or Mamba-2 LMs only)."""
     file = os.path.join(path, "config.json")
@@ -217,7 +205,6 @@ def official_config(path):
     arch = "mamba2" if mixer.pop("layer", "Mamba1") == "Mamba2" else "mamba1"
     return ModelConfig(arch=arch, mixer=mixer, **{k: c[k] for k in SIZES if k in c})
 
-
 def export(lm, out):
     """Write a Mamba LM as mamba_ssm does (config.json: MambaConfig; pytorch_model.bin: our names are its)."""
     c, files = lm.cfg, [os.path.join(out, f) for f in ("pytorch_model.bin", "config.json")]
@@ -230,7 +217,6 @@ def export(lm, out):
     data.write_atomically(files[0], lambda tmp: torch.save(lm.state_dict(), tmp))
     data.write_atomically(files[1], lambda tmp: pathlib.Path(tmp).write_text(json.dumps(config)))
 
-
 def train_config(path):
     """train.py's arguments stored in one of our checkpoints (a ckpt.pt or the run directory holding
     it); {} where there is none (an official Mamba directory). An unreadable file is an error."""
@@ -240,7 +226,6 @@ def train_config(path):
         official_config(path)  # a broken config.json is reported first, before any other flag is asked for
     tc = read_checkpoint(ckpt, "cpu", mmap=True).get("train_config") if os.path.isfile(ckpt) else {}
     return tc if isinstance(tc, dict) else {}
-
 
 def read_checkpoint(path, device, **kw):
     if not os.path.isfile(path):
@@ -253,7 +238,6 @@ def read_checkpoint(path, device, **kw):
         # (torch's own text may give advice, e.g. weights_only=False, that is wrong for an unknown file)
         raise ValueError(f"cannot read {path} (corrupt or not a torch checkpoint: {type(e).__name__}): "
                          "pass a ckpt.pt written by train.py") from None
-
 
 if __name__ == "__main__":
     import argparse

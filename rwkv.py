@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from gla import chunked_scan, recurrent_forward, set_head_dims
 from ssm import compute_dtype, pick_form, triton_scan
 
-
 def rwkv6_naive(r, k, v, w, u, initial_state=None, scale=1.0):
     """o_t = scale r_t (h_{t-1} + diag(u) k_t^T v_t), h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t, as a loop."""
     b, t, H, dk = r.shape
@@ -30,14 +29,12 @@ def rwkv6_naive(r, k, v, w, u, initial_state=None, scale=1.0):
         h = decay[:, i, :, :, None] * h + write
     return torch.stack(o, dim=1).to(r.dtype), h
 
-
 def rwkv6_chunked(r, k, v, w, u, initial_state=None, scale=1.0, chunk_size=32):
     """o_t = scale r_t (h_{t-1} + diag(u) k_t^T v_t), h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t, by chunks."""
     # gla.chunked_scan, shift=True: r_t reads h_{t-1}; the bonus pairs a token with itself: (r_t . u k_t) v_t
     o, final_state = chunked_scan(r, k, v, w, initial_state, chunk_size, shift=True)
     bonus = (r.to(o.dtype) * u.to(o.dtype) * k.to(o.dtype)).sum(-1, keepdim=True) * v.to(o.dtype)
     return (scale * (o + bonus)).to(r.dtype), final_state
-
 
 # --- Layers: time mix (the recurrent mixer) and channel mix (the MLP) -----------------------------------
 # Token shift: both sub-layers mix each token with the previous token's input, which is therefore part of
@@ -100,7 +97,6 @@ class RWKV6TimeMix(nn.Module):
                          self.norm_eps).view(b, t, self.value_dim)
         return self.o_proj(o * F.silu(self.g_proj(x_g))), {"h": h, "shift": shift}
 
-
 class RWKV6ChannelMix(nn.Module):
     """Token shift, squared-ReLU key, sigmoid receptance gate; hidden size 3.5 d_model (a multiple of 32)."""
     def __init__(self, d_model, hidden_ratio=3.5, layer_idx=0, num_layers=1):
@@ -121,16 +117,13 @@ class RWKV6ChannelMix(nn.Module):
         k = torch.relu(self.key(x + delta * self.mu_k)).square()
         return torch.sigmoid(self.receptance(x + delta * self.mu_r)) * self.value(k), {"ffn_shift": shift}
 
-
 def _token_shift(x, shift_state):  # x_prev - x (x_prev at position 0: shift_state, None: 0), new shift state
     first = torch.zeros_like(x[:, :1]) if shift_state is None else shift_state.to(x.dtype).unsqueeze(1)
     x_prev = torch.cat([first, x[:, :-1]], dim=1)
     return x_prev - x, x[:, -1].to(compute_dtype(x))
 
-
 def rwkv6_triton(r, k, v, w, u, initial_state=None, scale=1.0):
     launch = lambda r, k, v, w, u, h0, scale: recurrent_forward(r, k, v, w, h0, scale, u=u)
     return triton_scan(launch, rwkv6_chunked, r, k, v, w, u, initial_state, scale=scale)
-
 
 RWKV6_SCANS = {"naive": rwkv6_naive, "chunked": rwkv6_chunked, "triton": rwkv6_triton}

@@ -22,7 +22,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
 # ==== Mamba-2 (SSD): Dao & Gu 2024, "Transformers are SSMs" (arXiv 2405.21060); official code: mamba_ssm
 # (github.com/state-spaces/mamba, modules/mamba2.py). A scalar decay per head, a state [p, n] per head.
 def ssd_naive(x, dt, A, B, C, initial_state=None):
@@ -39,7 +38,6 @@ def ssd_naive(x, dt, A, B, C, initial_state=None):
         h = decay[:, i, :, None, None] * h + write
         ys.append(torch.einsum("bHpn,bHn->bHp", h, C[:, i]))  # [b, H, p]
     return torch.stack(ys, dim=1).to(x.dtype), h
-
 
 def ssd_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
     """h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T, y_t = h_t C_t, by chunks: SSD (Dao & Gu 2024, Sec. 6)."""
@@ -81,7 +79,6 @@ def ssd_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
     y = y + (C @ states_in.transpose(-1, -2)) * decay_from_start[..., None]
     return y.permute(0, 1, 4, 2, 3, 5).reshape(b, nc * L, H, p)[:, :t].to(out_dtype), h.reshape(b, H, p, n)
 
-
 # ==== Mamba-1 (selective scan): Gu & Dao 2023, "Mamba" (arXiv 2312.00752), Sec. 3.2 and Algorithm 2; official
 # code: mamba_ssm (modules/mamba_simple.py). Per channel: a step size, a diagonal state [n]; B_t, C_t shared.
 def selective_scan_naive(x, dt, A, B, C, initial_state=None):
@@ -98,7 +95,6 @@ def selective_scan_naive(x, dt, A, B, C, initial_state=None):
         h = decay * h + write
         ys.append((h * C[:, i, None, :]).sum(-1))  # [b, d]
     return torch.stack(ys, dim=1).to(x.dtype), h
-
 
 def selective_scan_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
     """h_t = exp(dt_t A) * h_{t-1} + dt_t x_t B_t, y_t = h_t C_t, as a two-level scan: 2 L + t / L steps."""
@@ -135,7 +131,6 @@ def selective_scan_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
         h = torch.addcmul(dt_x_j[j][..., None] * B_j[j][:, :, None, :], decay, h)
         ys.append(torch.einsum("bcdn,bcn->bcd", h, C_j[j]))
     return torch.stack(ys, dim=2).reshape(b, nc * L, d)[:, :t].to(out_dtype), carry
-
 
 # ==== Layers
 class Mamba2(nn.Module):
@@ -181,7 +176,6 @@ class Mamba2(nn.Module):
         return {"h": torch.zeros(batch_size, self.nheads, self.headdim, self.d_state, device=device),
                 "conv": torch.zeros(batch_size, self.d_conv - 1, self.conv_dim, device=device)}
 
-
 class RMSNormGated(nn.Module):
     """RMSNorm of y * silu(z) per group of channels, as mamba_ssm (norm_before_gate=False)."""
     def __init__(self, d, group_size, eps=1e-5):
@@ -192,7 +186,6 @@ class RMSNormGated(nn.Module):
     def forward(self, y, z):  # float32 out
         y = (y.float() * F.silu(z.float())).unflatten(-1, (-1, self.group_size))
         return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).flatten(-2) * self.weight.float()
-
 
 class Mamba1(nn.Module):
     """Mamba-1 mixer with mamba_ssm's parameter names, shapes and initialisation (official checkpoints
@@ -235,7 +228,6 @@ class Mamba1(nn.Module):
         return {"h": torch.zeros(batch_size, self.d_inner, self.d_state, device=device),
                 "conv": torch.zeros(batch_size, self.d_conv - 1, self.d_inner, device=device)}
 
-
 # ==== Triton kernels (the naive loops fused, forward only), then scan plumbing shared with gla.py, rwkv.py
 try:  # no Triton wheel (e.g. macOS): the naive and chunked forms still work, and the kernels still parse
     import triton
@@ -243,7 +235,6 @@ try:  # no Triton wheel (e.g. macOS): the naive and chunked forms still work, an
 except ImportError:
     triton = tl = types.SimpleNamespace(jit=lambda fn: fn, constexpr=None)
 HAS_TRITON = not isinstance(triton, types.SimpleNamespace)
-
 
 @triton.jit
 def _ssd_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, H, P, G, N,
@@ -273,7 +264,6 @@ def _ssd_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, H,
         x_offs, dt_off, bc_offs = x_offs + H * P, dt_off + H, bc_offs + G * N
     tl.store(hT_ptr + h_offs, h, mask=h_mask)
 
-
 def _ssd_launch(x, dt, A, B, C, initial_state):
     (b, t, H, p), (g, n) = x.shape, B.shape[2:]
     state_dtype = compute_dtype(x, dt, A, B, C, initial_state)
@@ -286,10 +276,8 @@ def _ssd_launch(x, dt, A, B, C, initial_state):
                                                   BLOCK_P=BLOCK_P, BLOCK_N=triton.next_power_of_2(n))
     return y.to(x.dtype), final_state.to(state_dtype)
 
-
 def ssd_triton(x, dt, A, B, C, initial_state=None):
     return triton_scan(_ssd_launch, ssd_chunked, x, dt, A, B, C, initial_state)
-
 
 @triton.jit
 def _selective_scan_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, D, N,
@@ -315,7 +303,6 @@ def _selective_scan_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT
         d_offs, n_offs = d_offs + D, n_offs + N
     tl.store(hT_ptr + h_offs, h, mask=mask_dn)
 
-
 def _selective_scan_launch(x, dt, A, B, C, initial_state):
     (b, t, d), n = x.shape, A.shape[1]
     out_dtype, state_dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
@@ -327,26 +314,21 @@ def _selective_scan_launch(x, dt, A, B, C, initial_state):
                                                          BLOCK_D=BLOCK_D, BLOCK_N=triton.next_power_of_2(n))
     return y.to(out_dtype), final_state.to(state_dtype)
 
-
 def selective_scan_triton(x, dt, A, B, C, initial_state=None):
     return triton_scan(_selective_scan_launch, selective_scan_chunked, x, dt, A, B, C, initial_state)
-
 
 SSD_SCANS = {"naive": ssd_naive, "chunked": ssd_chunked, "triton": ssd_triton}
 SELECTIVE_SCANS = {"naive": selective_scan_naive, "chunked": selective_scan_chunked,
                    "triton": selective_scan_triton}
 
-
 def compute_dtype(*tensors):  # the module docstring says why
     return torch.float64 if torch.float64 in [v.dtype for v in tensors if v is not None] else torch.float32
-
 
 def pick_form(forms, impl, x, **chunked_kw):
     """forms["naive" | "chunked" | "triton"]; "auto": Triton on CUDA, else chunked, given chunked_kw."""
     if impl == "auto":
         impl = "triton" if x.is_cuda and HAS_TRITON else "chunked"
     return partial(forms[impl], **chunked_kw) if impl == "chunked" else forms[impl]
-
 
 def triton_scan(launch, chunked, *inputs, **kw):
     """(y, final_state) = launch(*inputs, **kw), a Triton kernel, on CUDA (or under TRITON_INTERPRET=1);
@@ -356,7 +338,6 @@ def triton_scan(launch, chunked, *inputs, **kw):
     if not (inputs[0].is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         raise RuntimeError("a Triton scan needs CUDA tensors, or TRITON_INTERPRET=1 before importing triton")
     return _TritonForward.apply(partial(launch, **kw), partial(chunked, **kw), *inputs)
-
 
 class _TritonForward(torch.autograd.Function):  # no backward kernel: the same function, the same gradients
     @staticmethod
@@ -375,7 +356,6 @@ class _TritonForward(torch.autograd.Function):  # no backward kernel: the same f
             grads = iter(torch.autograd.grad(ctx.chunked(*inputs), wanted, (dy, dfinal), allow_unused=True))
         return (None, None) + tuple(next(grads) if need else None for need in needs)
 
-
 def causal_conv1d_silu(x, weight, bias, conv_state):
     """SiLU(depthwise causal conv of x [b, t, c] after conv_state [b, k-1, c], the inputs before x, zeros at a
     start; weight, bias: nn.Conv1d's): y [b, t, c], new state; conv(x[:, :a]), conv(x[:, a:]) = conv(x)."""
@@ -383,7 +363,6 @@ def causal_conv1d_silu(x, weight, bias, conv_state):
     bias = None if bias is None else bias.to(x.dtype)
     y = F.conv1d(xx.transpose(1, 2), weight.to(x.dtype), bias, groups=x.shape[-1])
     return F.silu(y.transpose(1, 2)), xx[:, x.shape[1]:].float()
-
 
 def inverse_softplus_dt(size, dt_min, dt_max, dt_init_floor):
     """dt bias init of both layers (as mamba_ssm): softplus(bias) is log-uniform in [dt_min, dt_max]."""

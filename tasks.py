@@ -17,16 +17,13 @@ FLAGS = "train.py --seq-len; evaluate.py --passkey-lengths, --babi-lengths"   # 
 FILLER_SENTENCES = (" The river runs down to the sea.", " The hills are quiet at night.",
                     " The wind is soft today.", " On we walk.", " Up the path and down again.")
 
-
 def split_answer(sample):
     """-> (prompt, answer): int64 token arrays; the model reads the prompt and must produce the answer."""
     return np.split(np.asarray(sample[0]), [len(sample[0]) - int(np.sum(sample[1]))])
 
-
 # --- Passkey retrieval (Fig. 7) ---------------------------------------------------------------
 PASSKEY_SENTENCE = " Listen well: the pass key is {key}. Keep {key} in mind, it is the pass key."
 PASSKEY_QUESTION = " What is the pass key? The pass key is"
-
 
 def passkey_sample(tokenizer, length, depth=None, seed=0):
     """A 5-digit key at `depth` (fraction of filler before it, at a sentence boundary; None: uniform) in
@@ -40,17 +37,14 @@ def passkey_sample(tokenizer, length, depth=None, seed=0):
     return Sample(tokens, mask, dict(task="passkey", answer=key, key=key, depth=depth, key_start=start,
                                      seed=seed, actual_depth=(start - 1) / n if n else 0.0))
 
-
 def passkey_digit_accuracy(pred_text, key):
     """The fraction of the key's digits that the first run of digits in pred_text gets right, in place."""
     return sum(a == b for a, b in zip(re.match(r"\D*(\d*)", pred_text)[1], str(key))) / len(str(key))
-
 
 # --- Synthetic copying (Table 1): eot s SEP s EOS, the answer the copy AND the EOS (where it stops) ---
 # SEP, EOS: control bytes (group separator, end-of-text) text rarely holds, single tokens in byte-level BPEs.
 COPY_ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 COPY_SEP, COPY_EOS = b"\x1d", b"\x03"
-
 
 def copy_sample(tokenizer, length, seed=0):
     """A random string of `length` (or drawn from [lo, hi]) letters to copy: 2 * length + 3 tokens."""
@@ -64,13 +58,11 @@ def copy_sample(tokenizer, length, seed=0):
     return Sample(tokens, np.arange(len(tokens)) >= length + 2, dict(
         task="copy", length=length, target=s, answer="".join(COPY_ALPHABET[i] for i in pick), seed=seed))
 
-
 def copy_scores(pred_tokens, target_tokens):
     """-> (char_accuracy, whole_string_correct), position by position over the target (missing = wrong)."""
     pred, target = (np.asarray(t).reshape(-1).tolist() for t in (pred_tokens, target_tokens))
     correct = sum(p == t for p, t in zip(pred, target))
     return correct / len(target), correct == len(target)
-
 
 # --- BABILong-style QA (Fig. 6): the ten bAbI families from a tiny world simulation, our own words ----
 # A story: event dicts (sentence in "text"); meta["asked"] names the question: tests re-derive its answer
@@ -110,7 +102,6 @@ BABI_TASKS = {   # task -> event kinds (repeats weight them), events in [lo, hi)
     "qa9": ("move move not_in", (4, 9), 3, 4, 0), "qa10": ("move move either", (4, 9), 3, 4, 0)}
 MAX_CARRIED = 3
 
-
 def _simulate(rng, kinds, n_events, sizes):
     """A random valid story: to pick up or give, a person must be somewhere known; a lying object is picked
     up only where it lies; give needs both people in one place; nobody carries more than MAX_CARRIED."""
@@ -145,7 +136,6 @@ def _simulate(rng, kinds, n_events, sizes):
     return events, dict(loc=loc, holder=holder, lies_at=lies_at, history=history, people=people,
                         places=places, objects=objects)
 
-
 def _relations(rng, n_places):   # qa4's story (and no world): places on a grid, each next to a placed one
     places = rng.choice(BABI_PLACES, n_places, replace=False).tolist()
     cell, events = {places[0]: (0, 0)}, []
@@ -156,7 +146,6 @@ def _relations(rng, n_places):   # qa4's story (and no world): places on a grid,
         e = dict(kind="relation", place=new, direction=d, place2=old)
         events.append(dict(e, text=BABI_TEMPLATES["relation"][0].format(**e)))
     return [events[i] for i in rng.permutation(len(events))], {}
-
 
 def _ask(task, rng, events, w):
     """-> (answer, asked) about the story's final state, or None: this story has no good question."""
@@ -202,7 +191,6 @@ def _ask(task, rng, events, w):
         answer = "yes" if last["kind"] == "move" and place == last["place"] else "no"
     return answer, dict(kind="is_in", person=last["person"], place=place)
 
-
 def babi_story(task, seed=0):
     """-> (events, question, answer, asked) of a bAbI task ("qa1".."qa10"), from the seed."""
     require(task in BABI_TASKS, f"unknown bAbI task {task!r}: use one of {', '.join(BABI_TASKS)}")
@@ -212,7 +200,6 @@ def babi_story(task, seed=0):
         events, world = _relations(rng, n + 1) if task == "qa4" else _simulate(rng, kinds.split(), n, sizes)
         qa = _ask(task, rng, events, world)
     return events, BABI_QUESTIONS[qa[1]["kind"]].format(**qa[1]), *qa
-
 
 def babi_sample(task, tokenizer, length, seed=0, filler_tokens=None):
     """A bAbI story (task "qa1".."qa10", None: uniform), its facts in order at random boundaries of filler."""
@@ -224,7 +211,6 @@ def babi_sample(task, tokenizer, length, seed=0, filler_tokens=None):
                                     f"Answer:", f" {answer}.", corpus=filler_tokens, rng=layout_rng)
     return Sample(tokens, mask, dict(task=task, answer=answer, question=question, asked=asked, events=events,
                                      fact_starts=starts, seed=seed))
-
 
 def babi_mixture(tokenizer, length, seed, babi_tasks, filler_tokens=None):
     """A babi_sample of a task drawn uniformly from babi_tasks, a pure function of the seed. A story too
@@ -238,7 +224,6 @@ def babi_mixture(tokenizer, length, seed, babi_tasks, filler_tokens=None):
             if "too short" not in str(e):
                 raise
     raise DataError(f"no {task} story fits in {length} tokens: use a larger length (bytes: >= 512; {FLAGS})")
-
 
 # --- Scoring: greedy answers from the zero state; sample i of a cell is seeded by (seed, cell, i) only ---
 @torch.inference_mode()
@@ -254,7 +239,6 @@ def greedy_answer(lm, prompt_tokens, max_new_tokens, chunk_len=512):
         new.append(logits[:, -1].argmax(-1))
     return torch.stack(new, 1).tolist()
 
-
 def _answers(lm, samples, batch_size=None, chunk_len=512, slack=2):
     """Greedy answers (token lists), slack tokens longer than the longest answer (scoring cuts them). Prompts
     of equal length are decoded together, never padded (a recurrent model would keep the padding)."""
@@ -268,12 +252,10 @@ def _answers(lm, samples, batch_size=None, chunk_len=512, slack=2):
             out.update(zip(idx, greedy_answer(lm, np.stack([prompts[i] for i in idx]), new, chunk_len)))
     return [out[i] for i in range(len(samples))]
 
-
 def _exact(lm, tokenizer, samples, **kw):
     """Exact match of each sample's decoded answer (cut at its first period or newline), and those texts."""
     texts = [cut_answer(t) for t in map(get_tokenizer(tokenizer).decode, _answers(lm, samples, **kw))]
     return [float(exact_match(p, s.meta["answer"])) for p, s in zip(texts, samples)], texts
-
 
 def passkey_grid(lm, tokenizer, lengths, depths=10, n_per_cell=4, seed=0, progress=False, **kw):
     """Passkey retrieval (Fig. 7) per length x depth (a count in [0, 1] or a list): exact, digits [L][D]."""
@@ -289,7 +271,6 @@ def passkey_grid(lm, tokenizer, lengths, depths=10, n_per_cell=4, seed=0, progre
     return dict(lengths=[int(L) for L in lengths], depths=depths, n_per_cell=n_per_cell, exact=exact,
                 digits=digits, exact_mean=[sum(r) / len(r) for r in exact])
 
-
 def copy_accuracy(lm, tokenizer, lengths, n=16, seed=0, progress=False, **kw):
     """Copying (Table 1) per string length: char accuracy of each string, its mean and s.e., whole-string."""
     eos = get_tokenizer(tokenizer).encode_single_token(COPY_EOS)
@@ -303,7 +284,6 @@ def copy_accuracy(lm, tokenizer, lengths, n=16, seed=0, progress=False, **kw):
     return dict(lengths=[int(L) for L in lengths], n=n, char=char.tolist(), char_mean=char.mean(1).tolist(),
                 char_sem=sem.tolist(), whole_mean=whole.mean(1).tolist())
 
-
 def babilong_accuracy(lm, tokenizer, babi_tasks, lengths, n=8, seed=0, filler=None, progress=False, **kw):
     """BABILong-style QA (Fig. 6): exact match per bAbI task and length, stories hidden in `filler` tokens."""
     acc, cell = [], {t: k for k, t in enumerate(BABI_TASKS)}  # acc: [L, tasks]
@@ -314,20 +294,16 @@ def babilong_accuracy(lm, tokenizer, babi_tasks, lengths, n=8, seed=0, filler=No
     return dict(tasks=list(babi_tasks), lengths=[int(L) for L in lengths], n=n, mean=np.mean(acc, 1).tolist(),
                 acc={t: [row[k] for row in acc] for k, t in enumerate(babi_tasks)})
 
-
 def exact_match(pred_text, answer_text):
     """Equal after normalising case, whitespace runs, spaces around commas and one trailing period."""
     a, b = (re.sub(r" ?, ?", ",", " ".join(t.strip().lower().split())) for t in (pred_text, answer_text))
     return (a[:-1].rstrip() if a.endswith(".") else a) == (b[:-1].rstrip() if b.endswith(".") else b)
 
-
 def cut_answer(text):
     """A generated continuation up to and including the first period, or up to the first newline."""
     return re.match(r"[^.\n]*\.?", text)[0]
 
-
 TASKS = {"passkey": passkey_sample, "copy": copy_sample, "babilong": babi_sample}   # train.py --task
-
 
 # --- Plumbing: the tokenizer, hiding facts in filler, a random pick --------------------------------------
 def task_tokenizer(tokenizer):
@@ -337,7 +313,6 @@ def task_tokenizer(tokenizer):
     require(enc.decode(enc.encode_ordinary(text)) == text, f"tokenizer {tokenizer} "
             "cannot spell the tasks' text: use a byte-level BPE (e.g. GPT-NeoX's tokenizer.json)")
     return enc
-
 
 def _hide(enc, what, length, facts, question, answer, depth=None, corpus=None, rng=None):
     """eot, filler (ours, or from the token stream `corpus`), each fact at a boundary (the nearest to depth *
@@ -365,7 +340,6 @@ def _hide(enc, what, length, facts, question, answer, depth=None, corpus=None, r
     body = np.insert(filler, np.repeat(positions, list(map(len, pieces))), np.concatenate(pieces))
     tokens = np.concatenate([[enc.eot_token], body, question, answer]).astype(np.int64)
     return tokens, np.arange(len(tokens)) >= len(tokens) - len(answer), starts, n
-
 
 def _pick(rng, items):
     return items[rng.integers(len(items))] if items else None

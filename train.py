@@ -31,7 +31,6 @@ import interventions
 import model
 import tasks
 
-
 def accumulate_gradients(fwd, sampler, strategy, n_micro, device, autocast=nullcontext(), no_sync=False):
     """The gradients of one optimizer step, the paper's loop: initial state -> forward -> backward -> observe.
     Each micro-batch is a batch for the strategy. no_sync (DDP): all-reduce on the last micro-batch only."""
@@ -52,7 +51,6 @@ def accumulate_gradients(fwd, sampler, strategy, n_micro, device, autocast=nullc
         total += loss.item()
         tokens += x.numel()
     return total / n_micro, tokens
-
 
 def train(args):
     exit_on_bad_flags(args)
@@ -111,7 +109,6 @@ def train(args):
         torch.distributed.destroy_process_group()
     return lm
 
-
 def setup_data(args, rank):
     """-> (sampler, val_sampler, vocab_size, the data's name): windows of --data, or --task's examples."""
     if rank:   # under torchrun rank 0 tokenizes --data into the cache first, then the others read it
@@ -147,7 +144,6 @@ def setup_data(args, rank):
     vocab_size = corpus.vocab_size if corpus else data.get_tokenizer(args.tokenizer).n_vocab
     return sampler, val_sampler, vocab_size, corpus.name if corpus else args.task
 
-
 def setup_model(args, device, vocab_size, sampler, path, rank, world):
     """-> (lm, optimizer, strategy, step): new, --init-from's, or resumed from `path` with the sampler."""
     torch.manual_seed(args.seed)
@@ -178,13 +174,11 @@ def setup_model(args, device, vocab_size, sampler, path, rank, world):
         strategy.load_state_dict(resume["strategy"][rank])
     return lm, optimizer, strategy, resume["step"] if resume else 0
 
-
 # The demo: a tiny Mamba-1 whose state channels barely decay within T_train ("tiny-slow"), trained from the
 # zero state on Python bytes at T_train = 16: past it the state drifts to values it never learned to read and
 # perplexity rises (the paper's failure). Then 10% more steps: zero again (the matched control), SP and TBTT.
 DEMO = dict(arch="mamba1", size="tiny-slow", data="stdlib", seq_len=16, batch_size=16, base_steps=1500,
             post_steps=150, eval_len=1024, n_seqs=64)
-
 
 def demo(out, seeds=(0,), device="auto", quiet=False, **overrides):
     """The DEMO per training seed in OUT/seed{S} (kept if it has an eval.json), then the seeds' summary."""
@@ -209,7 +203,6 @@ def demo(out, seeds=(0,), device="auto", quiet=False, **overrides):
             return code
     reports = {seed: json.loads(pathlib.Path(out, f"seed{seed}", "eval.json").read_text()) for seed in seeds}
     return over_seeds(reports, out) if len(seeds) > 1 else 0
-
 
 def over_seeds(reports, out):
     """Each seed's verdicts and last-bucket NLL - control, their mean +- s.e. -> a table, seeds.{json,png}."""
@@ -261,7 +254,6 @@ def over_seeds(reports, out):
     print(f"wrote {out}/seeds.json, {out}/seeds.png")
     return 0
 
-
 # --- flags, run files and helpers --------------------------------------------------------------------------
 # Peak learning rates from scratch: the paper's Table 2 for its sizes; tiny tuned for the CPU demos.
 PEAK_LR = {"tiny": 3e-3, "45m": 1.5e-3, "70m": 1.5e-3, "85m": 1.5e-3, "125m": 1e-3, "130m": 1e-3,
@@ -310,7 +302,6 @@ DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
 PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo", "seeds", "cache_dir")
 MAY_CHANGE = ("steps", "ckpt_interval", "eval_interval", "lr", "grad_clip")
 
-
 def main(argv=None):
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: temporary files removed
     args = None
@@ -328,14 +319,12 @@ def main(argv=None):
         sys.exit(f"interrupted: the last checkpoint {ckpt} (step {step}) is intact; continue with --resume"
                  if step else "interrupted before the first checkpoint: nothing to resume")
 
-
 def parse_seeds(text):
     """"0-7" -> [0, ..., 7]; "0,5" -> [0, 5]."""
     lo, dash, hi = text.partition("-")
     if not re.fullmatch(r"\d+-\d+|\d+(,\d+)*", text) or dash and int(lo) > int(hi):
         sys.exit(f"error: --seeds must be A-B or A,B,... (integers >= 0), got {text!r}")
     return list(range(int(lo), int(hi) + 1)) if dash else [int(v) for v in text.split(",")]
-
 
 def get_args(argv=None):
     """Parse the flags, fill in each one not given: on --resume the checkpoint's (a given flag must agree, but
@@ -381,7 +370,6 @@ def get_args(argv=None):
         args.steps = max(1, int(args.tokens // per_step))
     return args
 
-
 def exit_on_bad_flags(args):
     """Every flag's value, in one place: the first problem is one line naming the flag and the fix."""
     fin, value = math.isfinite, vars(args)
@@ -421,14 +409,12 @@ def exit_on_bad_flags(args):
     except ValueError as e:
         sys.exit(f"error: --task {args.task}: {e}")
 
-
 def lr_at(step, args):
     """Linear warm-up over the first `warmup` fraction of steps, then cosine decay to min_lr."""
     warm = int(args.warmup * args.steps)
     progress = (step - warm) / max(1, args.steps - warm)
     return args.lr * (step + 1) / warm if step < warm else \
         args.min_lr + 0.5 * (args.lr - args.min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
-
 
 def make_optimizer(lm, lr, weight_decay, device):
     """AdamW; weight decay on matrices only, not on norms, biases nor parameters marked _no_weight_decay.
@@ -440,7 +426,6 @@ def make_optimizer(lm, lr, weight_decay, device):
     groups = [dict(params=ps, weight_decay=wd, lr_scale=s, lr=lr * s) for (wd, s), ps in groups.items()]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
 
-
 def read_on(sampler, parent, rank):
     """Post-training reads on where the parent's sampler (same kind, seed) stopped: new data, as the paper."""
     path = os.path.join(parent, "ckpt.pt") if os.path.isdir(parent) else parent
@@ -451,7 +436,6 @@ def read_on(sampler, parent, rank):
             state.update(row_doc=[-1] * sampler.batch_size, row_pos=[0] * sampler.batch_size)
         sampler.load_state_dict(state)
 
-
 def make_task_sampler(args, seed, filler_tokens):
     """Batches of --task examples of --seq-len + 1 tokens (bAbI's hidden in filler_tokens), or copy's."""
     babi = args.task == "babilong"
@@ -459,7 +443,6 @@ def make_task_sampler(args, seed, filler_tokens):
     length = tuple(map(int, args.copy_len.split(","))) if args.task == "copy" else args.seq_len + 1
     return data.TaskSampler(tasks.babi_mixture if babi else tasks.TASKS[args.task], args.batch_size, seed,
                             tokenizer=args.tokenizer, length=length, **kw)
-
 
 @torch.no_grad()
 def evaluate_loss(lm, sampler, n_batches, device, autocast):
@@ -474,12 +457,10 @@ def evaluate_loss(lm, sampler, n_batches, device, autocast):
     lm.train()
     return total / count
 
-
 def diverged(args, step, what, saved):
     last = (f"the last checkpoint, {args.out}/ckpt.pt (step {saved}), is intact: continue it with --resume "
             "and a lower --lr" if saved else "no checkpoint was saved: start again with a lower --lr")
     sys.exit(f"error: training diverged at step {step} ({what} not finite); stopped without saving: {last}")
-
 
 @contextmanager
 def open_run(args, step):
@@ -505,7 +486,6 @@ def open_run(args, step):
         with open(path, "a") as log:
             yield log
 
-
 def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy, rank, world):
     """All a resume needs, with every rank's sampler and strategy state: every rank continues exactly."""
     states = [{"sampler": sampler.state_dict(), "strategy": strategy.state_dict()}] * world
@@ -515,7 +495,6 @@ def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy, rank, wo
         ckpt = {"model_config": asdict(lm.cfg), "model": lm.state_dict(), "optimizer": optimizer.state_dict(),
                 "train_config": vars(args), "step": step, **{k: [g[k] for g in states] for k in states[0]}}
         data.write_atomically(path, lambda tmp: torch.save(ckpt, tmp))
-
 
 if __name__ == "__main__":
     main()

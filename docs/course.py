@@ -10,7 +10,6 @@ import sys
 import torch
 import torch.nn as nn
 
-
 # ==== Exercise 9: a mixer with an exact state split ====
 class DiagonalRNN(nn.Module):
     """A diagonal linear RNN with a token shift, usable by model.LM (register it in model.ARCHS):
@@ -43,7 +42,6 @@ class DiagonalRNN(nn.Module):
             hs.append(h)
         return self.out_proj(torch.stack(hs, 1)), {"h": h, "shift": x[:, -1]}
 
-
 # ==== Exercise 10: predict, then measure ====
 # experiment: (the reference label, the labels whose last-bucket NLL minus the reference's you predict)
 EXPERIMENTS = {"markov": ("control", ["base", "streams", "SP", "TBTT"]),
@@ -51,14 +49,12 @@ EXPERIMENTS = {"markov": ("control", ["base", "streams", "SP", "TBTT"]),
                "ttrain": ("T32", ["T16", "T64", "T32-long"])}
 SIGNS = ("-", "0", "+")  # better than the reference, no difference, worse
 
-
 def predictions():
     """BEFORE running anything: {experiment: {label: sign}} for every experiment and label of EXPERIMENTS,
     the sign of the run's NLL minus the reference's in the last bucket. (Here: one reading of the paper.)"""
     return {"markov": {"base": "0", "streams": "0", "SP": "-", "TBTT": "-"},
             "sigma": {"s0.01": "0", "s0.1": "-", "s1": "+", "fitted": "-"},
             "ttrain": {"T16": "+", "T64": "-", "T32-long": "+"}}
-
 
 def verdict_rows(report, predicted):
     """One row per model of an eval.json report that has a paired difference to the reference ("diff"), in
@@ -73,7 +69,6 @@ def verdict_rows(report, predicted):
         rows.append((m["label"], verdict, m["ppl"]["buckets"]["ppl"][-1], diff, sem, measured,
                      predicted.get(m["label"])))
     return rows
-
 
 def main(argv):
     """Prints each experiment's verdict table from NAME=DIR (DIR/eval.json, or the file) and the score."""
@@ -95,7 +90,6 @@ def main(argv):
         right += sum(r[5] == r[6] for r in rows)
         total += len(rows)
     print(f"\npredictions right: {right} of {total}")
-
 
 if __name__ == "__main__":
     main(sys.argv[1:])

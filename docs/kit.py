@@ -44,15 +44,12 @@ EXERCISES = {
          [["tests/test_course_kit.py", "-k", "exercise10"]]),
 }
 
-
 class KitError(Exception):
     pass
-
 
 def command(args):
     """The shell command of one check, as docs/EXERCISES.md prints it."""
     return "python -m pytest -q " + shlex.join(args)
-
 
 def find(tree, name):
     """The function `name` ("f" or "Class.method") at the top of a module's ast, or None."""
@@ -61,7 +58,6 @@ def find(tree, name):
     if owner:
         body = next((n.body for n in body if isinstance(n, ast.ClassDef) and n.name == owner[0]), [])
     return next((n for n in body if isinstance(n, ast.FunctionDef) and n.name == name), None)
-
 
 def stub(source, names, number, path):
     """source with each function of `names` reduced to its signature, docstring and the exercise's raise."""
@@ -79,7 +75,6 @@ def stub(source, names, number, path):
     for start, end, indent in sorted(spans, reverse=True):
         lines[start:end] = [f'{indent}raise NotImplementedError("exercise {number}")\n']
     return "".join(lines)
-
 
 def student(out, numbers):
     """Writes the student copy to out (absent or empty): built beside it, then renamed into place."""
@@ -107,7 +102,6 @@ def student(out, numbers):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-
 class Outcomes:
     """A pytest plugin: how many tests were selected, which passed and which failed or were skipped."""
 
@@ -122,7 +116,6 @@ class Outcomes:
             self.failed.add(report.nodeid)
         elif report.when == "call":
             self.passed.add(report.nodeid)
-
 
 def score(directory):
     """Runs every check in directory, one pytest session after another in this process; prints and returns
@@ -148,7 +141,6 @@ def score(directory):
     done = sum(p == t > 0 for p, t in results.values())
     print(f"total: {done}/{len(EXERCISES)} exercises passed")
     return results
-
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -176,7 +168,6 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -23,7 +23,6 @@ TRAIN = ["--data", "markov:k=4,alpha=0.5,doc_len=200,docs=40", "--seq-len", "16"
 CORPUS_TEXT = "".join(f"def f{i}(x):\n    return x + {i}  # the river runs down to the sea\n\n"
                       for i in range(60))
 
-
 @pytest.fixture(scope="session")
 def tok_json(tmp_path_factory):
     """A small byte-level BPE tokenizer.json WITH merges and an end-of-text token, trained here (offline)."""
@@ -38,11 +37,9 @@ def tok_json(tmp_path_factory):
     tok.save(path)
     return path
 
-
 def tiny_lm(arch="mamba2", vocab_size=257, seed=0, **overrides):
     torch.manual_seed(seed)
     return model.LM(model.make_config(arch, "tiny", vocab_size=vocab_size, **overrides))
-
 
 def checkpoint(path, init_seed=0, lm=None, **train_config):
     """A run directory as train.py writes it (ckpt.pt) holding lm (a tiny Mamba-2); returns (path, lm)."""
@@ -52,14 +49,12 @@ def checkpoint(path, init_seed=0, lm=None, **train_config):
                path / "ckpt.pt")
     return str(path), lm
 
-
 def official_dir(path, state_dict, **config):
     """A directory in the layout of state-spaces/mamba's checkpoints: config.json and pytorch_model.bin."""
     path.mkdir()
     (path / "config.json").write_text(json.dumps(config))
     torch.save(state_dict, path / "pytorch_model.bin")
     return str(path)
-
 
 def logged(out, key="loss"):
     """step -> key of the run's metrics.jsonl, which must hold each step once, in order."""

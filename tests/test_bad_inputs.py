@@ -22,7 +22,6 @@ import model
 import train
 from conftest import CORPUS_TEXT, ROOT, TRAIN, official_dir, tiny_lm
 
-
 @pytest.fixture(scope="module")
 def user(tmp_path_factory, tok_json):
     """What a user has: finished runs (one as if saved by 2 processes), official-layout dirs, a file."""
@@ -68,10 +67,8 @@ def user(tmp_path_factory, tok_json):
         torch.save({"model_config": argparse.Namespace(), "train_config": argparse.Namespace()}, path)
     return d
 
-
 def snapshot(d):
     return {p: hashlib.sha1(p.read_bytes()).hexdigest() for p in pathlib.Path(d).rglob("*") if p.is_file()}
-
 
 def outcome(call):
     """(exit code, message) of a call that may exit (train.py) or raise (a loader)."""
@@ -83,10 +80,8 @@ def outcome(call):
         return 1, str(e)
     return 0, ""
 
-
 def train_main(argv):
     return outcome(lambda: train.main(argv))
-
 
 ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit with code 1, "": code 0)
     # 1. a run is never overwritten
@@ -136,7 +131,6 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--task copy --tokenizer {u}/wordlevel.json", "byte-level BPE"),
 ]
 
-
 @pytest.mark.parametrize("command,word", ROWS)
 def test_bad_input_is_one_line_and_changes_nothing(user, tmp_path, command, word, monkeypatch):
     monkeypatch.setattr(data, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
@@ -147,12 +141,10 @@ def test_bad_input_is_one_line_and_changes_nothing(user, tmp_path, command, word
     assert "\n" not in message and "weights_only=False" not in message
     assert snapshot(user) == before
 
-
 def test_a_command_line_error_is_one_line_without_traceback(user, tmp_path):
     cmd = [sys.executable, f"{ROOT}/train.py", "--init-from", f"{user}/bad-json", "--out", str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "JSON" in r.stderr, r.stderr
-
 
 def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_not(tmp_path):
     with open(tmp_path / "train.lock", "w") as held:  # another train.py holds the directory
@@ -161,7 +153,6 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_not(tmp_path):
         code, message = train_main(TRAIN + ["--steps", "1", "--out", str(tmp_path)])
         assert code == 1 and "12345" in message and not (tmp_path / "ckpt.pt").exists()
     assert train_main(TRAIN + ["--steps", "1", "--out", str(tmp_path)]) == (0, "")  # released: no bar
-
 
 @pytest.mark.parametrize("flags", [["--lr", "1e3", "--warmup", "0.9"], ["--lr", "30", "--grad-clip", "1e30"]])
 def test_a_divergent_run_stops_and_its_checkpoint_is_finite_and_resumable(tmp_path, flags):
@@ -174,15 +165,12 @@ def test_a_divergent_run_stops_and_its_checkpoint_is_finite_and_resumable(tmp_pa
     assert train_main(["--out", out, "--resume", "--lr", "1e-4", "--steps", str(ckpt["step"] + 2)]) == (0, "")
     assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
 
-
 def full_disk(obj, path):
     pathlib.Path(path).write_bytes(b"partial")
     raise RuntimeError("[enforce fail at inline_container.cc] . PytorchStreamWriter failed writing file")
 
-
 def denied(*args, **kwargs):   # as chmod 000 or a read-only directory would (root reads and writes anything)
     raise PermissionError(13, "Permission denied")
-
 
 @pytest.mark.parametrize("module,name,fail,word,other", [  # other: a word of another failure's message
     (torch, "save", full_disk, "disk full", "Permission"),
@@ -196,7 +184,6 @@ def test_a_failed_read_or_write_is_named_and_keeps_the_checkpoint(user, tmp_path
     code, message = train_main(["--out", str(run), "--resume", "--steps", "3"])
     assert code == 1 and word in message and other not in message and "\n" not in message, message
     assert not list(run.glob("*.tmp")) and (run / "ckpt.pt").read_bytes() == before
-
 
 def test_a_run_refuses_another_tokenizer_or_changed_data(tmp_path, tok_json, monkeypatch, capsys):
     monkeypatch.setattr(data, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
@@ -221,7 +208,6 @@ def test_a_run_refuses_another_tokenizer_or_changed_data(tmp_path, tok_json, mon
     assert evaluate.main(argv) == 2
     assert "tokenizer.json" in capsys.readouterr().err and not list(tmp_path.rglob("*.tmp"))
 
-
 def test_a_wider_bin_is_declared_in_meta_json(tmp_path):
     ids = np.arange(3000) % 200 + 10
     ids.astype(np.uint32).tofile(tmp_path / "ids.bin")
@@ -233,7 +219,6 @@ def test_a_wider_bin_is_declared_in_meta_json(tmp_path):
     (tmp_path / "meta.json").write_text('{"dtype": "int8"}')
     with pytest.raises(data.DataError, match="meta.json"):
         data.load_data(str(tmp_path / "ids.bin"))
-
 
 def test_sigterm_during_training_leaves_the_last_checkpoint_and_no_temporary_file(tmp_path):
     out = tmp_path / "run"

@@ -7,7 +7,6 @@ import torch
 import bench
 import model
 
-
 def test_bench_scans_and_eval_time_agreeing_forms(capsys, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # conftest's (scan tests): no Triton column
     args = argparse.Namespace(lengths=[37], repeats=1, bf16=False, scan_batch=1, paper_shapes=False)
@@ -21,7 +20,6 @@ def test_bench_scans_and_eval_time_agreeing_forms(capsys, monkeypatch):
     assert [row["tokens"] for row in r["ppl"]] == [32, 64]  # shortest first: a flat peak means no growth
     assert "one forward per cut" in capsys.readouterr().out
 
-
 def test_bench_train_row(capsys):
     args = argparse.Namespace(presets="mamba2:tiny", forms="auto", seq_len=32, batch_size=2, repeats=1)
     (r,) = bench.bench_train(args, torch.device("cpu"), vocab_size=257)
@@ -31,7 +29,6 @@ def test_bench_train_row(capsys):
     assert r["preset"] == "mamba2:tiny" and 0 < r["best_s"] <= r["median_s"] and r["peak_gb"] is None
     assert r["tokens_per_s"] == pytest.approx(2 * 32 / r["best_s"])
     assert "tokens/s" in capsys.readouterr().out
-
 
 @pytest.mark.parametrize("preset", ["mamba2:9b", "lstm:45m", "mamba2"])
 def test_bench_train_bad_preset_is_one_line(preset, capsys):

@@ -16,7 +16,6 @@ sys.path.insert(0, os.path.join(ROOT, "docs"))
 import course  # noqa: E402
 import kit  # noqa: E402
 
-
 def test_exercise9_the_mixer_runs_its_recurrence_splits_exactly_and_serves_the_lm(monkeypatch):
     torch.manual_seed(0)
     m, x = course.DiagonalRNN(8, d_state=6), torch.randn(3, 11, 8)
@@ -48,12 +47,10 @@ def test_exercise9_the_mixer_runs_its_recurrence_splits_exactly_and_serves_the_l
     logits.square().mean().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in lm.parameters())
 
-
 def verdict_model(label, ppl, generalizes_to, censored, diff=None):
     m = dict(label=label, verdict=dict(generalizes_to=generalizes_to, censored=censored),
              ppl=dict(buckets=dict(ppl=[9.0, ppl])))
     return m if diff is None else dict(m, diff=dict(nll=[0.5, diff[0]], nll_sem=[0.5, diff[1]]))
-
 
 def test_exercise10_predictions_are_made_and_eval_json_becomes_the_verdict_table(tmp_path, capsys):
     made = course.predictions()
@@ -72,7 +69,6 @@ def test_exercise10_predictions_are_made_and_eval_json_becomes_the_verdict_table
     out = capsys.readouterr().out
     assert "| A | 512+ | 4.500 | -0.100 +- 0.010 | - |" in out and "predictions right: " in out
 
-
 def test_exercises_md_prints_each_exercises_functions_and_check_commands():
     sections = re.split(r"^## ", open(os.path.join(ROOT, "docs", "EXERCISES.md")).read(), flags=re.M)
     for n, (_, functions, checks) in kit.EXERCISES.items():
@@ -80,18 +76,15 @@ def test_exercises_md_prints_each_exercises_functions_and_check_commands():
         assert all(kit.command(args) in section for args in checks), n
         assert all(name.split(".")[-1] in section for names in functions.values() for name in names), n
 
-
 def kit_cli(*args):
     """docs/kit.py started in a subprocess: two can run side by side (finished() waits)."""
     return subprocess.Popen([sys.executable, os.path.join(ROOT, "docs", "kit.py"), *args], text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
 
-
 def finished(p):
     out, err = p.communicate()
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
-
 
 def test_a_student_copy_fails_every_check_and_the_repo_passes_every_one(tmp_path):
     out = tmp_path / "student"

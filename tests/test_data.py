@@ -19,10 +19,8 @@ EOT = 256   # the bytes tokenizer's end-of-text id; TEXT: trailing spaces, inden
 TEXT = "".join(f"line {i}: héllo wörld ✓{' ' * (i % 3)}\n{'  ' * (i % 2)}{chr(10) * (i % 5 == 0)}"
                for i in range(300)) + "an <|endoftext|> in a document is text\n"
 
-
 def split_docs(tokens):   # a stream of bytes ids -> its documents (the texts hold no NUL: eot 256 reads 0)
     return set(bytes(np.asarray(tokens).astype(np.uint8)).split(b"\0")[1:])
-
 
 def write_docs(folder, n=20):   # n UTF-8 text files: path -> text
     folder.mkdir(parents=True)
@@ -31,11 +29,9 @@ def write_docs(folder, n=20):   # n UTF-8 text files: path -> text
         path.write_text(text, encoding="utf-8")
     return texts
 
-
 class Wide:   # a vocabulary past uint16
     name, n_vocab, eot_token = "wide", 70_000, 69_999
     encode_ordinary = staticmethod(lambda text: [66_000 + ord(c) % 100 for c in text])
-
 
 @pytest.mark.parametrize("name", ["bytes", "bpe"])
 def test_a_file_tokenized_in_pieces_gives_the_ids_of_the_whole(name, tok_json, tmp_path, monkeypatch):
@@ -51,14 +47,12 @@ def test_a_file_tokenized_in_pieces_gives_the_ids_of_the_whole(name, tok_json, t
     lines = [t for line in TEXT.splitlines(True) for t in enc.encode_ordinary(line)]
     assert (lines == enc.encode_ordinary(TEXT)) == (name == "bytes")   # a cut after any newline: not the ids
 
-
 def corpus(folder):   # write_docs plus files that are skipped or never read
     texts = write_docs(folder)
     (folder / "blob.dat").write_bytes(b"\xff\xfe\x00binary")   # skipped: not UTF-8, as empty
     (folder / "empty.txt").write_text("")
     (folder / ".hidden").write_text("never read")
     return texts
-
 
 def test_one_cache_for_every_seed_split_by_document_and_rebuilt_when_damaged(tmp_path, monkeypatch, capsys):
     texts = corpus(tmp_path / "corpus")
@@ -86,7 +80,6 @@ def test_one_cache_for_every_seed_split_by_document_and_rebuilt_when_damaged(tmp
     d = data.load_data("stdlib", cache_dir=str(tmp_path / "stdlib"))   # the Python standard library's sources
     assert len(d.train) > 1_000_000 and len(d.val) > 10_000 and d.info["docs_train"] > 10 * d.info["docs_val"]
 
-
 def test_prepared_directory_loads_as_the_cache_and_is_never_overwritten(tmp_path, tok_json):
     write_docs(tmp_path / "corpus")
     corpus, prep = f"{tmp_path}/corpus", tmp_path / "prep"
@@ -105,7 +98,6 @@ def test_prepared_directory_loads_as_the_cache_and_is_never_overwritten(tmp_path
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "exists" in r.stderr
     assert (prep / "train.bin").read_bytes() == before
 
-
 def test_single_file_and_wide_vocabulary(tmp_path):
     ((path, text),) = write_docs(tmp_path / "a", n=1).items()         # one document: split by tokens
     one = data.load_data(str(path), val_fraction=0.25, cache_dir=str(tmp_path / "c"))
@@ -113,7 +105,6 @@ def test_single_file_and_wide_vocabulary(tmp_path):
     assert whole.tolist() == [EOT] + list(text.encode()) and len(one.val) == round(0.25 * len(whole))
     w = data.load_data(str(path), tokenizer=Wide(), cache_dir=str(tmp_path / "c"))   # the cache: uint32 ids
     assert w.train.dtype == np.uint32 and w.train[0] == 69_999 and w.train[1:].min() >= 66_000
-
 
 def test_failed_cache_builds_leave_nothing_behind(tmp_path, monkeypatch):
     write_docs(tmp_path / "corpus", n=4)

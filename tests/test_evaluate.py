@@ -17,7 +17,6 @@ from conftest import ROOT, checkpoint, official_dir, tiny_lm
 
 MARKOV = "markov:k=4,alpha=0.3,doc_len=128,docs=4,val_docs=24"
 
-
 class ToyLM(nn.Module):
     """h_t = a * h_{t-1} + U(x_t) per head, read out linearly, plus a token shift (a second state key, as
     the real mixers' conv windows): a state reset must zero every key of the state dict."""
@@ -45,7 +44,6 @@ class ToyLM(nn.Module):
         logits = torch.stack(logits, 1)
         return logits[:, -1:] if last_only else logits, [{"h": h, "shift": prev}]
 
-
 class CurveLM(nn.Module):
     """Uninformative on uniform random tokens, with a confidence c(t) that is flat up to position 64 and
     grows after it: the expected NLL is flat, then rises. The state is the position."""
@@ -65,10 +63,8 @@ class CurveLM(nn.Module):
         logits = (0.5 + (t - 64).clamp_min(0) / 64)[..., None] * self.w[idx] * (math.nan if self.nan else 1)
         return logits[:, -1:] if last_only else logits, [{"h": (t0 + idx.shape[1])[:, :, None]}]
 
-
 def tokens(n, T, vocab=11, seed=0):
     return torch.randint(0, vocab, (n, T), generator=torch.Generator().manual_seed(seed))
-
 
 def test_position_nll_streamed_averaged_and_bucketed_as_defined():
     lm, x = ToyLM(), tokens(5, 21)
@@ -89,7 +85,6 @@ def test_position_nll_streamed_averaged_and_bucketed_as_defined():
     torch.testing.assert_close(b["nll"], torch.tensor([2.0, 7 / 3], dtype=torch.float64))
     torch.testing.assert_close(b["nll_sem"], torch.tensor([1.0, 1.0], dtype=torch.float64))
 
-
 def test_verdict_on_hand_made_curves_and_a_matrix_is_paired():
     assert ev.length_generalization_naive([5.0, 4.0, 3.0, 3.0, 2.9, 2.95, 2.9, 2.8], t_train=4) == 8
     assert ev.length_generalization_naive([5.0, 4.0, 3.0, 2.9, 2.95, 3.5, 4.0], t_train=4) == 4
@@ -109,7 +104,6 @@ def test_verdict_on_hand_made_curves_and_a_matrix_is_paired():
     with pytest.raises(ValueError, match="training positions"):
         ev.length_generalization(per_seq, lo, hi, t_train=1)
 
-
 def test_short_context_nll_reads_each_target_from_a_training_length_context():
     lm, x, T = ToyLM(), tokens(3, 42, vocab=11), 8
     short = ev.short_context_nll(lm, x, T, batch_size=2)
@@ -118,7 +112,6 @@ def test_short_context_nll_reads_each_target_from_a_training_length_context():
         naive = torch.stack([ev.position_nll_naive(lm, x[:, j + 1 - c:j + 2])[:, -1]
                              for c in range(T // 2 + 1, min(T, j + 1) + 1)])
         assert ((naive - short[:, j]).abs() < 1e-5).all(1).any()
-
 
 def test_verdict_paired_with_the_same_tokens_at_a_training_length_context():
     # the text's difficulty varies along the window (0.3 nats) and hides a 0.05-nat rise from 16 on in the
@@ -134,7 +127,6 @@ def test_verdict_paired_with_the_same_tokens_at_a_training_length_context():
     v = ev.length_generalization(flat + torch.tensor([0, 0, 0, 0.05, 0.05, 0.05]), lo, hi, 8, ref)
     assert (v["generalizes_to"], v["censored"]) == (16, False)
 
-
 def test_verdict_is_stable_across_evaluation_seeds():
     # CurveLM's NLL is flat, then rises from position 64: T_train 16 generalizes to about 64 (4x).
     lm, edges, verdicts = CurveLM(), ev.log_edges(1024, include=[16]), []
@@ -144,7 +136,6 @@ def test_verdict_is_stable_across_evaluation_seeds():
         verdicts.append(edges.index(v["generalizes_to"]))
     assert max(verdicts) - min(verdicts) <= 1 and 64 <= edges[min(verdicts)] <= 181, verdicts
 
-
 def test_verdict_on_real_checkpoints_detects_a_rise_and_not_a_flat_curve(tmp_path, capsys):
     # the demo's seed-0 base (PPL 5.5 within T_train 16, 11.5 at 1024) and seed-1 TBTT (flat), as
     # `train.py --demo` wrote them (weights only), on the demo's 64 windows of stdlib's validation split
@@ -153,7 +144,6 @@ def test_verdict_on_real_checkpoints_detects_a_rise_and_not_a_flat_curve(tmp_pat
     base, tbtt = (m["verdict"] for m in json.load(open(tmp_path / "eval.json"))["models"])
     assert rc == 0 and not base["censored"] and base["generalizes_to"] <= 4 * 16, err
     assert tbtt["censored"] and tbtt["generalizes_to"] == 1024
-
 
 def test_distances_of_known_distributions_and_the_default_cuts():
     p, q = torch.tensor([0.9, 0.1]), torch.tensor([0.6, 0.4])
@@ -166,7 +156,6 @@ def test_distances_of_known_distributions_and_the_default_cuts():
     assert c[0] == 0 and c.max() == 255 and (c.diff() > 0).all() and 20 <= len(c) <= 32
     assert {1, 2, 254}.issubset(set(c.tolist()))
 
-
 @pytest.mark.parametrize("distance", ["tv", "js", "cos"])
 def test_effrem_in_one_pass_equals_one_forward_per_cut(distance):
     lm, x = ToyLM(), tokens(7, 40)
@@ -178,7 +167,6 @@ def test_effrem_in_one_pass_equals_one_forward_per_cut(distance):
     assert (rows[:, 0] == 0).all() and ((rows >= 0) & (rows <= 1)).all() and (rows[:, 1:].mean(0) > 0).all()
     without_zero = ev.effective_remembrance(lm, x, T, [5, 16], distance)  # adds the t = 0 reference
     torch.testing.assert_close(without_zero, want[[3, 5]], atol=1e-6, rtol=1e-5)
-
 
 def test_state_statistics_of_a_linearly_growing_state():
     # a = 1, one token everywhere: h_t = (t + 1) U in every row, so std and RMS grow as t + 1
@@ -194,7 +182,6 @@ def test_state_statistics_of_a_linearly_growing_state():
     torch.testing.assert_close(st["coverage"][0], torch.full((2,), 4.0).double(), rtol=1e-5, atol=0)
     assert ev.state_statistics(lm, x)["positions"][-1] == 39
 
-
 def cli(capsys, *argv):
     try:
         rc = ev.main(list(argv))
@@ -202,7 +189,6 @@ def cli(capsys, *argv):
         rc = e.code
     out = capsys.readouterr()
     return rc, out.out, out.err
-
 
 X = tokens(2, 10)
 BAD_CALLS = [(lambda: ev.position_nll(ToyLM(), X[0]), "shape"),
@@ -220,7 +206,6 @@ BAD_ARGV = [("NOPE", "no checkpoint"), ("BAD", "corrupt"), ("CK CK --labels one"
             ("CK BPE", "different tokenizers"), ("BPE --tokenizer bytes", "does not match"),
             ("CK --metrics passkey --passkey-lengths 50", "--passkey-lengths"),
             ("CK --metrics babilong --babi-lengths 100", "--babi-lengths")]
-
 
 @pytest.mark.parametrize("call, word", BAD_CALLS + BAD_ARGV)
 def test_bad_inputs_get_one_line_naming_the_problem(call, word, tmp_path, capsys):
@@ -240,7 +225,6 @@ def test_bad_inputs_get_one_line_naming_the_problem(call, word, tmp_path, capsys
     rc, _, err = cli(capsys, *argv, *["--out", str(tmp_path / "eval")] * ("--out" not in call))
     assert rc == 2 and word in err and len(err.strip().splitlines()) == 1, (call, err)
 
-
 @pytest.fixture(scope="module")
 def paired(tmp_path_factory):
     """The CLI on two runs with t_train 12, off the log grid, on the same windows, b paired to a."""
@@ -249,7 +233,6 @@ def paired(tmp_path_factory):
     assert ev.main([*paths, "--labels", "a", "b", "--reference", "a", "--n-seqs", "4", "--eval-len", "48",
                     "--effrem-cuts", "8", "--device", "cpu", "--out", str(tmp / "eval")]) == 0
     return paths, json.load(open(tmp / "eval" / "eval.json")), tmp / "eval"
-
 
 def test_cli_end_to_end(paired, tmp_path, capsys):
     rep = paired[1]
@@ -263,24 +246,20 @@ def test_cli_end_to_end(paired, tmp_path, capsys):
     assert m["effrem"]["T"] == 48 and m["effrem"]["mean"][0] == 0.0 and len(m["state"]["coverage"]) == 2
     assert len(m["gap"]["nll"]) == len(rep["optimal"]["nll"]) == len(m["ppl"]["buckets"]["hi"])
 
-
 def test_cli_measures_on_windows_of_the_validation_split(paired):
     corpus = data.load_data(MARKOV, seed=0)
     windows = data.eval_windows(corpus.val, 4, 49, seed=0, eot_token=corpus.eot_token)
     want = ev.position_nll(model.from_pretrained(paired[0][0]), windows)
     np.testing.assert_allclose(paired[1]["models"][0]["ppl"]["nll"], want, rtol=1e-5)
 
-
 def test_cli_paired_difference_is_the_run_minus_the_reference(paired):
     a, b = paired[1]["models"]
     want = np.subtract(b["ppl"]["buckets"]["nll"], a["ppl"]["buckets"]["nll"])   # positive: b is worse
     np.testing.assert_allclose(b["diff"]["nll"], want, rtol=1e-9, atol=1e-12)
 
-
 def test_cli_buckets_and_state_positions_have_an_edge_at_t_train_off_the_log_grid(paired):
     m = paired[1]["models"][0]
     assert 12 not in ev.log_edges(48) and 12 in m["ppl"]["buckets"]["lo"] and 11 in m["state"]["positions"]
-
 
 def test_a_model_that_outputs_nan_is_reported_not_a_crash(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(ev.model, "from_pretrained", lambda path, device: CurveLM(vocab=257, nan=True))
@@ -289,7 +268,6 @@ def test_a_model_that_outputs_nan_is_reported_not_a_crash(tmp_path, monkeypatch,
                      "--out", str(tmp_path / "eval"))
     assert rc == 0 and "not finite" in err and "no finite value" in err
     assert (tmp_path / "eval" / "ppl.png").exists()
-
 
 def test_streamed_greedy_answer_equals_argmax_of_full_forwards():
     lm = tiny_lm().eval()
@@ -304,7 +282,6 @@ def test_streamed_greedy_answer_equals_argmax_of_full_forwards():
     want = [tasks.greedy_answer(lm, tasks.split_answer(s)[0][None], s.meta["length"] + 3)[0] for s in samples]
     assert tasks._answers(lm, samples, batch_size=1) == tasks._answers(lm, samples) == want
 
-
 @pytest.mark.parametrize("right", [True, False])
 def test_always_right_answers_score_one_and_wrong_ones_zero(right, monkeypatch):
     def answers(lm, samples, **kw):   # the answer tokens themselves, or "###"
@@ -316,7 +293,6 @@ def test_always_right_answers_score_one_and_wrong_ones_zero(right, monkeypatch):
     assert np.array(pk["exact"]).shape == (2, 3) and np.all(np.array(pk["exact"]) == right)
     assert np.equal(pk["digits"], right).all() and cp["whole_mean"] == cp["char_mean"] == [float(right)] * 2
     assert bb["acc"] == {"qa1": [float(right)], "qa8": [float(right)]} and bb["mean"] == [float(right)]
-
 
 def test_cli_task_scores_from_the_corpus_validation_split(tmp_path, capsys):
     cfg = dict(task="passkey", seq_len=160, data="stdlib", tokenizer="bytes", seed=0, babi_tasks="qa1")
@@ -332,7 +308,6 @@ def test_cli_task_scores_from_the_corpus_validation_split(tmp_path, capsys):
         assert m["copy"]["lengths"] == [3, 5] and m["babilong"]["lengths"] == [512]
     for f in ("passkey.png", "copy.png", "babilong.png"):
         assert (tmp_path / "eval" / f).stat().st_size > 1000
-
 
 def test_windows_that_would_overlap_are_refused_unless_allowed(tmp_path, capsys):
     (tmp_path / "a.txt").write_text("the river runs down to the sea\n" * 64)   # one document: val, its tail

@@ -9,7 +9,6 @@ from gla import GLA, GLA_SCANS, SwiGLU
 from rwkv import RWKV6_SCANS, RWKV6ChannelMix, RWKV6TimeMix
 from conftest import checkpoint, tiny_lm
 
-
 def test_gla_layer_mlp_and_lm_are_sized_and_initialised_as_fla(tmp_path):
     layer = GLA(64, num_heads=4)
     assert (layer.head_k_dim, layer.head_v_dim, layer.norm_eps) == (8, 16, 1e-6)  # fla's GLAConfig.norm_eps
@@ -28,7 +27,6 @@ def test_gla_layer_mlp_and_lm_are_sized_and_initialised_as_fla(tmp_path):
     torch.testing.assert_close(loaded(x)[0], gla_lm(x)[0], rtol=0, atol=0)
     m = tiny_lm("mamba2")
     assert m.lm_head.weight is m.backbone.embedding.weight and m.cfg.norm_eps == 1e-5
-
 
 def test_rwkv6_init_follows_the_official_per_layer_schedule():
     L, d, K = 12, 64, 32
@@ -59,7 +57,6 @@ def test_rwkv6_init_follows_the_official_per_layer_schedule():
     assert first.w0._lr_scale == 2.0 and not hasattr(first.bonus, "_lr_scale")
     assert RWKV6ChannelMix(d).mu_r._no_weight_decay
 
-
 @pytest.mark.parametrize("arch", ["gla", "rwkv6"])
 def test_each_layer_hands_its_scan_the_log_decay_of_its_formula(arch, monkeypatch):
     # GLA (fla): g = logsigmoid(gk_proj(x)) / gate_logit_normalizer (16). RWKV-6: w = -exp(w0 + tanh(x_w A) B)
@@ -81,7 +78,6 @@ def test_each_layer_hands_its_scan_the_log_decay_of_its_formula(arch, monkeypatc
     with torch.no_grad():
         layer(x)
     torch.testing.assert_close(seen[0][3], want.view(2, 5, 4, 8))
-
 
 def test_rwkv6_channel_mix_is_sigmoid_r_times_squared_relu_k_through_value():
     cm, x = RWKV6ChannelMix(64, layer_idx=1, num_layers=3), torch.randn(2, 5, 64)

@@ -14,7 +14,6 @@ from conftest import ROOT, checkpoint, tiny_lm
 
 X, FIXTURES = torch.randint(0, 61, (2, 24)), f"{ROOT}/tests/fixtures"   # any ids: the same for both models
 
-
 def test_hub_ids_resolve_offline_from_the_cache_and_a_local_path_wins(tmp_path, monkeypatch, tok_json):
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))   # as HF_HOME
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)   # and HF_HUB_OFFLINE=1 at import
@@ -36,7 +35,6 @@ def test_hub_ids_resolve_offline_from_the_cache_and_a_local_path_wins(tmp_path, 
     runs = [subprocess.run(cmd, capture_output=True, text=True, env=env) for _ in range(2)]
     assert not runs[0].returncode and runs[1].stderr == "error: o holds a model already: pass a new OUT_DIR\n"
 
-
 @pytest.mark.parametrize("source", ["mamba1", "mamba2", "hf_mamba1", "hf_mamba2"])
 def test_export_round_trips_to_identical_logits(source, tmp_path):
     lm = model.from_pretrained(f"{FIXTURES}/{source}") if source[:2] == "hf" else \
@@ -47,7 +45,6 @@ def test_export_round_trips_to_identical_logits(source, tmp_path):
     assert back.cfg == lm.cfg and torch.equal(back(X)[0], lm(X)[0])
     with pytest.raises(ValueError, match="official layout"):
         model.export(tiny_lm("gla"), str(tmp_path / "gla"))
-
 
 def test_tiktoken_file_encodes_with_its_merges_and_offline_gpt2_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))

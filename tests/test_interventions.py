@@ -7,7 +7,6 @@ import data
 import interventions
 from conftest import tiny_lm
 
-
 def known_states(lm, batch, value_fn):
     """A final state whose "h" of head j in layer i is value_fn(i, j, shape)."""
     state = lm.zero_state(batch)
@@ -16,14 +15,12 @@ def known_states(lm, batch, value_fn):
             layer["h"][:, head] = value_fn(i, head, layer["h"][:, head].shape)
     return state
 
-
 @pytest.mark.parametrize("arch", ["mamba2", "rwkv6"])
 def test_random_has_the_asked_sigma_and_zero_conv_or_shift(arch):
     state = interventions.make_strategy("random", tiny_lm(arch), 64, sigma=0.37, seed=1).initial_state(None)
     for layer in state:
         assert abs(layer["h"].std().item() - 0.37) < 0.01 and abs(layer["h"].mean().item()) < 0.01
         assert all(v.abs().sum() == 0 for k, v in layer.items() if k != "h"), "conv / token shift stay zero"
-
 
 def test_fitted_follows_the_ema_rule_and_samples_its_moments():
     lm = tiny_lm()
@@ -43,7 +40,6 @@ def test_fitted_follows_the_ema_rule_and_samples_its_moments():
         torch.testing.assert_close(h.var(1), s.var[i], atol=0.05, rtol=0.05)
         assert layer["conv"].abs().sum() == 0
 
-
 def test_sp_passes_the_previous_final_state_except_reset_rows():
     lm = tiny_lm()
     s = interventions.make_strategy("sp", lm, 400, p_reset=0.1, seed=0)
@@ -60,7 +56,6 @@ def test_sp_passes_the_previous_final_state_except_reset_rows():
             torch.testing.assert_close(layer[k][~reset], fin[k].detach()[~reset])  # exactly passed
             assert layer[k][reset].abs().sum() == 0                                # the whole row reset
     assert 0.06 < reset.float().mean().item() < 0.14
-
 
 def test_tbtt_row_starting_a_new_document_starts_from_zero_the_others_continue():
     lm = tiny_lm("rwkv6")

@@ -8,7 +8,6 @@ from conftest import tiny_lm
 
 ARCHS = ["mamba1", "mamba2", "gla", "rwkv6"]
 
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_split_and_step_equivalence(arch):
     # lm(idx) == lm(idx[:, :a]) then lm(idx[:, a:], state), cut in two (a = 2 is shorter than Mamba's conv
@@ -30,7 +29,6 @@ def test_split_and_step_equivalence(arch):
     torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(s_last, s_full, atol=1e-6, rtol=1e-4)
 
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_gradient_reaches_the_initial_state_even_after_an_inference_mode_call(arch):
     # evaluation runs under torch.inference_mode: nothing it caches may break a later backward
@@ -43,7 +41,6 @@ def test_gradient_reaches_the_initial_state_even_after_an_inference_mode_call(ar
     logits.logsumexp(-1).sum().backward()
     assert all(layer["h"].grad.abs().sum() > 0 for layer in state)
     assert all(p.grad is not None for p in lm.backbone.layers[0].mixer.parameters())
-
 
 @pytest.mark.parametrize("arch,outs", [("mamba2", ["out_proj"]), ("gla", ["o_proj", "down_proj"]),
                                        ("rwkv6", ["o_proj", "value"])])

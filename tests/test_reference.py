@@ -16,7 +16,6 @@ import model
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 
-
 # impl "auto": the chunked scans (on the CPU); "naive": the step-by-step loops, the definition
 @pytest.mark.parametrize("impl", ["auto", "naive"])
 @pytest.mark.parametrize("name,arch", [("hf_mamba1", "mamba1"), ("hf_mamba2", "mamba2")])

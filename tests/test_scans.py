@@ -15,7 +15,6 @@ import rwkv
 import ssm
 from conftest import ROOT
 
-
 def make_inputs(name, seed, b=2, t=13, strong=False):
     """(inputs, keyword arguments) of scan `name`, float64. inputs end with the initial state; those whose
     first two dims are (b, t) have a time axis. strong: log decays of 5-10 nats a step in some channels."""
@@ -40,17 +39,14 @@ def make_inputs(name, seed, b=2, t=13, strong=False):
         w[..., : dk // 2] = -0.05 * U(b, t, h, dk // 2)
     return [N(b, t, h, dk), N(b, t, h, dk), N(b, t, h, dv), w, N(h, dk), N(b, h, dk, dv)], {"scale": 0.7}
 
-
 SCANS = {"ssd": ssm.SSD_SCANS, "selective_scan": ssm.SELECTIVE_SCANS, "gla": gla.GLA_SCANS,
          "rwkv6": rwkv.RWKV6_SCANS}   # each {"naive", "chunked", "triton"} -> the form
 GPU = torch.cuda.is_available()  # then the Triton form runs compiled (else interpreted: conftest.py)
-
 
 def on_gpu(scan):  # scan on CUDA copies of the inputs, results back on the CPU (gradients flow through .to)
     cuda = lambda v: None if v is None else v.cuda()
     return lambda *inputs, initial_state=None, **kw: [v.cpu() for v in scan(
         *map(cuda, inputs), initial_state=cuda(initial_state), **kw)]
-
 
 def forms(name):
     """The three forms; chunks of 4, so that t = 13 ends in a partial chunk."""
@@ -58,10 +54,8 @@ def forms(name):
     return {**scans, "chunked": functools.partial(scans["chunked"], chunk_size=4),
             "triton": on_gpu(scans["triton"]) if GPU else scans["triton"]}
 
-
 def call(scan, inputs, kw, with_state=True):
     return scan(*inputs[:-1], initial_state=inputs[-1] if with_state else None, **kw)
-
 
 def close(actual, expected, tol):
     """Max error within tol of the largest expected value; pairwise for (y, final_state) or gradients."""
@@ -71,14 +65,12 @@ def close(actual, expected, tol):
     err = (actual.double() - expected.double()).abs().max().item()
     assert err <= tol * (1 + expected.double().abs().max().item()), err
 
-
 def grads(scan, inputs, kw, weights, with_state=True):
     """Gradients of <y, w_y> + <final_state, w_s> w.r.t. every input (the initial state included)."""
     leaves = [v.detach().clone().requires_grad_() for v in inputs]
     y, s = call(scan, leaves, kw, with_state)
     ((y * weights[0].to(y.dtype)).sum() + (s * weights[1].to(s.dtype)).sum()).backward()
     return [v.grad for v in leaves]
-
 
 @pytest.mark.parametrize("strong", [False, True], ids=["mild", "strong"])
 @pytest.mark.parametrize("name", SCANS)
@@ -108,7 +100,6 @@ def test_three_forms_agree_in_outputs_states_and_gradients(name, strong):
     got = grads(form["triton"], inputs32, kw, weights, with_state=False)
     close(got[:-1], grads(naive, inputs, kw, weights, with_state=False)[:-1], 1e-3)
 
-
 @pytest.mark.parametrize("form", ["naive", "chunked", "triton"])
 @pytest.mark.parametrize("name", SCANS)
 def test_pieces_with_the_state_carried_equal_one_pass_and_bf16_computes_in_float32(name, form):
@@ -130,7 +121,6 @@ def test_pieces_with_the_state_carried_equal_one_pass_and_bf16_computes_in_float
     close(y, y32, 1e-2)
     close(s, s32, 1e-5)
 
-
 # Per-step log decay U(-decay, 0): leaves of a whole chunk (0.01), a few bisection levels (0.3, 2), two-token
 # (10: a 32-token chunk decays by ~160 nats) and one-token leaves (40); float32 past ~88 nats per chunk.
 @pytest.mark.parametrize("decay", [0.01, 0.3, 2.0, 10.0, 40.0])
@@ -147,7 +137,6 @@ def test_chunked_bisection_is_exact_and_float32_finite_in_every_decay_regime(nam
     (y.sum() + s.sum()).backward()
     assert all(torch.isfinite(v.grad).all() for v in inputs)
 
-
 @pytest.mark.parametrize("form", ["naive", "chunked", "triton"])
 def test_known_values_by_hand(form):
     # SSD, h = p = n = 1, two steps from h = 4: h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t, y_t = C_t h_t
@@ -163,7 +152,6 @@ def test_known_values_by_hand(form):
     y, s = forms("selective_scan")[form](x, dt, A, B, C, initial_state=torch.tensor([[[4.0, 8.0]]]))
     close((y.flatten(), s.flatten()), (torch.tensor([18.0, 9.0]), torch.tensor([6.0, 1.5])), 1e-6)
 
-
 def test_ssd_is_a_selective_scan_with_shared_head_parameters():
     # Two independent implementations: SSD with one group equals the selective scan over d = h * p
     # channels whose step size and decay are their head's.
@@ -175,7 +163,6 @@ def test_ssd_is_a_selective_scan_with_shared_head_parameters():
                                               B[:, :, 0], C[:, :, 0], initial_state=s0.reshape(b, h * p, -1))
     close((y.reshape(b, t, h * p), s.reshape(b, h * p, -1)), (y_sel, s_sel), 1e-10)
 
-
 def mixer(arch):  # Mamba-2: two groups, and a larger dt than at init, so that the state carries information
     torch.manual_seed(0)
     if arch == "mamba1":
@@ -183,7 +170,6 @@ def mixer(arch):  # Mamba-2: two groups, and a larger dt than at init, so that t
     m = ssm.Mamba2(d_model=32, d_state=16, headdim=16, ngroups=2, chunk_size=8)
     m.dt_bias.data += 2.0
     return m
-
 
 @pytest.mark.parametrize("arch", ["mamba2", "mamba1"])
 def test_mixers_initialise_as_mamba_ssm_and_their_scan_forms_agree(arch):
@@ -212,7 +198,6 @@ def test_mixers_initialise_as_mamba_ssm_and_their_scan_forms_agree(arch):
                                         m.in_proj.weight.grad)]
         close(outs[impl], outs["naive"], 1e-4)
 
-
 def test_mamba2_gated_rmsnorm_normalises_y_times_silu_z_per_group():
     # mamba_ssm's RMSNormGated, norm_before_gate=False: rmsnorm(y * silu(z)) * weight, per group of channels
     norm, (y, z) = ssm.RMSNormGated(8, group_size=4), torch.randn(2, 3, 2, 8, dtype=torch.float64).unbind(2)
@@ -220,7 +205,6 @@ def test_mamba2_gated_rmsnorm_normalises_y_times_silu_z_per_group():
     gated = (y * F.silu(z)).view(2, 3, 2, 4)
     want = (gated / (gated.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt()).flatten(-2) * norm.weight
     close(norm(y, z), want, 1e-6)
-
 
 def test_mamba1_layer_output_recomputed_from_its_weights():
     # Mamba (arXiv 2312.00752) as mamba_simple.py: y = (scan(x) + D * x) * silu(z), then out_proj
@@ -232,7 +216,6 @@ def test_mamba1_layer_output_recomputed_from_its_weights():
         dt_low, B, C = m.x_proj(xs).split([m.dt_rank, 16, 16], dim=-1)
         scan = ssm.selective_scan_naive(xs, F.softplus(m.dt_proj(dt_low)), -m.A_log.exp(), B, C)[0]
         close(m(u)[0], m.out_proj((scan + m.D * xs) * F.silu(z)), 1e-5)
-
 
 NO_TRITON = r'''
 import sys
@@ -249,7 +232,6 @@ for name, forms in test_scans.SCANS.items():
         test_scans.call(forms["triton"], inputs, kw)
 print("done")
 '''
-
 
 def test_without_triton_the_other_forms_work_and_triton_forms_say_why():
     r = subprocess.run([sys.executable, "-c", NO_TRITON], cwd=ROOT, capture_output=True, timeout=300)

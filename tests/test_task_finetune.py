@@ -19,14 +19,12 @@ TASK_FLAGS = {"passkey": "--seq-len 160 --init-state fitted".split(),  # bytes: 
               "copy": "--copy-len 3,12 --init-state sp".split(),
               "babilong": "--seq-len 512 --babi-tasks qa1,qa6 --init-state zero".split()}  # a story <= ~470
 
-
 def lm_then_sp(tmp_path):
     """Fig. 6's pipeline before the task: an LM base from the zero state, then State Passing post-training."""
     lm, sp, fast = str(tmp_path / "lm"), str(tmp_path / "sp"), "--steps 1 --batch-size 2 --quiet".split()
     train.main(["--init-state", "zero", "--seq-len", "16", "--eval-batches", "1", "--out", lm] + fast)
     train.main(["--init-from", lm, "--init-state", "sp", "--eval-batches", "1", "--out", sp] + fast)
     return sp
-
 
 @pytest.mark.parametrize("task", ["passkey", "copy", "babilong"])
 def test_task_loss_is_the_mean_cross_entropy_over_answer_tokens(tmp_path, task):
@@ -53,7 +51,6 @@ def test_task_loss_is_the_mean_cross_entropy_over_answer_tokens(tmp_path, task):
         evaluate.main([str(tmp_path / "run"), "--metrics", "babilong", "--babi-lengths", "512,1024",
                        "--task-samples", "1", "--out", str(tmp_path / "eval")])   # and past T_train = 512
         assert json.load(open(tmp_path / "eval/eval.json"))["models"][0]["babilong"]["lengths"] == [512, 1024]
-
 
 def test_validation_loss_is_the_mean_over_the_answer_tokens_of_all_batches():
     lm, g = tiny_lm(vocab_size=11), torch.Generator().manual_seed(0)

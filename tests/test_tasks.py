@@ -18,21 +18,17 @@ from test_data import Wide
 EOT = 256   # the bytes tokenizer's end-of-text id
 BYTES = data.get_tokenizer("bytes")
 
-
 def make_stream(lengths, eot=EOT, seed=0):   # [eot d1 eot d2 ...], documents of the given lengths
     docs = [np.random.default_rng([seed, i]).integers(0, 256, n) for i, n in enumerate(lengths)]
     return np.concatenate([np.concatenate([[eot], d]) for d in docs]).astype(np.uint16), docs
-
 
 def corpus_stream(enc):
     text = [f"def f{i}(x):\n    return x + {i}\n\n# comment {i}\nclass C{i}:\n    pass\n" for i in range(300)]
     return np.array([t for d in text for t in [enc.eot_token] + enc.encode_ordinary(d)], dtype=np.uint16)
 
-
 @pytest.fixture(params=["bytes", "bpe"])
 def enc(request, tok_json):   # the generators must not rely on one token per byte
     return BYTES if request.param == "bytes" else data.get_tokenizer(tok_json)
-
 
 def test_bytes_tokenizer():
     raw = bytes(np.random.default_rng(0).integers(0, 256, 4000, dtype=np.uint8))
@@ -41,7 +37,6 @@ def test_bytes_tokenizer():
     text = "ascii, ünïcödé, 中文, 🐍𝄞, tabs\t\nNUL\x00 <|endoftext|> " * 20
     assert BYTES.encode_ordinary(text) == list(text.encode()) and BYTES.decode(list(text.encode())) == text
     assert BYTES.decode([EOT, 65]) == "<|endoftext|>A" and BYTES.encode_single_token(b"<|endoftext|>") == EOT
-
 
 def test_tokenizer_json_encodes_exactly_as_the_tokenizers_library(tok_json, tmp_path, monkeypatch):
     import tokenizers
@@ -61,7 +56,6 @@ def test_tokenizer_json_encodes_exactly_as_the_tokenizers_library(tok_json, tmp_
     with pytest.raises(data.TokenizerUnavailableError, match="pip install tokenizers"):
         data.get_tokenizer(str(tmp_path / "other.json"))
 
-
 def resumes_exactly(make, sampler, n=3):
     buf = io.BytesIO()   # the state goes through torch.save, as in a checkpoint
     torch.save(sampler.state_dict(), buf)
@@ -69,7 +63,6 @@ def resumes_exactly(make, sampler, n=3):
     expected, resumed = [sampler.next_batch() for _ in range(n)], make(seed=999)
     resumed.load_state_dict(torch.load(buf, weights_only=True))
     return all(a is b is None or torch.equal(a, b) for e in expected for a, b in zip(e, resumed.next_batch()))
-
 
 def test_random_windows_and_eval_windows():
     tokens = np.arange(5000, dtype=np.uint16)
@@ -85,7 +78,6 @@ def test_random_windows_and_eval_windows():
     assert not torch.equal(w, data.eval_windows(stream, 8, 30, seed=1))
     ws = data.eval_windows(stream, n=10, length=51, seed=0, eot_token=EOT)
     assert (ws[:, 0] == EOT).all() and (ws[:, 1:] != EOT).all() and len({tuple(r.tolist()) for r in ws}) == 10
-
 
 @pytest.mark.parametrize("eot_after", [False, True], ids=["eot_before", "nanogpt_eot_after"])
 def test_document_streams_keep_the_eot_and_flag_exactly_the_new_documents(eot_after):
@@ -114,7 +106,6 @@ def test_document_streams_keep_the_eot_and_flag_exactly_the_new_documents(eot_af
     assert set(seen) == {i for i, d in enumerate(docs) if len(d) > seq_len}   # short documents are skipped
     assert resumes_exactly(lambda seed: DocumentStreams(tokens, EOT, b, seq_len, seed), s, n=40) and s.epoch
 
-
 def test_markov_data_and_sampler():
     spec = "markov:k=5,alpha=0.2,doc_len=300,docs=40,val_docs=10"
     d = data.load_data(spec, seed=1)
@@ -126,7 +117,6 @@ def test_markov_data_and_sampler():
     tokens, P = data.sample_markov(5, 0.2, 300, 40, seed=1)
     assert np.allclose(P.sum(-1), 1.0) and np.array_equal(tokens, docs[:, 1:])
     assert np.array_equal(data.sample_markov(5, 0.2, 300, 10, seed=1)[0], tokens[:10])  # whatever the count
-
 
 def test_markov_floor_by_hand_by_brute_force_in_context_and_shared():
     # k = 2, eot = 2, prior pseudo-counts [[1, 3], [2, 2]]; tokens eot 0 1 0 0:
@@ -160,7 +150,6 @@ def test_markov_floor_by_hand_by_brute_force_in_context_and_shared():
     w = d.val[:65].astype(np.int64)[None]
     assert np.array_equal(d.optimal_nll(w), data.markov_bayes_nll(w, 4, 0.5, data.markov_prior(4, 0.5, 3.0)))
 
-
 def check_sample(s, length, answer_text, enc):
     tokens, mask, meta = s
     n = int(mask.sum())
@@ -168,7 +157,6 @@ def check_sample(s, length, answer_text, enc):
     assert enc.decode(tasks.split_answer(s)[1].tolist()) == answer_text
     assert tokens[0] == enc.eot_token and enc.eot_token not in tokens[1:].tolist()
     return enc.decode(tokens.tolist())
-
 
 def test_passkey_copy_and_babi_sample_structure(enc):
     n = lambda text: len(enc.encode_ordinary(text))   # noqa: E731
@@ -202,7 +190,6 @@ def test_passkey_copy_and_babi_sample_structure(enc):
                 assert s.tokens[start:start + len(piece)].tolist() == piece
                 assert filler is None or start == 1 or enc.decode([int(s.tokens[start - 1])]).endswith("\n")
 
-
 def test_generators_are_pure_functions_of_their_seed():
     # (equal seeds give equal samples: the TaskSampler test below, for all three generators)
     assert len({passkey_sample("bytes", 300, 0.5, seed=s).meta["key"] for s in range(50)}) > 45
@@ -218,7 +205,6 @@ def test_generators_are_pure_functions_of_their_seed():
     starts = np.concatenate([babi_sample("qa1", BYTES, 4000, seed=s).meta["fact_starts"] for s in range(20)])
     assert starts.min() < 1000 and starts.max() > 3000                 # facts spread through the filler
     assert {babi_sample(None, "bytes", 500, seed=s).meta["task"] for s in range(100)} == set(BABI_TASKS)
-
 
 def derive_answer(events, asked):
     """The answer re-derived from the event log by code independent of the simulation, checking its rules."""
@@ -279,7 +265,6 @@ def derive_answer(events, asked):
         return "maybe"
     return "yes" if last["kind"] == "move" and last["place"] == asked["place"] else "no"
 
-
 @pytest.mark.parametrize("task", list(BABI_TASKS))
 def test_babi_answers_follow_from_the_event_log(task):
     stories = [tasks.babi_story(task, seed) for seed in range(200)]
@@ -291,7 +276,6 @@ def test_babi_answers_follow_from_the_event_log(task):
     assert len(answers) >= 2 and (task not in ("qa6", "qa9") or answers == {"yes", "no"})
     assert task != "qa10" or answers == {"yes", "no", "maybe"}
     assert task != "qa5" or kinds == {"who_gave", "what_given", "given_to", "who_received"}
-
 
 def test_task_sampler_batches_right_padded_with_the_loss_on_the_answer():
     corpus = corpus_stream(BYTES)
@@ -310,7 +294,6 @@ def test_task_sampler_batches_right_padded_with_the_loss_on_the_answer():
             assert np.array_equal(y[row] != -100, np.r_[s.answer_mask, [False] * (len(full) - n)][1:])
         assert resumes_exactly(lambda seed: TaskSampler(fn, 4, seed, tokenizer=BYTES, **kwargs), sampler, n=2)
 
-
 def test_scores():
     assert tasks.exact_match(" 12345.", "12345") and not tasks.exact_match("kitchen garden", "kitchen")
     assert tasks.exact_match("  Kitchen. ", "kitchen") and tasks.exact_match("apple, milk", "apple,milk.")
@@ -322,7 +305,6 @@ def test_scores():
     assert tasks.copy_scores([1, 2, 3, 4, 9], [1, 2, 3, 4]) == (1.0, True)          # extra tokens ignored
     assert tasks.copy_scores(torch.tensor([1, 0, 3, 0]), [1, 2, 3, 4]) == (0.5, False)
     assert tasks.copy_scores([1, 2], [1, 2, 3, 4]) == (0.5, False)
-
 
 @pytest.fixture(scope="module")
 def bad(tmp_path_factory, tok_json):   # a folder of bad files
@@ -337,7 +319,6 @@ def bad(tmp_path_factory, tok_json):   # a folder of bad files
     late.tofile(d / "late.bin")
     (d / "odd.bin").write_bytes(b"\x01\x02\x03")
     return d
-
 
 STREAM = make_stream([50] * 20)[0]
 BAD_INPUTS = [   # (call on the folder of bad files, key words of its one-line error)
@@ -373,7 +354,6 @@ BAD_INPUTS = [   # (call on the folder of bad files, key words of its one-line e
     (lambda d: babi_sample("qa1", "bytes", 2000, filler_tokens=np.full(3000, 300)), "same tokenizer"),
     (lambda d: babi_mixture("bytes", 100, 0, ("qa3",)), "--seq-len"),
 ]
-
 
 @pytest.mark.parametrize("case", BAD_INPUTS, ids=range(len(BAD_INPUTS)))
 def test_bad_inputs_are_one_line_errors(case, bad):

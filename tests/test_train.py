@@ -17,7 +17,6 @@ import model
 import train
 from conftest import CORPUS_TEXT, ROOT, TRAIN, logged, official_dir, tiny_lm
 
-
 @pytest.mark.parametrize("flags", [["--init-state", "sp", "--grad-accum", "2"], ["--init-state", "fitted"],
                                    ["--init-state", "tbtt"], ["--init-state", "zero", "--streams"],
                                    ["--task", "passkey", "--seq-len", "130", "--init-state", "fitted"]])
@@ -30,12 +29,10 @@ def test_resume_after_interrupt_reproduces_the_loss_trajectory(tmp_path, flags):
     train.main(["--out", b, "--resume", "--quiet"])       # the configuration comes from the checkpoint
     assert logged(a) == logged(b) and len(logged(a)) == 8  # step 4's row is dropped, then redone
 
-
 DDP_RUN = """import os, sys, torch, train
 lm = train.main(sys.argv[1:])  # then each rank saves the weights it ends with, in --out (the last argument)
 torch.save(lm.state_dict(), os.path.join(sys.argv[-1], f"rank{os.environ['RANK']}.pt"))
 """
-
 
 def test_two_process_gloo_ddp_resumes_exactly(tmp_path):
     # --grad-accum 2: each rank all-reduces once a step, on its last micro-batch, so the ranks stay equal
@@ -61,7 +58,6 @@ def test_two_process_gloo_ddp_resumes_exactly(tmp_path):
     assert all(torch.equal(weights[1][k], weights[0][k]) for k in weights[0])   # a's rank 1 = its rank 0
     assert logged(a) == logged(b) and all(torch.equal(w[k], weights[0][k]) for w in weights[2:] for k in w)
 
-
 def test_post_training_inherits_data_seq_len_and_a_tenth_of_the_peak_lr(tmp_path):
     # a base trained at --lr 1e-3 (not the tiny preset's 3e-3): post-training defaults to 1e-4, its data and
     # T_train; a second post-training still to 1e-4 (peak_lr is inherited); each checkpoint loads back
@@ -75,7 +71,6 @@ def test_post_training_inherits_data_seq_len_and_a_tenth_of_the_peak_lr(tmp_path
         a = json.load(open(os.path.join(out, "args.json")))
         assert a["lr"] == pytest.approx(1e-4) and a["peak_lr"] == pytest.approx(1e-3)
         assert a["seq_len"] == 16 and a["data"] == TRAIN[1] and a["arch"] == "rwkv6"
-
 
 def test_seeds_are_independent_and_post_training_reads_on(tmp_path):
     # --seed: the model's init; --data-seed (default --seed): the batches; --split-seed: the validation split
@@ -99,7 +94,6 @@ def test_seeds_are_independent_and_post_training_reads_on(tmp_path):
     parent, post = ckpt("tbtt"), ckpt("tbtt-post")  # 4 rows, documents of 200 tokens: none ends in 5 chunks
     assert (parent["cursor"], post["cursor"]) == (4, 8) and not set(parent["row_doc"]) & set(post["row_doc"])
 
-
 def test_post_training_an_official_checkpoint_on_a_tokenizer_json_corpus(tok_json, tmp_path, monkeypatch):
     # an official directory of the tiny preset's dimensions, its vocabulary padded (300 -> 304), post-trained
     # on a corpus read with a Hugging Face tokenizer.json: a tenth of that preset's peak lr; both evaluate
@@ -119,7 +113,6 @@ def test_post_training_an_official_checkpoint_on_a_tokenizer_json_corpus(tok_jso
         report = json.load(open(eval_out / "eval.json"))
         assert report["args"]["tokenizer"] == tok_json and all(np.isfinite(report["models"][0]["ppl"]["nll"]))
 
-
 @pytest.mark.parametrize("arch", ["mamba2", "rwkv6"])
 def test_two_micro_batches_give_the_gradient_of_one_batch_twice_as_large(arch):
     lm = tiny_lm(arch, vocab_size=11)
@@ -135,7 +128,6 @@ def test_two_micro_batches_give_the_gradient_of_one_batch_twice_as_large(arch):
     assert grads[1][0] == pytest.approx(grads[2][0], rel=1e-5)
     torch.testing.assert_close(grads[1][1], grads[2][1], atol=1e-6, rtol=1e-4)
 
-
 def test_optimizer_groups_honour_no_weight_decay_and_lr_scale_and_the_schedule():
     lm = tiny_lm("rwkv6", vocab_size=11)
     opt = train.make_optimizer(lm, 1e-3, 0.01, torch.device("cpu"))
@@ -147,7 +139,6 @@ def test_optimizer_groups_honour_no_weight_decay_and_lr_scale_and_the_schedule()
     args = train.get_args(["--steps", "10", "--out", "/nonexistent/out"])  # 1 warm-up step, cosine to min_lr
     assert [train.lr_at(s, args) for s in (0, 10)] == pytest.approx([args.lr, args.min_lr])
 
-
 def test_the_training_loop_keeps_rwkv6_decay_at_twice_the_lr(tmp_path):
     # AdamW's first step moves a weight by its lr * g / (|g| + eps): w0's largest move is about 2 lr
     w0 = [b.mixer.w0.detach().clone() for b in tiny_lm("rwkv6").backbone.layers]   # deterministic init
@@ -155,7 +146,6 @@ def test_the_training_loop_keeps_rwkv6_decay_at_twice_the_lr(tmp_path):
                              "--out", str(tmp_path / "run")])
     moved = max((b.mixer.w0 - w).abs().max().item() for b, w in zip(lm.backbone.layers, w0))
     assert moved == pytest.approx(2e-3, rel=1e-3)
-
 
 def test_demo_over_two_seeds_end_to_end_small(tmp_path, capsys):
     out = str(tmp_path / "demo")

@@ -18,7 +18,6 @@ TARGETS = (80, 90)
 PAPER_SIZE = {"mamba2": "130m", "mamba1": "130m", "gla": "70m", "rwkv6": "70m"}  # each is run at "tiny" too
 JOBS, WHERE = {}, ["nowhere"]  # (kernel, target, specialisation) -> (WHERE at launch, compile arguments)
 
-
 @triton.jit
 def _broken_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     # Broken on purpose: the loop-carried `acc` starts as an int and becomes a float tensor. The
@@ -28,7 +27,6 @@ def _broken_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     for i in range(n):
         acc += tl.load(x_ptr + i * BLOCK + offs)
     tl.store(y_ptr + offs, acc)
-
 
 def record_instead_of_launch(self, *args, grid, warmup, **kwargs):
     """Replaces JITFunction.run: records, for each target, what the JIT would compile for this launch
@@ -45,7 +43,6 @@ def record_instead_of_launch(self, *args, grid, warmup, **kwargs):
         JOBS.setdefault((self.fn.__name__, f"sm_{cap}", f"{signature} {constexprs} {attrs}"),
                         (WHERE[0], ASTSource(self, signature, constexprs, attrs), target, options.__dict__))
 
-
 def compile_job(i):
     where, source, target, options = list(JOBS.values())[i]
     try:
@@ -53,7 +50,6 @@ def compile_job(i):
         return where, f"ok, cubin {len(cubin)} B"
     except Exception as e:  # noqa: BLE001 -- any compiler error is the finding
         return where, f"FAILED {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1]}"
-
 
 def main():
     x = torch.zeros(1, 2, 1, 1)
@@ -78,7 +74,6 @@ def main():
         print(f"{kernel:28s} {target}  {where:24s} {status}", file=sys.stderr)
     print(json.dumps([[*k[:2], *v] for k, v in results.items()]))
 
-
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_every_kernel_compiles_for_sm80_and_sm90(tmp_path):
     if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter (pytest on a CPU) runs the broken kernel
@@ -96,7 +91,6 @@ def test_every_kernel_compiles_for_sm80_and_sm90(tmp_path):
         assert {t for _, t, where, _ in rows if where.startswith(arch + " ")} == {f"sm_{c}" for c in TARGETS}
     failed = [row for row in rows if row[0] != "_broken_kernel" and not row[3].startswith("ok")]
     assert not failed, r.stderr[-3000:]
-
 
 if __name__ == "__main__":
     main()
