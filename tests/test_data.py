@@ -1,6 +1,6 @@
 """data.py's text corpora: tokenized in line-aligned pieces (exactly the ids of the whole file), split by a
-fixed seeded draw of the files, cached by files and tokenizer (one cache for every seed, verified, rebuilt when damaged),
-and `python data.py`'s directory (nanoGPT's train.bin, val.bin plus meta.json)."""
+fixed seeded draw of the files, cached by files and tokenizer (one cache for every seed, verified, rebuilt
+when damaged), and `python data.py`'s directory (nanoGPT's train.bin, val.bin plus meta.json)."""
 import errno
 import io
 import json
@@ -62,8 +62,8 @@ def test_one_cache_for_every_seed_split_by_document_and_rebuilt_when_damaged(tmp
     assert isinstance(d.train, np.memmap) and d.train.dtype == np.uint16 and d.train[0] == d.val[0] == EOT
     train, val = split_docs(d.train), split_docs(d.val)
     drawn = {sorted(tmp_path.glob("corpus/[!.]*"))[i] for i in np.random.default_rng(0).permutation(22)[:4]}
-    assert val == {texts[p].encode() for p in drawn if p in texts} and train | val == {
-        t.encode() for t in texts.values()} and not train & val and val   # 4 of the 22 files, skipped ones too
+    assert val == {texts[p].encode() for p in drawn if p in texts} and not train & val and val
+    assert train | val == {t.encode() for t in texts.values()}   # 4 of the 22 files drawn, skipped ones too
     monkeypatch.setattr(data, "_build", None)   # other seeds read the same cache, build nothing
     val = np.array(d.val)
     assert all(np.array_equal(load(seed=s, val_fraction=0.2).val, val) for s in (1, 2))
