@@ -68,8 +68,7 @@ def chunked_scan(q, k, v, g, initial_state, chunk_size, shift):
     q_decayed = q * Gq.exp()
     o = q_decayed @ torch.stack(states, dim=2)
     # 3. reads inside each chunk: sum_{j <= i} (sum_d q_id k_jd exp(Gq_id - G_jd)) v_j (j < i if shift).
-    # Leaf size s: halve while some block decays by more than 20 nats.
-    s = L
+    s = L  # leaf size: halved while some block decays by more than 20 nats
     while s > 1 and (before(G[..., s - 1::s, :]) - G[..., s - 1::s, :]).max() > 20.0:
         s //= 2
     half = L // 2
