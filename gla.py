@@ -4,8 +4,7 @@ official code: flash-linear-attention (fla/layers/gla.py, fla/ops/gla). Per head
     h_t = diag(exp(g_t)) h_{t-1} + k_t^T v_t        o_t = scale * q_t h_t
 Shapes (b batch, t time, H heads, dk / dv key / value channels per head): query q, key k [b, t, H, dk];
 value v [b, t, H, dv]; log forget gate g <= 0 [b, t, H, dk]; state h (GLA's paper: S_t) [b, H, dk, dv].
-initial_state and dtypes: as in ssm.py.
-"""
+initial_state and dtypes: as in ssm.py."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -9,8 +9,7 @@ the state equals running it at once, lm(idx) == lm(idx[:, a:], state=lm(idx[:, :
 interventions (State Passing, TBTT) and streaming evaluation rely on. state=None is the zero state.
 
 Module names follow mamba_ssm's MambaLMHeadModel (backbone.embedding, backbone.layers.{i}.norm,
-backbone.layers.{i}.mixer, backbone.norm_f, lm_head) so official Mamba checkpoints load as they are.
-"""
+backbone.layers.{i}.mixer, backbone.norm_f, lm_head) so official Mamba checkpoints load as they are."""
 import json
 import math
 import os

@@ -6,8 +6,7 @@ the state before the step plus the current token's bonus u:
     o_t = scale * r_t (h_{t-1} + diag(u) k_t^T v_t)        h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t
 Shapes (b batch, t time, H heads, dk / dv key / value channels per head): receptance r (the query), key k
 [b, t, H, dk]; value v [b, t, H, dv]; data-dependent log decay w <= 0 [b, t, H, dk]; u [H, dk];
-h [b, H, dk, dv]. initial_state and dtypes: as in ssm.py.
-"""
+h [b, H, dk, dv]. initial_state and dtypes: as in ssm.py."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -11,8 +11,7 @@ of decays loses too much in bf16) and return y in x's dtype, the final state in 
 Shapes, Mamba-2 | Mamba-1 (b batch, t time, H heads, p headdim, g groups, n d_state, d d_inner, L chunk):
   x [b, t, H, p] | [b, t, d]; dt > 0 [b, t, H] | [b, t, d]; A < 0 [H] | [d, n]; B, C [b, t, g, n] | [b, t, n];
   h [b, H, p, n] | [b, d, n]; decay, write: a step's A_t, dt_t x_t B_t (mamba-minimal's deltaA, deltaB_u).
-A layer's state is the dict {"h": scan state, "conv": causal-conv window}.
-"""
+A layer's state is the dict {"h": scan state, "conv": causal-conv window}."""
 import math
 import os
 import types

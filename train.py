@@ -7,8 +7,7 @@
     torchrun --nproc_per_node 2 train.py --init-state sp               # DistributedDataParallel
 
 The interventions differ only in each sequence's initial state (interventions.py); the rest is Appendix B's
-recipe. --out: ckpt.pt (all a resume needs; atomic; finite weights), metrics.jsonl, args.json, train.lock.
-"""
+recipe. --out: ckpt.pt (all a resume needs; atomic; finite weights), metrics.jsonl, args.json, train.lock."""
 import argparse
 import fcntl
 import json
