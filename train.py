@@ -19,7 +19,6 @@ import signal
 import sys
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
@@ -490,7 +489,7 @@ def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy, rank, wo
     if world > 1:
         torch.distributed.all_gather_object(states, states[0])
     if rank == 0:
-        ckpt = {"model_config": asdict(lm.cfg), "model": lm.state_dict(), "optimizer": optimizer.state_dict(),
+        ckpt = {"model_config": vars(lm.cfg), "model": lm.state_dict(), "optimizer": optimizer.state_dict(),
                 "train_config": vars(args), "step": step, **{k: [g[k] for g in states] for k in states[0]}}
         data.write_atomically(path, lambda tmp: torch.save(ckpt, tmp))
 
