@@ -208,8 +208,9 @@ def main(argv=None):
         raise SystemExit(f"error: --forms {args.forms}: choose from auto, naive, chunked, triton (triton: "
                          "CUDA, or on the CPU TRITON_INTERPRET=1, slow)")
     print(f"device: {device}" + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads"))
+    benches = {"scans": bench_scans, "eval": bench_eval, "train": bench_train, "data": bench_data}
     for what in ("scans", "eval") if args.what == "all" else (args.what,):
-        globals()[f"bench_{what}"](args, device)   # --what's choices name the bench_ functions
+        benches[what](args, device)
         print()
 
 if __name__ == "__main__":
