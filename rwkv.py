@@ -68,8 +68,8 @@ class RWKV6TimeMix(nn.Module):
         self.decay_lora_down = nn.Parameter(torch.zeros(d_model, gate_low_rank_dim))
         self.decay_lora_up = nn.Parameter(torch.empty(gate_low_rank_dim, self.key_dim).uniform_(-0.01, 0.01))
         self.bonus = nn.Parameter((ratio_0_to_1 * (1.0 - key_ramp) + zigzag).view(num_heads, self.head_k_dim))
-        for p in self.parameters():  # all so far: the mixes, their LoRAs, w0, the decay LoRA, the bonus
-            p._no_weight_decay = True
+        for name in "mu_x mu mix_lora_down mix_lora_up w0 decay_lora_down decay_lora_up bonus".split():
+            getattr(self, name)._no_weight_decay = True   # by name: a new parameter is not exempted silently
         self.r_proj = nn.Linear(d_model, self.key_dim, bias=False)
         self.k_proj = nn.Linear(d_model, self.key_dim, bias=False)
         self.v_proj = nn.Linear(d_model, self.value_dim, bias=False)
