@@ -1,48 +1,68 @@
-"""The course kit of docs/EXERCISES.md: a student copy of the repo, and its score.
+"""The course kit of docs/EXERCISES.md: a student copy of the repo, and the grading of submissions.
 
-    python docs/kit.py student OUT [--exercises 1,3]   # the tracked files, the exercises' functions stubbed
-    python docs/kit.py score [DIR]                     # each exercise's check in DIR (default: this repo)
+    python docs/kit.py student OUT [--exercises 1,3]    # the exercises' functions stubbed, ANSWERS.md to fill
+    python docs/kit.py score [SUBMISSION ...] [--exercises 1,3] [--report grades.csv]   # default: this repo
 
-A student copy holds the files git tracks, without the history and without WITHHELD. Each exercise's
-functions keep their signature and docstring; the body becomes raise NotImplementedError("exercise N")
-(found by name with ast: the code carries no markers). EXERCISES below is the one table of exercises,
-their functions and checks; docs/EXERCISES.md prints the same commands (tests/test_course_kit.py checks)."""
+A student copy holds the files of this checkout (git's, or those its docs/kit-files.txt lists), without the
+history and without WITHHELD. Each exercise's functions keep their signature and docstring; the body becomes
+raise NotImplementedError("exercise N") (found by name with ast: the code carries no markers). A submission
+is such a copy, its exercises done, and its ANSWERS.md (the written answers) filled in.
+
+score grades exercise N of a submission in a fresh folder: this checkout's files and tests (the teacher's,
+never the submission's), with the submission's files of exercise N, in which every other exercise's
+functions are put back from this checkout. Each check is one pytest process with a time limit. EXERCISES
+below is the one table of exercises; docs/EXERCISES.md prints it (tests/test_course_kit.py checks)."""
 import argparse
 import ast
-import contextlib
+import csv
+import importlib.util
+import io
+import json
 import os
+import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
+import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WITHHELD = {"docs/INSTRUCTOR.md"}  # the answers stay with the instructor
-# number: (title, {file: [function or Class.method]}, [pytest arguments of each check command])
+MANIFEST = "docs/kit-files.txt"  # a student copy's list of its files (it has no git)
+# number: (title, points, asks for a written answer, {file: [function or Class.method]}, [pytest arguments
+# of each check command])
 EXERCISES = {
-    1: ("chunked SSD", {"ssm.py": ["ssd_chunked"]}, [["tests/test_scans.py", "-k", "ssd and not triton"]]),
-    2: ("the chunked GLA / RWKV-6 scan", {"gla.py": ["chunked_scan"]},
+    1: ("chunked SSD", 3, True, {"ssm.py": ["ssd_chunked"]}, [["tests/test_scans.py", "-k", "ssd and not triton"]]),
+    2: ("the chunked GLA / RWKV-6 scan", 3, False, {"gla.py": ["chunked_scan"]},
         [["tests/test_scans.py", "-k", "(gla or rwkv6) and chunked"],
          ["tests/test_gla_rwkv.py", "-k", "chunked"]]),
-    3: ("position-wise perplexity", {"evaluate.py": ["position_nll_naive", "sequence_nll", "position_nll"]},
+    3: ("position-wise perplexity", 2, True,
+        {"evaluate.py": ["position_nll_naive", "sequence_nll", "position_nll"]},
         [["tests/test_evaluate.py", "-k", "position_nll"]]),
-    4: ("Definition 3.2", {"evaluate.py": ["length_generalization_naive"]},
+    4: ("Definition 3.2", 1, True, {"evaluate.py": ["length_generalization_naive"]},
         [["tests/test_evaluate.py", "-k", "hand_made"]]),
-    5: ("Effective Remembrance", {"evaluate.py": ["effective_remembrance_naive"]},
+    5: ("Effective Remembrance", 2, True, {"evaluate.py": ["effective_remembrance_naive"]},
         [["tests/test_evaluate.py", "-k", "effrem and not bad"]]),
-    6: ("fitted noise", {"interventions.py": ["Noise.initial_state", "Noise.observe"]},
+    6: ("fitted noise", 2, True, {"interventions.py": ["Noise.initial_state", "Noise.observe"]},
         [["tests/test_interventions.py", "-k", "fitted or random"]]),
-    7: ("State Passing and TBTT", {"interventions.py": ["PassedState.initial_state", "PassedState.observe"]},
+    7: ("State Passing and TBTT", 2, True,
+        {"interventions.py": ["PassedState.initial_state", "PassedState.observe"]},
         [["tests/test_interventions.py", "-k", "sp_ or tbtt"]]),
-    8: ("the Markov Bayes floor", {"data.py": ["markov_bayes_nll"]},
+    8: ("the Markov Bayes floor", 2, True, {"data.py": ["markov_bayes_nll"]},
         [["tests/test_tasks.py", "-k", "markov_floor"]]),
-    9: ("a mixer with an exact state split",
+    9: ("a mixer with an exact state split", 2, True,
         {"docs/course.py": ["DiagonalRNN.zero_state", "DiagonalRNN.forward"]},
         [["tests/test_course_kit.py", "-k", "exercise9"]]),
-    10: ("predict, then measure", {"docs/course.py": ["predictions", "verdict_rows"]},
+    10: ("predict, then measure", 1, True, {"docs/course.py": ["predictions", "verdict_rows"]},
          [["tests/test_course_kit.py", "-k", "exercise10"]]),
 }
+ANSWER_PLACEHOLDER = "(your answer)"
+REPORT_FIELDS = ["student", "exercise", "points", "of", "status", "reason", "tests", "answer"]
+NEEDED = ("torch", "numpy", "pytest")  # what every check imports: missing, nothing can be graded
 
 class KitError(Exception):
     pass
@@ -76,94 +96,243 @@ def stub(source, names, number, path):
         lines[start:end] = [f'{indent}raise NotImplementedError("exercise {number}")\n']
     return "".join(lines)
 
+def files_of(root):
+    """The files of a checkout: its docs/kit-files.txt (a student copy) or what git tracks."""
+    manifest = os.path.join(root, MANIFEST)
+    if os.path.isfile(manifest):
+        with open(manifest) as f:
+            return sorted(set(f.read().split("\n")) - {""})
+    listed = subprocess.run(["git", "-C", root, "ls-files", "-z"], capture_output=True, text=True)
+    if listed.returncode:
+        raise KitError(f"{root} is neither a git checkout nor a student copy ({MANIFEST}): run the kit from one")
+    return sorted(set(filter(None, listed.stdout.split("\0"))))
+
+def answers_template():
+    questions = "".join(f"## {n}. {title}\n\n{ANSWER_PLACEHOLDER}\n\n"
+                        for n, (title, _, written, *_) in EXERCISES.items() if written)
+    return ("# Written answers\n\nEach exercise's question (docs/EXERCISES.md, \"In writing\") under its "
+            "heading; keep the headings.\n\n" + questions)
+
 def student(out, numbers):
-    """Writes the student copy to out (absent or empty): built beside it, then renamed into place."""
+    """Writes the student copy to out (absent or empty, outside this checkout): built beside it, then renamed."""
+    real = os.path.realpath(out)
+    if real == os.path.realpath(ROOT) or real.startswith(os.path.realpath(ROOT) + os.sep):
+        raise KitError(f"{out} is inside the repo {ROOT} (its tests would run twice): pass a path outside it")
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise KitError(f"{out} exists and is not an empty directory: pass a new path")
-    listed = subprocess.run(["git", "-C", ROOT, "ls-files", "-z"], capture_output=True, text=True)
-    if listed.returncode:
-        raise KitError(f"git ls-files failed in {ROOT} (a student copy is made from the repo's git checkout)")
-    parent = os.path.dirname(os.path.abspath(out))
+    files = [p for p in files_of(ROOT) if p not in WITHHELD and p != MANIFEST]
+    parent = os.path.dirname(real)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".kit-", dir=parent)
     try:
-        for path in sorted(set(filter(None, listed.stdout.split("\0"))) - WITHHELD):
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the copy from its other users
+        for path in files:
             os.makedirs(os.path.join(tmp, os.path.dirname(path)), exist_ok=True)
             shutil.copy2(os.path.join(ROOT, path), os.path.join(tmp, path))
         for n in numbers:
-            for path, names in EXERCISES[n][1].items():
+            for path, names in EXERCISES[n][3].items():
                 with open(os.path.join(tmp, path)) as f:
                     text = stub(f.read(), names, n, path)
                 with open(os.path.join(tmp, path), "w") as f:
                     f.write(text)
+        with open(os.path.join(tmp, "ANSWERS.md"), "w") as f:
+            f.write(answers_template())
+        with open(os.path.join(tmp, MANIFEST), "w") as f:
+            f.write("".join(p + "\n" for p in sorted(files + ["ANSWERS.md", MANIFEST])))
         if os.path.isdir(out):
             os.rmdir(out)
         os.rename(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-class Outcomes:
-    """A pytest plugin: how many tests were selected, which passed and which failed or were skipped."""
+def graded_source(text, reference, path, n):
+    """A submission's file for exercise n: its text with every other exercise's functions as in reference."""
+    try:
+        tree, ref_tree = ast.parse(text), ast.parse(reference)
+    except SyntaxError:
+        return text  # the check reports it
+    lines, ref_lines, spans = text.splitlines(keepends=True), reference.splitlines(keepends=True), []
+    for m, (*_, functions, _) in EXERCISES.items():
+        for name in functions.get(path, []) if m != n else []:
+            mine, ref = find(tree, name), find(ref_tree, name)
+            if mine and ref:
+                first = lambda node: min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+                spans.append((first(mine), mine.end_lineno, ref_lines[first(ref):ref.end_lineno]))
+    for start, end, replacement in sorted(spans, key=lambda s: s[0], reverse=True):
+        lines[start:end] = replacement
+    return "".join(lines)
 
-    def __init__(self):
-        self.total, self.failed, self.passed = 0, set(), set()
+def run_check(folder, xml, args, n, timeout, threads):
+    """One check in its own pytest process in folder: (status, reason, tests passed, tests selected)."""
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=str(threads))
+    p = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
+                          *args], cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
+    try:
+        out = p.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)  # the whole session: a check may have started processes of its own
+        p.communicate()
+        return "FAILED", "timeout", 0, 0
+    if p.returncode < 0:
+        return "FAILED", "crashed", 0, 0
+    if not os.path.exists(xml):  # pytest never finished: os._exit, or a kill from inside
+        return "FAILED", "exited", 0, 0
+    suite = ET.parse(xml).getroot()
+    cases = list(suite.iter("testcase"))
+    bad = [c for c in cases if c.find("failure") is not None or c.find("error") is not None]
+    skipped = [c for c in cases if c.find("skipped") is not None]
+    passed = len(cases) - len(bad) - len(skipped)
+    if p.returncode == 5 or not cases:
+        return "FAILED", "no tests", 0, 0
+    if bad or p.returncode:
+        stubs = set(re.findall(r"NotImplementedError: exercise (\d+)", out))
+        reason = ("error" if any(c.find("error") is not None for c in bad) or p.returncode > 1 else "failed")
+        if stubs - {str(n)}:
+            reason = "needs " + ",".join(sorted(stubs - {str(n)}, key=int))
+        elif stubs:
+            reason = "stubbed"
+        return "FAILED", reason, passed, len(cases)
+    if skipped:
+        return "FAILED", "skipped", passed, len(cases)
+    return "passed", "", passed, len(cases)
 
-    def pytest_collection_finish(self, session):
-        self.total += len(session.items)
+def grade(submission, n, workdir, timeout, threads):
+    """Exercise n of one submission: (status, reason, tests passed, tests selected)."""
+    folder = os.path.join(workdir, "tree")
+    for path in files_of(ROOT):  # the teacher's files and tests
+        if path == MANIFEST:
+            continue
+        os.makedirs(os.path.join(folder, os.path.dirname(path)), exist_ok=True)
+        shutil.copyfile(os.path.join(ROOT, path), os.path.join(folder, path))
+    for path in EXERCISES[n][3]:
+        mine = os.path.join(submission, path)
+        if not os.path.isfile(mine):
+            return "FAILED", "missing", 0, 0
+        with open(mine, errors="replace") as f, open(os.path.join(ROOT, path)) as r:
+            text = graded_source(f.read(), r.read(), path, n)
+        with open(os.path.join(folder, path), "w") as f:
+            f.write(text)
+    status, reason, passed, total = "passed", "", 0, 0
+    for k, args in enumerate(EXERCISES[n][4]):
+        s, r, p, t = run_check(folder, os.path.join(workdir, f"check{k}.xml"), args, n, timeout, threads)
+        passed, total = passed + p, total + t
+        if s != "passed" and status == "passed":
+            status, reason = s, r
+    return status, reason, passed, total
 
-    def pytest_runtest_logreport(self, report):
-        if report.failed or report.skipped:
-            self.failed.add(report.nodeid)
-        elif report.when == "call":
-            self.passed.add(report.nodeid)
+def answers(submission):
+    """{exercise: "written" | "empty"} from the submission's ANSWERS.md, or {} without one."""
+    path = os.path.join(submission, "ANSWERS.md")
+    if not os.path.isfile(path):
+        return {}
+    with open(path, errors="replace") as f:
+        parts = re.split(r"^## +(\d+)\.", f.read(), flags=re.M)
+    text = {int(n): body.split("\n", 1)[-1].replace(ANSWER_PLACEHOLDER, "").strip()
+            for n, body in zip(parts[1::2], parts[2::2])}
+    return {n: "written" if text.get(n) else "empty" for n, (_, _, w, *_) in EXERCISES.items() if w}
 
-def score(directory):
-    """Runs every check in directory, one pytest session after another in this process; prints and returns
-    {number: (tests passed, tests selected)}. An exercise passes when all of at least one test pass."""
-    import pytest
-    directory = os.path.abspath(directory)
-    os.chdir(directory)
-    results = {}
-    for n, (title, _, checks) in EXERCISES.items():
-        seen = Outcomes()
-        for args in checks:
-            with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
-                pytest.main(["-q", "-p", "no:cacheprovider", *args], plugins=[seen])
-            for name, module in list(sys.modules.items()):  # the next check imports the code afresh
-                if (getattr(module, "__file__", None) or "").startswith(directory + os.sep):
-                    del sys.modules[name]
-        passed = len(seen.passed - seen.failed)
-        results[n] = (passed, seen.total)
-        ok = passed == seen.total > 0
-        hint = "" if ok else "   " + " && ".join(command(args) for args in checks)
-        verdict = "passed" if ok else "FAILED"
-        print(f"exercise {n:2d}  {title:<36} {passed:3d}/{seen.total:<3d} {verdict}{hint}")
-    done = sum(p == t > 0 for p, t in results.values())
-    print(f"total: {done}/{len(EXERCISES)} exercises passed")
-    return results
+def score(submissions, numbers, timeout=120, jobs=1):
+    """Grades each submission's exercises `numbers`, jobs checks at a time; prints the table and returns
+    the report's rows (dicts of REPORT_FIELDS)."""
+    threads = 1 if jobs > 1 else max(1, min(2, os.cpu_count() or 1))
+    with tempfile.TemporaryDirectory(prefix="kit-score-") as tmp, ThreadPoolExecutor(jobs) as pool:
+        tasks = {(s, n): os.path.join(tmp, f"{i}-{n}") for i, s in enumerate(submissions) for n in numbers}
+        for d in tasks.values():
+            os.mkdir(d)
+        futures = {key: pool.submit(grade, key[0], key[1], d, timeout, threads) for key, d in tasks.items()}
+        rows = []
+        for s in submissions:
+            written = answers(s)
+            answered = sum(v == "written" for v in written.values())
+            print(f"\n{s}   ANSWERS.md: " + (f"{answered} of {len(written)} answered" if written else "none"))
+            for n in numbers:
+                title, points, w, _, checks = EXERCISES[n]
+                status, reason, passed, total = futures[s, n].result()
+                got = points if status == "passed" else 0
+                hint = f"   {' && '.join(command(a) for a in checks)}" if reason and len(submissions) == 1 else ""
+                print(f"exercise {n:2d}  {title:<34} {got}/{points} pts {passed:3d}/{total:<3d} tests  "
+                      f"{status}{f' ({reason})' if reason else ''}{hint}")
+                rows.append(dict(student=s, exercise=n, points=got, of=points, status=status, reason=reason,
+                                 tests=f"{passed}/{total}",
+                                 answer=written.get(n, "none") if w else ""))
+            mine = [r for r in rows if r["student"] == s]
+            print(f"total: {sum(r['points'] for r in mine)}/{sum(r['of'] for r in mine)} points, "
+                  f"{sum(r['status'] == 'passed' for r in mine)}/{len(mine)} exercises passed")
+    return rows
+
+def write_report(rows, path):
+    """rows as CSV, or as JSON when path ends in .json; written beside, then renamed into place."""
+    if path.endswith(".json"):
+        text = json.dumps({"kit": "docs/kit.py score", "rows": rows}, indent=1) + "\n"
+    else:
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, REPORT_FIELDS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        text = buf.getvalue()
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+def check_report_path(path):
+    """A report may replace only a report the kit wrote: anything else at path is the user's."""
+    if os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise KitError(f"--report {path}: not a file in an existing folder: pass e.g. --report grades.csv")
+    if os.path.exists(path):
+        with open(path, errors="replace") as f:
+            head = f.read(64)
+        if not head.startswith((",".join(REPORT_FIELDS), '{\n "kit": "docs/kit.py score"')):
+            raise KitError(f"--report {path}: the file exists and is not a kit report: pass a new path")
+
+def exercise_numbers(text):
+    numbers = [int(n) for n in text.split(",") if n.strip().isdigit() and int(n) in EXERCISES]
+    if not numbers or len(numbers) != len(text.split(",")) or len(set(numbers)) != len(numbers):
+        raise KitError(f"--exercises {text}: use distinct numbers from 1 to {len(EXERCISES)}, e.g. 1,3")
+    return numbers
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.error = lambda message: ap.exit(2, f"error: {message}\n")
     sub = ap.add_subparsers(dest="what", required=True)
-    s = sub.add_parser("student", help="write a student copy to OUT (absent or empty)")
+    everything = ",".join(map(str, EXERCISES))
+    s = sub.add_parser("student", help="write a student copy to OUT (absent or empty, outside the repo)")
     s.add_argument("out", metavar="OUT")
-    s.add_argument("--exercises", default=",".join(map(str, EXERCISES)), help="which to stub (default: all)")
-    score_parser = sub.add_parser("score", help="run each exercise's check in DIR")
-    score_parser.add_argument("dir", metavar="DIR", nargs="?", default=ROOT)
+    s.add_argument("--exercises", default=everything, help="which to stub (default: all)")
+    g = sub.add_parser("score", help="grade submissions (student copies) with this checkout's tests")
+    g.add_argument("submissions", metavar="SUBMISSION", nargs="*", default=[ROOT],
+                   help="folders to grade (default: this checkout, a self-check)")
+    g.add_argument("--exercises", default=everything, help="the exercises assigned (default: all)")
+    g.add_argument("--timeout", type=float, default=120, help="seconds per check before it is FAILED (timeout)")
+    g.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="checks run at once (default: cores)")
+    g.add_argument("--report", default="grades.csv",
+                   help="the machine-readable report: CSV, or JSON for a .json name (default: grades.csv)")
     args = ap.parse_args(argv)
     try:
-        if args.what == "score":
-            if not os.path.isdir(os.path.join(args.dir, "tests")):
-                raise KitError(f"{args.dir} holds no tests/: pass the repo or a student copy")
-            results = score(args.dir)
-            return 0 if all(p == t > 0 for p, t in results.values()) else 1
-        numbers = [int(n) for n in args.exercises.split(",") if n.isdigit() and int(n) in EXERCISES]
-        if len(numbers) != len(args.exercises.split(",")):
-            raise KitError(f"--exercises {args.exercises}: use numbers from 1 to {len(EXERCISES)}")
-        student(args.out, numbers)
-        print(f"wrote {args.out}: exercises {','.join(map(str, numbers))} stubbed; check: "
-              f"python docs/kit.py score {args.out}")
+        numbers = exercise_numbers(args.exercises)
+        if args.what == "student":
+            student(args.out, numbers)
+            print(f"wrote {args.out}: exercises {','.join(map(str, numbers))} stubbed, ANSWERS.md to fill; "
+                  f"check: python docs/kit.py score {args.out}")
+            return 0
+        if args.timeout <= 0 or args.jobs < 1:
+            raise KitError(f"--timeout {args.timeout:g} --jobs {args.jobs}: pass a positive time and >= 1 job")
+        for path in args.submissions:
+            if not os.path.isdir(path):
+                raise KitError(f"{path}: no such folder: pass student copies (docs/kit.py student OUT)")
+            if not any(os.path.isfile(os.path.join(path, f)) for e in EXERCISES.values() for f in e[3]):
+                raise KitError(f"{path} holds none of the exercises' files: pass a student copy")
+        missing = [m for m in NEEDED if importlib.util.find_spec(m) is None]
+        if missing:
+            raise KitError(f"{sys.executable} lacks {', '.join(missing)}: install the README's requirements "
+                           "for it, or run the kit with the Python that has them")
+        check_report_path(args.report)
+        start = time.time()
+        rows = score(args.submissions, numbers, args.timeout, args.jobs)
+        write_report(rows, args.report)
+        print(f"\nwrote {args.report} ({len(rows)} rows) in {time.time() - start:.0f} s")
     except (KitError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,12 +1,15 @@
-"""The course kit (docs/kit.py, docs/course.py): the checks of exercises 9 and 10, and the kit itself: in a
-student copy every exercise's check fails, in the repo every one passes, and docs/EXERCISES.md prints them."""
+"""The course kit (docs/kit.py, docs/course.py): the checks of exercises 9 and 10, and the kit itself: a class
+graded with the teacher's tests, each check isolated and time-limited, every pitfall of INSTRUCTOR.md caught."""
 import ast
+import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import model
@@ -69,39 +72,179 @@ def test_exercise10_predictions_are_made_and_eval_json_becomes_the_verdict_table
     out = capsys.readouterr().out
     assert "| A | 512+ | 4.500 | -0.100 +- 0.010 | - |" in out and "predictions right: " in out
 
-def test_exercises_md_prints_each_exercises_functions_and_check_commands():
-    sections = re.split(r"^## ", open(os.path.join(ROOT, "docs", "EXERCISES.md")).read(), flags=re.M)
-    for n, (_, functions, checks) in kit.EXERCISES.items():
+
+def test_exercises_md_prints_the_table_each_exercises_functions_question_and_check_commands():
+    text = open(os.path.join(ROOT, "docs", "EXERCISES.md")).read()
+    sections = re.split(r"^## ", text, flags=re.M)
+    for n, (title, points, written, functions, checks) in kit.EXERCISES.items():
+        assert re.search(rf"^\| {n} \| {re.escape(title)} \| {points} \| {'yes' if written else 'no'} \|",
+                         text, flags=re.M), n  # the table of exercises at the top
         section = next(s for s in sections if s.startswith(f"{n}. "))
         assert all(kit.command(args) in section for args in checks), n
         assert all(name.split(".")[-1] in section for names in functions.values() for name in names), n
+        assert ("**In writing:**" in section) == written, n
+    assert kit.answers_template().count("\n## ") == sum(e[2] for e in kit.EXERCISES.values())
 
-def kit_cli(*args):
-    """docs/kit.py started in a subprocess: two can run side by side (finished() waits)."""
-    return subprocess.Popen([sys.executable, os.path.join(ROOT, "docs", "kit.py"), *args], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+def kit_cli(*args, python=sys.executable, kit_py=os.path.join(ROOT, "docs", "kit.py"), cwd=None):
+    return subprocess.run([python, kit_py, *args], capture_output=True, text=True, cwd=cwd,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
 
-def finished(p):
-    out, err = p.communicate()
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+@pytest.fixture(scope="module")
+def copy(tmp_path_factory):
+    """A student copy, every exercise stubbed."""
+    out = tmp_path_factory.mktemp("kit") / "student"
+    assert kit_cli("student", str(out)).returncode == 0
+    return out
 
-def test_a_student_copy_fails_every_check_and_the_repo_passes_every_one(tmp_path):
-    out = tmp_path / "student"
-    assert finished(kit_cli("student", str(out))).returncode == 0
-    assert not (out / ".git").exists() and not (out / "docs" / "INSTRUCTOR.md").exists()
-    for n, (_, functions, _) in kit.EXERCISES.items():   # signature and docstring kept, the body replaced
+def submission(copy, where, done=(), edits=()):
+    """A student's folder: the copy, with the reference's files of exercises `done`, then (path, old, new)
+    edits of those files."""
+    shutil.copytree(copy, where)
+    for n in done:
+        for path in kit.EXERCISES[n][3]:
+            shutil.copy(os.path.join(ROOT, path), where / path)
+    for path, old, new in edits:
+        text = (where / path).read_text()
+        assert text.count(old) == 1, old
+        (where / path).write_text(text.replace(old, new))
+    return str(where)
+
+def graded(report):
+    with open(report) as f:
+        return {(os.path.basename(r["student"]), int(r["exercise"])): (r["status"], r["reason"], r["points"],
+                                                                        r["answer"]) for r in csv.DictReader(f)}
+
+def test_a_student_copy_fails_every_check_and_the_repo_passes_every_one(copy, tmp_path):
+    assert not (copy / ".git").exists() and not (copy / "docs" / "INSTRUCTOR.md").exists()
+    assert (copy / "ANSWERS.md").read_text() == kit.answers_template()
+    assert os.stat(copy).st_mode & 0o777 == 0o777 & ~kit_umask()  # the user's normal permissions
+    for n, (_, _, _, functions, _) in kit.EXERCISES.items():   # signature and docstring kept, the body replaced
         for path, names in functions.items():
-            tree = ast.parse((out / path).read_text())
+            tree = ast.parse((copy / path).read_text())
             for name in names:
                 body = kit.find(tree, name).body
                 assert ast.unparse(body[-1]) == f"raise NotImplementedError('exercise {n}')"
                 assert len(body) == 2 and isinstance(body[0].value.value, str), (n, name)
-    refused = finished(kit_cli("student", str(out)))
-    assert refused.returncode == 2 and refused.stderr.startswith("error: ") and "empty" in refused.stderr
-    student, repo = map(finished, [kit_cli("score", str(out)), kit_cli("score", ROOT)])  # side by side
-    for run, code, ok in [(student, 1, lambda p, t: p < t), (repo, 0, lambda p, t: p == t > 0)]:
-        scores = re.findall(r"^exercise +(\d+) .* (\d+)/(\d+) ", run.stdout, flags=re.M)
-        assert [int(n) for n, _, _ in scores] == list(kit.EXERCISES), run.stdout + run.stderr
-        assert run.returncode == code
-        assert all(ok(int(p), int(t)) for _, p, t in scores), run.stdout
+    for out, word in [(copy, "empty"), (os.path.join(ROOT, "tests", "x"), "inside the repo")]:
+        refused = kit_cli("student", str(out))
+        assert refused.returncode == 2 and refused.stderr.startswith("error: ") and word in refused.stderr
+    assert not os.path.exists(os.path.join(ROOT, "tests", "x"))
+    run = kit_cli("score", str(copy), ROOT, "--jobs", "2", "--report", str(tmp_path / "r.csv"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = graded(tmp_path / "r.csv")
+    for n, (_, points, written, _, _) in kit.EXERCISES.items():
+        assert rows["student", n] == ("FAILED", "stubbed", "0", "empty" if written else ""), n
+        assert rows[os.path.basename(ROOT), n] == ("passed", "", str(points), "none" if written else ""), n
+    assert re.search(r"^total: 0/(\d+) points, 0/10 exercises passed", run.stdout, flags=re.M)
+
+def kit_umask():
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+def no_tests(folder):
+    """Every test function of folder/tests/*.py reduced to `return`: a submission that edits its tests."""
+    for path in (folder / "tests").glob("test_*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+                node.body = [ast.Return()]
+        path.write_text(ast.unparse(tree))
+
+T_STAR = "    t_star = int(ppl[:t_train].argmin())\n"  # inside exercise 4's function
+OBSERVE = '        self.passed = [{k: v.detach().float() for k, v in layer.items()} for layer in final_state]\n'
+
+def test_a_class_is_graded_with_the_teachers_tests_each_check_isolated_and_time_limited(copy, tmp_path):
+    """Exercises 4 and 7 of six students: done, stubbed, tests edited, a hang and a crash, a skip and an
+    os._exit, a pitfall. Exercise 7 is graded with the reference's GLA scan (exercise 2), stubbed in all."""
+    done = (4, 7)
+    subs = [submission(copy, tmp_path / "done", done, [("ANSWERS.md", "## 4. Definition 3.2\n\n(your answer)",
+                                                        "## 4. Definition 3.2\n\np* is biased low.")]),
+            submission(copy, tmp_path / "stubbed"),
+            submission(copy, tmp_path / "edited-tests"),
+            submission(copy, tmp_path / "hang-crash", done, [("evaluate.py", T_STAR, "    while True:\n"
+                                                              "        pass\n"),
+                                                             ("interventions.py", OBSERVE, "        import os, "
+                                                              "signal\n        os.kill(os.getpid(), signal."
+                                                              "SIGSEGV)\n")]),
+            submission(copy, tmp_path / "skip-exit", done, [("evaluate.py", T_STAR, "    import pytest\n"
+                                                             "    pytest.skip('no')\n"),
+                                                            ("interventions.py", OBSERVE, "        import os\n"
+                                                             "        os._exit(0)\n")]),
+            submission(copy, tmp_path / "pitfall", done, [("evaluate.py", "> ppl[t_star]", ">= ppl[t_star]")])]
+    no_tests(tmp_path / "edited-tests")
+    report = tmp_path / "grades.csv"
+    run = kit_cli("score", *subs, "--exercises", "4,7", "--timeout", "30", "--jobs", "2", "--report",
+                  str(report))
+    assert run.returncode == 0, run.stdout + run.stderr  # grades are data, not errors
+    assert graded(report) == {
+        ("done", 4): ("passed", "", "1", "written"), ("done", 7): ("passed", "", "2", "empty"),
+        ("stubbed", 4): ("FAILED", "stubbed", "0", "empty"), ("stubbed", 7): ("FAILED", "stubbed", "0", "empty"),
+        ("edited-tests", 4): ("FAILED", "stubbed", "0", "empty"),
+        ("edited-tests", 7): ("FAILED", "stubbed", "0", "empty"),
+        ("hang-crash", 4): ("FAILED", "timeout", "0", "empty"), ("hang-crash", 7): ("FAILED", "crashed", "0", "empty"),
+        ("skip-exit", 4): ("FAILED", "skipped", "0", "empty"), ("skip-exit", 7): ("FAILED", "exited", "0", "empty"),
+        ("pitfall", 4): ("FAILED", "failed", "0", "empty"), ("pitfall", 7): ("passed", "", "2", "empty")}
+    assert "ANSWERS.md: 1 of 9 answered" in run.stdout and "total: 3/3 points, 2/2 exercises" in run.stdout
+
+def test_the_kit_grades_with_a_python_whose_packages_live_in_the_graded_folder(copy, tmp_path):
+    """The venv inside the clone: every package of this Python linked into graded/.venv. A Python without
+    torch is a set-up problem, named, not a grade."""
+    graded_dir = submission(copy, tmp_path / "graded", (7,))
+    venv = tmp_path / "graded" / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    inside = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    outside = os.path.dirname(os.path.dirname(torch.__file__))
+    bare = kit_cli("score", graded_dir, "--exercises", "7", python=python)
+    assert bare.returncode == 2 and bare.stderr.count("\n") == 1 and "lacks torch" in bare.stderr, bare.stderr
+    for name in os.listdir(outside):
+        if not os.path.exists(os.path.join(inside, name)):
+            os.symlink(os.path.join(outside, name), os.path.join(inside, name))
+    probe = subprocess.run([python, "-c", "import torch; print(torch.__file__)"], capture_output=True, text=True)
+    assert probe.stdout.startswith(str(venv)), probe.stdout + probe.stderr
+    teacher = kit_cli("score", graded_dir, "--exercises", "7", "--report", str(tmp_path / "t.csv"), python=python)
+    mine = kit_cli("score", "--exercises", "7", "--report", str(tmp_path / "s.csv"), python=python,
+                   kit_py=os.path.join(graded_dir, "docs", "kit.py"), cwd=graded_dir)  # the student's self-check
+    assert teacher.returncode == mine.returncode == 0, teacher.stdout + teacher.stderr + mine.stdout + mine.stderr
+    assert graded(tmp_path / "t.csv")["graded", 7][:2] == ("passed", "")
+    assert graded(tmp_path / "s.csv")["graded", 7][:2] == ("FAILED", "needs 2")  # its own stubbed GLA scan
+
+def test_graded_source_puts_back_every_other_exercises_functions():
+    reference = open(os.path.join(ROOT, "evaluate.py")).read()
+    student = kit.stub(kit.stub(reference, ["length_generalization_naive"], 4, "evaluate.py"),
+                       ["position_nll_naive", "sequence_nll", "position_nll"], 3, "evaluate.py")
+    student = student.replace("def log_edges(", "def my_helper():\n    return 1\n\ndef log_edges(")
+    graded4 = kit.graded_source(student, reference, "evaluate.py", 4)
+    tree, ref = ast.parse(graded4), ast.parse(reference)
+    for name in ["position_nll_naive", "sequence_nll", "position_nll"]:  # exercise 3's, as in the reference
+        assert ast.dump(kit.find(tree, name)) == ast.dump(kit.find(ref, name))
+    assert 'NotImplementedError("exercise 4")' in graded4 and "exercise 3" not in graded4
+    assert "def my_helper():" in graded4  # the student's own code around the exercise stays
+    assert kit.graded_source(student, reference, "evaluate.py", 3).count("NotImplementedError") == 3
+
+@pytest.mark.parametrize("args, word", [
+    (["student", "{tmp}/s", "--exercises", "0,3"], "--exercises 0,3"),
+    (["student", "{tmp}/s", "--exercises", "3,3"], "--exercises 3,3"),
+    (["score", "{tmp}/nowhere"], "no such folder"),
+    (["score", "{tmp}"], "none of the exercises' files"),
+    (["score", ROOT, "--timeout", "0"], "--timeout 0"),
+    (["score", ROOT, "--report", "{tmp}/mine.csv"], "not a kit report"),
+    (["score", ROOT, "--report", "{tmp}/no/r.csv"], "existing folder"),
+])
+def test_bad_kit_input_gets_one_line_and_touches_nothing(args, word, tmp_path, capsys):
+    (tmp_path / "mine.csv").write_text("my own grades\n")
+    assert kit.main([a.format(tmp=tmp_path) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and word in err, err
+    assert (tmp_path / "mine.csv").read_text() == "my own grades\n" and not (tmp_path / "s").exists()
+
+def test_a_report_replaces_only_a_kit_report_and_json_holds_the_same_rows(tmp_path):
+    rows = [dict(student="a", exercise=4, points=1, of=1, status="passed", reason="", tests="1/1", answer="")]
+    for name in ["r.csv", "r.json"]:
+        path = str(tmp_path / name)
+        kit.write_report(rows, path)
+        kit.check_report_path(path)  # its own report: may be replaced
+    assert json.load(open(tmp_path / "r.json"))["rows"] == rows
+    assert list(csv.DictReader(open(tmp_path / "r.csv"))) == [{k: str(v) for k, v in rows[0].items()}]
