@@ -2,7 +2,7 @@
 forms, a naive loop (the definition), a chunked PyTorch form and a Triton kernel; then the two layers; at
 the bottom the kernels and the scan plumbing that gla.py and rwkv.py share.
 The paper (Buitrago Ruiz & Gu 2025, arXiv 2507.02782), Sec. 2: a recurrent layer carries a state h in time,
-    h_t = A_t h_{t-1} + B_t x_t,    y_t = C_t^T h_t,    from the initial state h_{-1}.
+    h_t = A_t h_{t-1} + B_t x_t,    y_t = h_t C_t,    from the initial state h_{-1}.
 Both Mamba layers take A_t = exp(dt_t A) and the input term dt_t B_t x_t, dt_t an input-dependent step size.
 Every scan (GLA's and RWKV-6's too) takes `initial_state` (h_{-1}; None: zeros) and returns `(y, final_state)`
 (h_{T-1}): training from a non-zero state (Sec. 4: State Passing, TBTT, noise) and evaluating past the
