@@ -248,3 +248,33 @@ def test_a_report_replaces_only_a_kit_report_and_json_holds_the_same_rows(tmp_pa
         kit.check_report_path(path)  # its own report: may be replaced
     assert json.load(open(tmp_path / "r.json"))["rows"] == rows
     assert list(csv.DictReader(open(tmp_path / "r.csv"))) == [{k: str(v) for k, v in rows[0].items()}]
+
+def pitfall_bullets(n):
+    """The "Pitfalls:" bullets of exercise n in docs/INSTRUCTOR.md, each as one line."""
+    section = re.split(r"^## ", open(os.path.join(ROOT, "docs", "INSTRUCTOR.md")).read(), flags=re.M)
+    section = next(s for s in section if s.startswith(f"{n}. "))
+    block = re.search(r"^Pitfalls:\n((?:- .*\n(?:  .*\n)*)+)", section, flags=re.M)
+    return [" ".join(b.split()) for b in re.split(r"^- ", block.group(1), flags=re.M)[1:]] if block else []
+
+@pytest.mark.parametrize("n", [n for n in kit.EXERCISES if n != 10])
+def test_every_pitfall_instructor_md_lists_fails_its_exercises_check(n, tmp_path):
+    """Each bullet has its mutation of the reference (inside the exercise's functions); graded, each one is
+    FAILED with failing tests (not an import error, not a time-out)."""
+    mine, bullets, subs = [p for p in PITFALLS if p[0] == n], pitfall_bullets(n), []
+    assert bullets and all(any(" ".join(p[1].split()) in b for p in mine) for b in bullets), bullets
+    for k, (_, phrase, path, old, new) in enumerate(mine):
+        assert sum(" ".join(phrase.split()) in b for b in bullets) == 1, phrase
+        text = open(os.path.join(ROOT, path)).read()
+        assert text.count(old) == 1, old
+        at, tree = text[:text.index(old)].count("\n") + 1, ast.parse(text)
+        spans = [kit.find(tree, name) for name in kit.EXERCISES[n][3][path]]
+        assert any(f.lineno <= at and at + old.rstrip("\n").count("\n") <= f.end_lineno for f in spans), phrase
+        folder = tmp_path / f"pitfall{k}" / os.path.dirname(path)
+        folder.mkdir(parents=True)
+        (folder / os.path.basename(path)).write_text(text.replace(old, new))
+        subs.append(str(tmp_path / f"pitfall{k}"))
+    run = kit_cli("score", *subs, "--exercises", str(n), "--jobs", "2", "--report", str(tmp_path / "r.csv"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = graded(tmp_path / "r.csv")
+    assert [rows[f"pitfall{k}", n][:2] for k in range(len(mine))] == [("FAILED", "failed")] * len(mine), [
+        (p[1], rows[f"pitfall{k}", n]) for k, p in enumerate(mine)]
