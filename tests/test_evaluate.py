@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import data
 import evaluate as ev
@@ -66,6 +67,39 @@ class CurveLM(nn.Module):
 def tokens(n, T, vocab=11, seed=0):
     return torch.randint(0, vocab, (n, T), generator=torch.Generator().manual_seed(seed))
 
+class CountLM(nn.Module):
+    """Predicts token j with probability (c_j + alpha) / (t + V alpha), c_j its count in the t tokens read
+    so far (the state): logits log(c + alpha) in `dtype`, the same numbers however the tokens are split
+    into calls. Its NLL has a closed form (count_nll): an anchor that is no function under test."""
+
+    def __init__(self, vocab=5, alpha=0.5, dtype=torch.float32):
+        super().__init__()
+        self.cfg = types.SimpleNamespace(vocab_size=vocab)
+        self.alpha = nn.Parameter(torch.tensor(alpha, dtype=torch.float64))  # a parameter: lm has a device
+        self.dtype = dtype
+
+    def zero_state(self, b, device=None):
+        return [{"h": torch.zeros(b, self.cfg.vocab_size, dtype=torch.float64, device=device)}]
+
+    def forward(self, idx, state=None, last_only=False):
+        seen = F.one_hot(idx, self.cfg.vocab_size).cumsum(1)  # [b, t, V]
+        counts = (state or self.zero_state(len(idx)))[0]["h"][:, None] + seen
+        logits = (counts + self.alpha).log().to(self.dtype)
+        return logits[:, -1:] if last_only else logits, [{"h": counts[:, -1]}]
+
+def count_nll(x, vocab=5, alpha=0.5, rounded=lambda v: v):
+    """CountLM's NLL [n, T-1] in plain Python: the cross-entropy of its logits, each `rounded` as its dtype
+    rounds it (identity: -log((c_y + alpha) / (t + V alpha)))."""
+    out = []
+    for row in x.tolist():
+        counts, nll = [0] * vocab, []
+        for i in range(len(row) - 1):
+            counts[row[i]] += 1  # the context is row[:i + 1]; the target row[i + 1]
+            logits = [rounded(math.log(c + alpha)) for c in counts]
+            nll.append(math.log(sum(math.exp(v) for v in logits)) - logits[row[i + 1]])
+        out.append(nll)
+    return torch.tensor(out, dtype=torch.float64)
+
 def test_position_nll_streamed_averaged_and_bucketed_as_defined():
     lm, x = ToyLM(), tokens(5, 21)
     want = ev.position_nll_naive(lm, x)
@@ -84,6 +118,27 @@ def test_position_nll_streamed_averaged_and_bucketed_as_defined():
     # per sequence: bucket 0 (1, 3), bucket 1 (10/3, 4/3); means 2 and 7/3, standard errors 1 and 1
     torch.testing.assert_close(b["nll"], torch.tensor([2.0, 7 / 3], dtype=torch.float64))
     torch.testing.assert_close(b["nll_sem"], torch.tensor([1.0, 1.0], dtype=torch.float64))
+
+def test_position_nll_of_a_counting_model_equals_its_closed_form():
+    # the three functions against CountLM's known NLL, not only against each other. Chunks shorter than the
+    # window catch a state reset between chunks; blocks of fewer rows than n, a state carried from one block
+    # into the next; the off-by-one scores a target with logits that have read it
+    lm, x = CountLM(), tokens(4, 11, vocab=5)
+    want = count_nll(x)
+    torch.testing.assert_close(ev.position_nll_naive(lm, x), want.float(), atol=1e-5, rtol=1e-5)
+    for chunk_len, batch_size in [(3, 2), (4, 1), (1, 3), (64, 4)]:
+        got = ev.sequence_nll(lm, x, chunk_len, batch_size)
+        torch.testing.assert_close(got, want.float(), atol=1e-5, rtol=1e-5,
+                                   msg=lambda m: f"chunk_len {chunk_len}, batch_size {batch_size}: {m}")
+    # the mean over the sequences per position, in float64: log of the mean of exp(NLL) is larger (Jensen)
+    torch.testing.assert_close(ev.position_nll(lm, x, 3, 2), want.mean(0), atol=1e-5, rtol=1e-5)
+
+def test_position_nll_scores_bf16_logits_in_float32():
+    # the cross-entropy of the bf16 logits cast to float32: one in bf16 rounds each NLL to 3 digits (~1e-2)
+    lm, x = CountLM(dtype=torch.bfloat16), tokens(3, 9, vocab=5, seed=1)
+    want = count_nll(x, rounded=lambda v: torch.tensor(v, dtype=torch.float64).bfloat16().item()).float()
+    torch.testing.assert_close(ev.position_nll_naive(lm, x), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ev.sequence_nll(lm, x, 3, 2), want, atol=1e-5, rtol=1e-5)
 
 def test_verdict_on_hand_made_curves_and_a_matrix_is_paired():
     assert ev.length_generalization_naive([5.0, 4.0, 3.0, 3.0, 2.9, 2.95, 2.9, 2.8], t_train=4) == 8
