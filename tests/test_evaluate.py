@@ -159,6 +159,18 @@ def test_verdict_on_hand_made_curves_and_a_matrix_is_paired():
     with pytest.raises(ValueError, match="training positions"):
         ev.length_generalization(per_seq, lo, hi, t_train=1)
 
+def test_literal_verdict_on_hand_made_ties_a_later_minimum_and_its_type():
+    # t* is the FIRST minimum of ppl[:t_train]: from the first 3.0 the 4.0 ends the run at 2, from the tied
+    # one at 3 the run would go on to 4; the lower 2.0 at 5 lies past t_train and is not p*
+    curve = [5.0, 3.0, 4.0, 3.0, 3.5, 2.0]
+    assert ev.length_generalization_naive(curve, t_train=4) == 2
+    # the minimum of the whole curve (2.0 at 3) would end the run at 4, not at 2
+    assert ev.length_generalization_naive([4.0, 3.0, 3.2, 2.0, 2.5], t_train=2) == 2
+    # a Python int (not a tensor, not a numpy integer), from a list or a tensor, found or len(ppl)
+    for ppl, t_train, want in [(curve, 4, 2), (torch.tensor(curve), 4, 2), (torch.tensor([3.0, 2, 2]), 2, 3)]:
+        got = ev.length_generalization_naive(ppl, t_train)
+        assert type(got) is int and got == want, (ppl, got)
+
 def test_short_context_nll_reads_each_target_from_a_training_length_context():
     lm, x, T = ToyLM(), tokens(3, 42, vocab=11), 8
     short = ev.short_context_nll(lm, x, T, batch_size=2)
