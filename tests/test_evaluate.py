@@ -235,6 +235,22 @@ def test_effrem_in_one_pass_equals_one_forward_per_cut(distance):
     without_zero = ev.effective_remembrance(lm, x, T, [5, 16], distance)  # adds the t = 0 reference
     torch.testing.assert_close(without_zero, want[[3, 5]], atol=1e-6, rtol=1e-5)
 
+def test_effrem_naive_reads_float32_logits_in_float64_and_clamps_each_row(monkeypatch):
+    # CountLM's float32 logits are the same numbers in both forms, so one forward per cut and the batched
+    # form agree to float64 rounding; a softmax in float32 is off by ~1e-8
+    lm, x, T, cuts = CountLM(), tokens(6, 30, vocab=5), 24, [0, 23, 1, 4, 4, 12, 2]
+    for distance in ev.DISTANCES:
+        want = ev.effective_remembrance(lm, x, T, cuts, distance)
+        got = ev.effective_remembrance_naive(lm, x, T, cuts, distance)
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0, msg=lambda m: f"{distance}: {m}")
+    # real distances leave [0, 1] only by rounding (~1e-16); one that leaves it by more shows that each
+    # row is clamped before the mean
+    monkeypatch.setitem(ev.DISTANCES, "wide", lambda p, q: 4 * ev.DISTANCES["tv"](p, q) - 0.1)
+    want = ev.effective_remembrance(lm, x, T, cuts, "wide")
+    assert want[0] == 0 and 0 < want[1] < 1
+    got = ev.effective_remembrance_naive(lm, x, T, cuts, "wide")
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+
 def test_state_statistics_of_a_linearly_growing_state():
     # a = 1, one token everywhere: h_t = (t + 1) U in every row, so std and RMS grow as t + 1
     lm, x = ToyLM(a=(1.0, 1.0)), torch.full((3, 40), 4)
