@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import data
 import evaluate as ev
@@ -66,6 +67,39 @@ class CurveLM(nn.Module):
 def tokens(n, T, vocab=11, seed=0):
     return torch.randint(0, vocab, (n, T), generator=torch.Generator().manual_seed(seed))
 
+class CountLM(nn.Module):
+    """Predicts token j with probability (c_j + alpha) / (t + V alpha), c_j its count in the t tokens read
+    so far (the state): logits log(c + alpha) in `dtype`, the same numbers however the tokens are split
+    into calls. Its NLL has a closed form (count_nll): an anchor that is no function under test."""
+
+    def __init__(self, vocab=5, alpha=0.5, dtype=torch.float32):
+        super().__init__()
+        self.cfg = types.SimpleNamespace(vocab_size=vocab)
+        self.alpha = nn.Parameter(torch.tensor(alpha, dtype=torch.float64))  # a parameter: lm has a device
+        self.dtype = dtype
+
+    def zero_state(self, b, device=None):
+        return [{"h": torch.zeros(b, self.cfg.vocab_size, dtype=torch.float64, device=device)}]
+
+    def forward(self, idx, state=None, last_only=False):
+        seen = F.one_hot(idx, self.cfg.vocab_size).cumsum(1)  # [b, t, V]
+        counts = (state or self.zero_state(len(idx)))[0]["h"][:, None] + seen
+        logits = (counts + self.alpha).log().to(self.dtype)
+        return logits[:, -1:] if last_only else logits, [{"h": counts[:, -1]}]
+
+def count_nll(x, vocab=5, alpha=0.5, rounded=lambda v: v):
+    """CountLM's NLL [n, T-1] in plain Python: the cross-entropy of its logits, each `rounded` as its dtype
+    rounds it (identity: -log((c_y + alpha) / (t + V alpha)))."""
+    out = []
+    for row in x.tolist():
+        counts, nll = [0] * vocab, []
+        for i in range(len(row) - 1):
+            counts[row[i]] += 1  # the context is row[:i + 1]; the target row[i + 1]
+            logits = [rounded(math.log(c + alpha)) for c in counts]
+            nll.append(math.log(sum(math.exp(v) for v in logits)) - logits[row[i + 1]])
+        out.append(nll)
+    return torch.tensor(out, dtype=torch.float64)
+
 def test_position_nll_streamed_averaged_and_bucketed_as_defined():
     lm, x = ToyLM(), tokens(5, 21)
     want = ev.position_nll_naive(lm, x)
@@ -85,6 +119,27 @@ def test_position_nll_streamed_averaged_and_bucketed_as_defined():
     torch.testing.assert_close(b["nll"], torch.tensor([2.0, 7 / 3], dtype=torch.float64))
     torch.testing.assert_close(b["nll_sem"], torch.tensor([1.0, 1.0], dtype=torch.float64))
 
+def test_position_nll_of_a_counting_model_equals_its_closed_form():
+    # the three functions against CountLM's known NLL, not only against each other. Chunks shorter than the
+    # window catch a state reset between chunks; blocks of fewer rows than n, a state carried from one block
+    # into the next; the off-by-one scores a target with logits that have read it
+    lm, x = CountLM(), tokens(4, 11, vocab=5)
+    want = count_nll(x)
+    torch.testing.assert_close(ev.position_nll_naive(lm, x), want.float(), atol=1e-5, rtol=1e-5)
+    for chunk_len, batch_size in [(3, 2), (4, 1), (1, 3), (64, 4)]:
+        got = ev.sequence_nll(lm, x, chunk_len, batch_size)
+        torch.testing.assert_close(got, want.float(), atol=1e-5, rtol=1e-5,
+                                   msg=lambda m: f"chunk_len {chunk_len}, batch_size {batch_size}: {m}")
+    # the mean over the sequences per position, in float64: log of the mean of exp(NLL) is larger (Jensen)
+    torch.testing.assert_close(ev.position_nll(lm, x, 3, 2), want.mean(0), atol=1e-5, rtol=1e-5)
+
+def test_position_nll_scores_bf16_logits_in_float32():
+    # the cross-entropy of the bf16 logits cast to float32: one in bf16 rounds each NLL to 3 digits (~1e-2)
+    lm, x = CountLM(dtype=torch.bfloat16), tokens(3, 9, vocab=5, seed=1)
+    want = count_nll(x, rounded=lambda v: torch.tensor(v, dtype=torch.float64).bfloat16().item()).float()
+    torch.testing.assert_close(ev.position_nll_naive(lm, x), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ev.sequence_nll(lm, x, 3, 2), want, atol=1e-5, rtol=1e-5)
+
 def test_verdict_on_hand_made_curves_and_a_matrix_is_paired():
     assert ev.length_generalization_naive([5.0, 4.0, 3.0, 3.0, 2.9, 2.95, 2.9, 2.8], t_train=4) == 8
     assert ev.length_generalization_naive([5.0, 4.0, 3.0, 2.9, 2.95, 3.5, 4.0], t_train=4) == 4
@@ -103,6 +158,18 @@ def test_verdict_on_hand_made_curves_and_a_matrix_is_paired():
     assert "not meaningful" in ev.length_generalization(per_seq[:5], lo, hi, 8)["warning"]
     with pytest.raises(ValueError, match="training positions"):
         ev.length_generalization(per_seq, lo, hi, t_train=1)
+
+def test_literal_verdict_on_hand_made_ties_a_later_minimum_and_its_type():
+    # t* is the FIRST minimum of ppl[:t_train]: from the first 3.0 the 4.0 ends the run at 2, from the tied
+    # one at 3 the run would go on to 4; the lower 2.0 at 5 lies past t_train and is not p*
+    curve = [5.0, 3.0, 4.0, 3.0, 3.5, 2.0]
+    assert ev.length_generalization_naive(curve, t_train=4) == 2
+    # the minimum of the whole curve (2.0 at 3) would end the run at 4, not at 2
+    assert ev.length_generalization_naive([4.0, 3.0, 3.2, 2.0, 2.5], t_train=2) == 2
+    # a Python int (not a tensor, not a numpy integer), from a list or a tensor, found or len(ppl)
+    for ppl, t_train, want in [(curve, 4, 2), (torch.tensor(curve), 4, 2), (torch.tensor([3.0, 2, 2]), 2, 3)]:
+        got = ev.length_generalization_naive(ppl, t_train)
+        assert type(got) is int and got == want, (ppl, got)
 
 def test_short_context_nll_reads_each_target_from_a_training_length_context():
     lm, x, T = ToyLM(), tokens(3, 42, vocab=11), 8
@@ -167,6 +234,22 @@ def test_effrem_in_one_pass_equals_one_forward_per_cut(distance):
     assert (rows[:, 0] == 0).all() and ((rows >= 0) & (rows <= 1)).all() and (rows[:, 1:].mean(0) > 0).all()
     without_zero = ev.effective_remembrance(lm, x, T, [5, 16], distance)  # adds the t = 0 reference
     torch.testing.assert_close(without_zero, want[[3, 5]], atol=1e-6, rtol=1e-5)
+
+def test_effrem_naive_reads_float32_logits_in_float64_and_clamps_each_row(monkeypatch):
+    # CountLM's float32 logits are the same numbers in both forms, so one forward per cut and the batched
+    # form agree to float64 rounding; a softmax in float32 is off by ~1e-8
+    lm, x, T, cuts = CountLM(), tokens(6, 30, vocab=5), 24, [0, 23, 1, 4, 4, 12, 2]
+    for distance in ev.DISTANCES:
+        want = ev.effective_remembrance(lm, x, T, cuts, distance)
+        got = ev.effective_remembrance_naive(lm, x, T, cuts, distance)
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0, msg=lambda m: f"{distance}: {m}")
+    # real distances leave [0, 1] only by rounding (~1e-16); one that leaves it by more shows that each
+    # row is clamped before the mean
+    monkeypatch.setitem(ev.DISTANCES, "wide", lambda p, q: 4 * ev.DISTANCES["tv"](p, q) - 0.1)
+    want = ev.effective_remembrance(lm, x, T, cuts, "wide")
+    assert want[0] == 0 and 0 < want[1] < 1
+    got = ev.effective_remembrance_naive(lm, x, T, cuts, "wide")
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
 
 def test_state_statistics_of_a_linearly_growing_state():
     # a = 1, one token everywhere: h_t = (t + 1) U in every row, so std and RMS grow as t + 1
