@@ -23,19 +23,28 @@ def test_random_has_the_asked_sigma_and_zero_conv_or_shift(arch):
         assert all(v.abs().sum() == 0 for k, v in layer.items() if k != "h"), "conv / token shift stay zero"
 
 def test_fitted_follows_the_ema_rule_and_samples_its_moments():
-    lm = tiny_lm()
+    lm = tiny_lm()   # Mamba-2: "h" [b, 8 heads, 16, 16]: N = 2 rows x 256 = 512 values per head below
     s = interventions.make_strategy("fitted", lm, 2)
-    pair = torch.tensor([-1.0, 1.0]).view(2, 1, 1)   # head j of layer i: rows i+j-1, i+j+1 (mean i+j, var 1)
-    s.observe(known_states(lm, 2, lambda i, j, shape: (i + j + pair).expand(shape)))
-    s.observe(known_states(lm, 2, lambda i, j, shape: torch.full(shape, 2.0 * j)))  # mean 2j, variance 0
+    pair = torch.tensor([-1.0, 1.0]).view(2, 1, 1)   # over the rows
+    sign = torch.tensor([1.0, -1.0]).repeat(8)       # over the last state dim
+    # head j of layer i: i + j +- 1 (rows) +- 1 (state dim): mean i + j, population variance 1 + 1 = 2 over
+    # the batch and the state dims (1 over the batch alone, per element); then 2j +- 2: mean 2j, variance 4
+    s.observe(known_states(lm, 2, lambda i, j, shape: (i + j + pair + sign).expand(shape)))
+    s.observe(known_states(lm, 2, lambda i, j, shape: (2.0 * j + 2 * pair).expand(shape)))
     j = torch.arange(len(s.mu[0]), dtype=s.mu[0].dtype)
-    for i in range(2):   # from mu = var = 0: first 0.9 (i + j) and 0.9, then 0.9 * 2j + 10% of those
+    for i in range(2):   # from mu = var = 0: first 0.9 (i + j) and 0.9 x 2, then 0.9 x the new + 10% of those
         torch.testing.assert_close(s.mu[i], 0.9 * 2 * j + 0.1 * 0.9 * (i + j))
-        torch.testing.assert_close(s.var[i], torch.full_like(j, 0.1 * 0.9))
-    s = interventions.make_strategy("fitted", lm, 256, seed=3)   # samples have the fitted moments
+        torch.testing.assert_close(s.var[i], torch.full_like(j, 0.9 * 4 + 0.1 * 0.9 * 2))   # 3.78
+    s = interventions.make_strategy("fitted", lm, 256, seed=3)
+    first = s.initial_state(None)   # mu = var = 0: the zero state, its noise drawn all the same
+    assert all(v.abs().sum() == 0 for layer in first for v in layer.values())
     s.observe(known_states(lm, 256, lambda i, j, shape: (j - 3.0) + (0.5 + j) * torch.randn(shape)))
-    for i, layer in enumerate(s.initial_state(None)):
-        h = layer["h"].transpose(0, 1).flatten(1)
+    gen = torch.Generator().manual_seed(3)   # one draw per layer per batch, on the CPU, in layer order
+    draws = [[torch.randn(layer["h"].shape, generator=gen) for layer in lm.zero_state(256)] for _ in range(2)]
+    for i, layer in enumerate(s.initial_state(None)):   # the second batch: its numbers are the second draws
+        mu, sd = s.mu[i].view(1, -1, 1, 1), s.var[i].sqrt().view(1, -1, 1, 1)   # per head
+        torch.testing.assert_close(layer["h"], mu + sd * draws[1][i])
+        h = layer["h"].transpose(0, 1).flatten(1)   # samples have the fitted moments
         torch.testing.assert_close(h.mean(1), s.mu[i], atol=0.05, rtol=0.02)
         torch.testing.assert_close(h.var(1), s.var[i], atol=0.05, rtol=0.05)
         assert layer["conv"].abs().sum() == 0
@@ -48,14 +57,17 @@ def test_sp_passes_the_previous_final_state_except_reset_rows():
     final = [{k: torch.randn_like(v) + 5 for k, v in layer.items()} for layer in lm.zero_state(400)]
     final[0]["h"].requires_grad_(True)
     s.observe(final)
-    init = s.initial_state(None)
-    reset = init[0]["h"].flatten(1).abs().sum(1) == 0
-    for layer, fin in zip(init, final):
-        for k in layer:
-            assert not layer[k].requires_grad
-            torch.testing.assert_close(layer[k][~reset], fin[k].detach()[~reset])  # exactly passed
-            assert layer[k][reset].abs().sum() == 0                                # the whole row reset
-    assert 0.06 < reset.float().mean().item() < 0.14
+    kept = [{k: v.detach().clone() for k, v in layer.items()} for layer in final]
+    gen = torch.Generator().manual_seed(0)  # the reset rows: one draw per batch, none before the first
+    for _ in range(2):  # two batches from one passed state, which initial_state must leave as it was
+        reset = torch.rand(400, generator=gen) < 0.1
+        init = s.initial_state(None)
+        for layer, fin in zip(init, kept):
+            for k in layer:
+                assert not layer[k].requires_grad
+                torch.testing.assert_close(layer[k][~reset], fin[k][~reset])  # exactly passed
+                assert layer[k][reset].abs().sum() == 0                       # the whole row reset
+        assert 0.06 < reset.float().mean().item() < 0.14
 
 def test_tbtt_row_starting_a_new_document_starts_from_zero_the_others_continue():
     lm = tiny_lm("rwkv6")
@@ -66,8 +78,8 @@ def test_tbtt_row_starting_a_new_document_starts_from_zero_the_others_continue()
         for v in layer.values():
             assert v[1].abs().sum() == 0 and (v[[0, 2]] != 0).all()
     # two documents read in chunks of 9 (data.DocumentStreams): with TBTT's carried state, the chunks' logits
-    # equal those of each row's chunks run at once
-    lm = tiny_lm("gla").eval()
+    # equal those of each row's chunks run at once (Mamba-1: its state holds "h" and the conv window)
+    lm = tiny_lm("mamba1").eval()
     rng = np.random.default_rng(0)
     tokens = np.concatenate([np.r_[19, rng.integers(0, 19, 40)] for _ in range(2)]).astype(np.uint16)
     sampler = data.DocumentStreams(tokens, 19, batch_size=2, seq_len=9, seed=0)

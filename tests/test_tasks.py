@@ -119,10 +119,13 @@ def test_markov_data_and_sampler():
     assert np.array_equal(data.sample_markov(5, 0.2, 300, 10, seed=1)[0], tokens[:10])  # whatever the count
 
 def test_markov_floor_by_hand_by_brute_force_in_context_and_shared():
-    # k = 2, eot = 2, prior pseudo-counts [[1, 3], [2, 2]]; tokens eot 0 1 0 0:
-    # eot->0: 1/2 (first token uniform); 0->1: 3/4; 1->0: 2/4; 0->0: row 0 is now [1, 3+1] -> 1/5
-    nll = data.markov_bayes_nll(np.array([[2, 0, 1, 0, 0]]), k=2, alpha=0.3, prior=[[1, 3], [2, 2]])
-    np.testing.assert_allclose(nll[0], -np.log([1 / 2, 3 / 4, 2 / 4, 1 / 5]))
+    # k = 2, eot = 2, prior pseudo-counts [[1, 3], [2, 2]] (not alpha = 0.3), each row counting its own
+    # bigrams. eot 0 1 0 0: eot->0: 1/2 (first token uniform, no bigram); 0->1: 3/4; 1->0: 2/4; 0->0: row 0
+    # is now [1, 3+1]: 1/5. 1 1 0 1 1 (from a document's first token): 1->1: 2/4; 1->0: [2, 2+1]: 2/5; 0->1:
+    # 3/4; 1->1: [2+1, 3]: 3/6
+    nll = data.markov_bayes_nll(np.array([[2, 0, 1, 0, 0], [1, 1, 0, 1, 1]]), k=2, alpha=0.3,
+                                prior=[[1, 3], [2, 2]])
+    np.testing.assert_allclose(nll, -np.log([[1 / 2, 3 / 4, 2 / 4, 1 / 5], [2 / 4, 2 / 5, 3 / 4, 3 / 6]]))
     k, alpha = 4, 0.5
     d = data.load_data(f"markov:k={k},alpha={alpha},doc_len=60,docs=4,val_docs=6")
     w = data.eval_windows(d.val, n=6, length=61, seed=0, eot_token=d.eot_token)
