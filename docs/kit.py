@@ -176,24 +176,26 @@ def run_check(folder, xml, args, n, timeout, threads):
         os.killpg(p.pid, signal.SIGKILL)  # the whole session: a check may have started processes of its own
         p.communicate()
         return "FAILED", "timeout", 0, 0
-    if p.returncode < 0:
+    return outcome(p.returncode, xml, out, n)
+
+def outcome(returncode, xml, out, n):
+    """(status, reason, tests passed, tests selected) of a pytest process that ended with returncode, its
+    junit XML report at xml (absent if pytest never finished) and its output out, checking exercise n."""
+    if returncode < 0:
         return "FAILED", "crashed", 0, 0
     if not os.path.exists(xml):  # pytest never finished: os._exit, or a kill from inside
         return "FAILED", "exited", 0, 0
-    suite = ET.parse(xml).getroot()
-    cases = list(suite.iter("testcase"))
+    cases = list(ET.parse(xml).getroot().iter("testcase"))
     bad = [c for c in cases if c.find("failure") is not None or c.find("error") is not None]
     skipped = [c for c in cases if c.find("skipped") is not None]
     passed = len(cases) - len(bad) - len(skipped)
-    if p.returncode == 5 or not cases:
+    if returncode == 5 or not cases:
         return "FAILED", "no tests", 0, 0
-    if bad or p.returncode:
+    if bad or returncode:
         stubs = set(re.findall(r"NotImplementedError: exercise (\d+)", out))
-        reason = ("error" if any(c.find("error") is not None for c in bad) or p.returncode > 1 else "failed")
-        if stubs - {str(n)}:
-            reason = "needs " + ",".join(sorted(stubs - {str(n)}, key=int))
-        elif stubs:
-            reason = "stubbed"
+        others = sorted(stubs - {str(n)}, key=int)
+        reason = ("needs " + ",".join(others) if others else "stubbed" if stubs else
+                  "error" if returncode > 1 or any(c.find("error") is not None for c in bad) else "failed")
         return "FAILED", reason, passed, len(cases)
     if skipped:
         return "FAILED", "skipped", passed, len(cases)

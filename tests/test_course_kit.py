@@ -278,3 +278,22 @@ def test_every_pitfall_instructor_md_lists_fails_its_exercises_check(n, tmp_path
     rows = graded(tmp_path / "r.csv")
     assert [rows[f"pitfall{k}", n][:2] for k in range(len(mine))] == [("FAILED", "failed")] * len(mine), [
         (p[1], rows[f"pitfall{k}", n]) for k, p in enumerate(mine)]
+
+@pytest.mark.parametrize("code, cases, out, want", [
+    (0, ["", ""], "", ("passed", "", 2, 2)),
+    (-11, [], "", ("FAILED", "crashed", 0, 0)),
+    (0, None, "", ("FAILED", "exited", 0, 0)),  # no XML: pytest never finished
+    (5, [], "", ("FAILED", "no tests", 0, 0)),
+    (0, ["", "<skipped/>"], "", ("FAILED", "skipped", 1, 2)),
+    (1, ["", "<failure/>"], "E AssertionError", ("FAILED", "failed", 1, 2)),
+    (2, ["<error/>"], "E SyntaxError", ("FAILED", "error", 0, 1)),
+    (1, ["<failure/>"], "NotImplementedError: exercise 7", ("FAILED", "stubbed", 0, 1)),
+    (1, ["<failure/>", "<failure/>"], "NotImplementedError: exercise 7\nNotImplementedError: exercise 10\n"
+     "NotImplementedError: exercise 2", ("FAILED", "needs 2,10", 0, 2)),  # another exercise's stub
+])
+def test_a_checks_outcome_and_its_one_word_reason(code, cases, out, want, tmp_path):
+    xml = tmp_path / "check.xml"
+    if cases is not None:
+        xml.write_text("<testsuites><testsuite>" + "".join(f'<testcase name="t{i}">{c}</testcase>'
+                                                           for i, c in enumerate(cases)) + "</testsuite></testsuites>")
+    assert kit.outcome(code, str(xml), out, 7) == want
