@@ -36,7 +36,8 @@ MANIFEST = "docs/kit-files.txt"  # a student copy's list of its files (it has no
 # number: (title, points, asks for a written answer, {file: [function or Class.method]}, [pytest arguments
 # of each check command])
 EXERCISES = {
-    1: ("chunked SSD", 3, True, {"ssm.py": ["ssd_chunked"]}, [["tests/test_scans.py", "-k", "ssd and not triton"]]),
+    1: ("chunked SSD", 3, True, {"ssm.py": ["ssd_chunked"]},
+        [["tests/test_scans.py", "-k", "ssd and not triton"]]),
     2: ("the chunked GLA / RWKV-6 scan", 3, False, {"gla.py": ["chunked_scan"]},
         [["tests/test_scans.py", "-k", "(gla or rwkv6) and chunked"],
          ["tests/test_gla_rwkv.py", "-k", "chunked"]]),
@@ -104,7 +105,7 @@ def files_of(root):
             return sorted(set(f.read().split("\n")) - {""})
     listed = subprocess.run(["git", "-C", root, "ls-files", "-z"], capture_output=True, text=True)
     if listed.returncode:
-        raise KitError(f"{root} is neither a git checkout nor a student copy ({MANIFEST}): run the kit from one")
+        raise KitError(f"{root} is neither a git checkout nor a student copy ({MANIFEST}): use one of those")
     return sorted(set(filter(None, listed.stdout.split("\0"))))
 
 def answers_template():
@@ -114,7 +115,7 @@ def answers_template():
             "heading; keep the headings.\n\n" + questions)
 
 def student(out, numbers):
-    """Writes the student copy to out (absent or empty, outside this checkout): built beside it, then renamed."""
+    """Writes the student copy to out (absent or empty, outside this checkout): built beside, then renamed."""
     real = os.path.realpath(out)
     if real == os.path.realpath(ROOT) or real.startswith(os.path.realpath(ROOT) + os.sep):
         raise KitError(f"{out} is inside the repo {ROOT} (its tests would run twice): pass a path outside it")
@@ -254,7 +255,8 @@ def score(submissions, numbers, timeout=120, jobs=1):
                 title, points, w, _, checks = EXERCISES[n]
                 status, reason, passed, total = futures[s, n].result()
                 got = points if status == "passed" else 0
-                hint = f"   {' && '.join(command(a) for a in checks)}" if reason and len(submissions) == 1 else ""
+                alone = reason and len(submissions) == 1  # a self-check: how to rerun the check
+                hint = f"   {' && '.join(command(a) for a in checks)}" if alone else ""
                 print(f"exercise {n:2d}  {title:<34} {got}/{points} pts {passed:3d}/{total:<3d} tests  "
                       f"{status}{f' ({reason})' if reason else ''}{hint}")
                 rows.append(dict(student=s, exercise=n, points=got, of=points, status=status, reason=reason,
@@ -307,8 +309,8 @@ def main(argv=None):
     g.add_argument("submissions", metavar="SUBMISSION", nargs="*", default=[ROOT],
                    help="folders to grade (default: this checkout, a self-check)")
     g.add_argument("--exercises", default=everything, help="the exercises assigned (default: all)")
-    g.add_argument("--timeout", type=float, default=120, help="seconds per check before it is FAILED (timeout)")
-    g.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="checks run at once (default: cores)")
+    g.add_argument("--timeout", type=float, default=120, help="seconds a check may take (default: 120)")
+    g.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="checks at once (default: cores)")
     g.add_argument("--report", default="grades.csv",
                    help="the machine-readable report: CSV, or JSON for a .json name (default: grades.csv)")
     args = ap.parse_args(argv)
@@ -320,7 +322,7 @@ def main(argv=None):
                   f"check: python docs/kit.py score {args.out}")
             return 0
         if args.timeout <= 0 or args.jobs < 1:
-            raise KitError(f"--timeout {args.timeout:g} --jobs {args.jobs}: pass a positive time and >= 1 job")
+            raise KitError(f"--timeout {args.timeout:g} --jobs {args.jobs}: pass a time > 0 and >= 1 job")
         for path in args.submissions:
             if not os.path.isdir(path):
                 raise KitError(f"{path}: no such folder: pass student copies (docs/kit.py student OUT)")

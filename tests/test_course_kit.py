@@ -1,5 +1,5 @@
-"""The course kit (docs/kit.py, docs/course.py): the checks of exercises 9 and 10, and the kit itself: a class
-graded with the teacher's tests, each check isolated and time-limited, every pitfall of INSTRUCTOR.md caught."""
+"""The course kit (docs/kit.py, docs/course.py): the checks of exercises 9 and 10, and the kit itself: a
+class graded with the teacher's tests, each check isolated and time-limited, INSTRUCTOR's pitfalls caught."""
 import ast
 import csv
 import json
@@ -111,14 +111,14 @@ def submission(copy, where, done=(), edits=()):
 
 def graded(report):
     with open(report) as f:
-        return {(os.path.basename(r["student"]), int(r["exercise"])): (r["status"], r["reason"], r["points"],
-                                                                        r["answer"]) for r in csv.DictReader(f)}
+        return {(os.path.basename(r["student"]), int(r["exercise"])):
+                (r["status"], r["reason"], r["points"], r["answer"]) for r in csv.DictReader(f)}
 
 def test_a_student_copy_fails_every_check_and_the_repo_passes_every_one(copy, tmp_path):
     assert not (copy / ".git").exists() and not (copy / "docs" / "INSTRUCTOR.md").exists()
     assert (copy / "ANSWERS.md").read_text() == kit.answers_template()
     assert os.stat(copy).st_mode & 0o777 == 0o777 & ~kit_umask()  # the user's normal permissions
-    for n, (_, _, _, functions, _) in kit.EXERCISES.items():   # signature and docstring kept, the body replaced
+    for n, (_, _, _, functions, _) in kit.EXERCISES.items():  # signature and docstring kept, body replaced
         for path, names in functions.items():
             tree = ast.parse((copy / path).read_text())
             for name in names:
@@ -151,40 +151,38 @@ def no_tests(folder):
                 node.body = [ast.Return()]
         path.write_text(ast.unparse(tree))
 
-T_STAR = "    t_star = int(ppl[:t_train].argmin())\n"  # inside exercise 4's function
-OBSERVE = '        self.passed = [{k: v.detach().float() for k, v in layer.items()} for layer in final_state]\n'
+# a line of exercise 4's function, one of exercise 7's, and what the students put there
+T_STAR = "    t_star = int(ppl[:t_train].argmin())\n"
+OBSERVE = "        self.passed = [{k: v.detach().float() for k, v in layer.items()}" + " for layer in final_state]\n"
+HANG, SKIP = "    while True:\n        pass\n", "    import pytest\n    pytest.skip('no')\n"
+CRASH = "        import os\n        os.kill(os.getpid(), 11)\n"
+EXIT = "        import os\n        os._exit(0)\n"
 
 def test_a_class_is_graded_with_the_teachers_tests_each_check_isolated_and_time_limited(copy, tmp_path):
     """Exercises 4 and 7 of six students: done, stubbed, tests edited, a hang and a crash, a skip and an
     os._exit, a pitfall. Every other exercise is stubbed in all of them."""
-    done = (4, 7)
-    subs = [submission(copy, tmp_path / "done", done, [("ANSWERS.md", "## 4. Definition 3.2\n\n(your answer)",
-                                                        "## 4. Definition 3.2\n\np* is biased low.")]),
-            submission(copy, tmp_path / "stubbed"),
-            submission(copy, tmp_path / "edited-tests"),
-            submission(copy, tmp_path / "hang-crash", done, [("evaluate.py", T_STAR, "    while True:\n"
-                                                              "        pass\n"),
-                                                             ("interventions.py", OBSERVE, "        import os, "
-                                                              "signal\n        os.kill(os.getpid(), signal."
-                                                              "SIGSEGV)\n")]),
-            submission(copy, tmp_path / "skip-exit", done, [("evaluate.py", T_STAR, "    import pytest\n"
-                                                             "    pytest.skip('no')\n"),
-                                                            ("interventions.py", OBSERVE, "        import os\n"
-                                                             "        os._exit(0)\n")]),
-            submission(copy, tmp_path / "pitfall", done, [("evaluate.py", "> ppl[t_star]", ">= ppl[t_star]")])]
+    heading = "## 4. Definition 3.2\n\n"
+    answer = ("ANSWERS.md", heading + "(your answer)", heading + "p* is biased low.")
+    students = {"done": [answer], "stubbed": None, "edited-tests": None,
+                "hang-crash": [("evaluate.py", T_STAR, HANG), ("interventions.py", OBSERVE, CRASH)],
+                "skip-exit": [("evaluate.py", T_STAR, SKIP), ("interventions.py", OBSERVE, EXIT)],
+                "pitfall": [("evaluate.py", "> ppl[t_star]", ">= ppl[t_star]")]}
+    subs = [submission(copy, tmp_path / name, (4, 7) if edits else (), edits or ())
+            for name, edits in students.items()]
     no_tests(tmp_path / "edited-tests")
-    report = tmp_path / "grades.csv"
     run = kit_cli("score", *subs, "--exercises", "4,7", "--timeout", "30", "--jobs", "2", "--report",
-                  str(report))
+                  str(tmp_path / "grades.csv"))
     assert run.returncode == 0, run.stdout + run.stderr  # grades are data, not errors
-    assert graded(report) == {
-        ("done", 4): ("passed", "", "1", "written"), ("done", 7): ("passed", "", "2", "empty"),
-        ("stubbed", 4): ("FAILED", "stubbed", "0", "empty"), ("stubbed", 7): ("FAILED", "stubbed", "0", "empty"),
-        ("edited-tests", 4): ("FAILED", "stubbed", "0", "empty"),
-        ("edited-tests", 7): ("FAILED", "stubbed", "0", "empty"),
-        ("hang-crash", 4): ("FAILED", "timeout", "0", "empty"), ("hang-crash", 7): ("FAILED", "crashed", "0", "empty"),
-        ("skip-exit", 4): ("FAILED", "skipped", "0", "empty"), ("skip-exit", 7): ("FAILED", "exited", "0", "empty"),
-        ("pitfall", 4): ("FAILED", "failed", "0", "empty"), ("pitfall", 7): ("passed", "", "2", "empty")}
+    want = {"done": ("passed", "passed"), "stubbed": ("stubbed", "stubbed"),
+            "edited-tests": ("stubbed", "stubbed"), "hang-crash": ("timeout", "crashed"),
+            "skip-exit": ("skipped", "exited"), "pitfall": ("failed", "passed")}  # exercise 4's, 7's
+    rows = graded(tmp_path / "grades.csv")
+    for name, reasons in want.items():
+        for n, points, reason in zip((4, 7), (1, 2), reasons):
+            answer = "written" if (name, n) == ("done", 4) else "empty"
+            ok = reason == "passed"
+            assert rows[name, n] == ("passed" if ok else "FAILED", "" if ok else reason, str(points * ok),
+                                     answer), name
     assert "ANSWERS.md: 1 of 9 answered" in run.stdout and "total: 3/3 points, 2/2 exercises" in run.stdout
 
 def test_the_kit_grades_with_a_python_whose_packages_live_in_the_graded_folder(copy, tmp_path):
@@ -194,22 +192,24 @@ def test_the_kit_grades_with_a_python_whose_packages_live_in_the_graded_folder(c
     venv = tmp_path / "graded" / ".venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = str(venv / "bin" / "python")
-    inside = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                            capture_output=True, text=True, check=True).stdout.strip()
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    inside = subprocess.run([python, "-c", purelib], capture_output=True, text=True).stdout.strip()
     outside = os.path.dirname(os.path.dirname(torch.__file__))
     bare = kit_cli("score", graded_dir, "--exercises", "7", python=python)
     assert bare.returncode == 2 and bare.stderr.count("\n") == 1 and "lacks torch" in bare.stderr, bare.stderr
     for name in os.listdir(outside):
         if not os.path.exists(os.path.join(inside, name)):
             os.symlink(os.path.join(outside, name), os.path.join(inside, name))
-    probe = subprocess.run([python, "-c", "import torch; print(torch.__file__)"], capture_output=True, text=True)
+    probe = subprocess.run([python, "-c", "import torch; print(torch.__file__)"], capture_output=True,
+                           text=True)
     assert probe.stdout.startswith(str(venv)), probe.stdout + probe.stderr
-    teacher = kit_cli("score", graded_dir, "--exercises", "7", "--report", str(tmp_path / "t.csv"), python=python)
+    teacher = kit_cli("score", graded_dir, "--exercises", "7", "--report", str(tmp_path / "t.csv"),
+                      python=python)
     mine = kit_cli("score", "--exercises", "7", "--report", str(tmp_path / "s.csv"), python=python,
-                   kit_py=os.path.join(graded_dir, "docs", "kit.py"), cwd=graded_dir)  # the student's self-check
-    assert teacher.returncode == mine.returncode == 0, teacher.stdout + teacher.stderr + mine.stdout + mine.stderr
-    assert graded(tmp_path / "t.csv")["graded", 7][:2] == ("passed", "")
-    assert graded(tmp_path / "s.csv")["graded", 7][:2] == ("passed", "")
+                   cwd=graded_dir, kit_py=os.path.join(graded_dir, "docs", "kit.py"))  # a self-check
+    for run, report in [(teacher, "t.csv"), (mine, "s.csv")]:
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert graded(tmp_path / report)["graded", 7][:2] == ("passed", "")
 
 def test_graded_source_puts_back_every_other_exercises_functions():
     reference = open(os.path.join(ROOT, "evaluate.py")).read()
@@ -268,7 +268,8 @@ def test_every_pitfall_instructor_md_lists_fails_its_exercises_check(n, tmp_path
         assert text.count(old) == 1, old
         at, tree = text[:text.index(old)].count("\n") + 1, ast.parse(text)
         spans = [kit.find(tree, name) for name in kit.EXERCISES[n][3][path]]
-        assert any(f.lineno <= at and at + old.rstrip("\n").count("\n") <= f.end_lineno for f in spans), phrase
+        last = at + old.rstrip("\n").count("\n")
+        assert any(f.lineno <= at and last <= f.end_lineno for f in spans), phrase
         folder = tmp_path / f"pitfall{k}" / os.path.dirname(path)
         folder.mkdir(parents=True)
         (folder / os.path.basename(path)).write_text(text.replace(old, new))
@@ -294,6 +295,6 @@ def test_every_pitfall_instructor_md_lists_fails_its_exercises_check(n, tmp_path
 def test_a_checks_outcome_and_its_one_word_reason(code, cases, out, want, tmp_path):
     xml = tmp_path / "check.xml"
     if cases is not None:
-        xml.write_text("<testsuites><testsuite>" + "".join(f'<testcase name="t{i}">{c}</testcase>'
-                                                           for i, c in enumerate(cases)) + "</testsuite></testsuites>")
+        tests = "".join(f'<testcase name="t{i}">{c}</testcase>' for i, c in enumerate(cases))
+        xml.write_text(f"<testsuites><testsuite>{tests}</testsuite></testsuites>")
     assert kit.outcome(code, str(xml), out, 7) == want
