@@ -153,7 +153,8 @@ def no_tests(folder):
 
 # a line of exercise 4's function, one of exercise 7's, and what the students put there
 T_STAR = "    t_star = int(ppl[:t_train].argmin())\n"
-OBSERVE = "        self.passed = [{k: v.detach().float() for k, v in layer.items()}" + " for layer in final_state]\n"
+OBSERVE = ("        self.passed = [{k: v.detach().float() for k, v in layer.items()}"
+           " for layer in final_state]\n")
 HANG, SKIP = "    while True:\n        pass\n", "    import pytest\n    pytest.skip('no')\n"
 CRASH = "        import os\n        os.kill(os.getpid(), 11)\n"
 EXIT = "        import os\n        os._exit(0)\n"
