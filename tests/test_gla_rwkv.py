@@ -1,5 +1,6 @@
 """The GLA and RWKV-6 layers (their scans: test_scans.py): sizes and init as fla's, RWKV-6's per-layer init
-schedule (rwkv_v6_demo.py) and the parameters its optimizer sets apart, what each computes from weights."""
+schedule (rwkv_v6_demo.py) and the parameters its optimizer sets apart, what each computes from weights, and
+that each runs its chunked scan as its loop."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -78,6 +79,30 @@ def test_each_layer_hands_its_scan_the_log_decay_of_its_formula(arch, monkeypatc
     with torch.no_grad():
         layer(x)
     torch.testing.assert_close(seen[0][3], want.view(2, 5, 4, 8))
+
+@pytest.mark.parametrize("arch", ["gla", "rwkv6"])
+def test_each_layer_runs_its_chunked_scan_as_its_loop_in_pieces_with_gradients(arch):
+    # Square heads (dk = dv = 16): a decay put on the value side of the state then runs, and differs.
+    # 70 steps: two GLA chunks, three RWKV-6 ones; pieces of 9 and 61 carry the state in between.
+    torch.manual_seed(0)
+    layer = GLA(32, num_heads=2, expand_k=1.0) if arch == "gla" else RWKV6TimeMix(32, 2, expand_k=1.0)
+    layer.double()
+    x = torch.randn(2, 70, 32, dtype=torch.float64)
+    start = {k: torch.randn_like(v, dtype=torch.float64) for k, v in layer.zero_state(2, "cpu").items()}
+    def run(impl, cuts):
+        layer.scan_impl = impl
+        layer.zero_grad()
+        state, ys = {k: v.clone().requires_grad_() for k, v in start.items()}, []
+        leaves = list(state.values())
+        for a, b in zip(cuts, cuts[1:]):
+            y, state = layer(x[:, a:b], state)
+            ys.append(y)
+        y = torch.cat(ys, 1)
+        (y.square().sum() + sum(v.sum() for v in state.values())).backward()
+        return [y, *state.values(), *(v.grad for v in leaves), *(p.grad for p in layer.parameters())]
+    want = run("naive", [0, 70])
+    for cuts in ([0, 70], [0, 9, 70]):
+        torch.testing.assert_close(run("chunked", cuts), want, rtol=1e-10, atol=1e-10)
 
 def test_rwkv6_channel_mix_is_sigmoid_r_times_squared_relu_k_through_value():
     cm, x = RWKV6ChannelMix(64, layer_idx=1, num_layers=3), torch.randn(2, 5, 64)

@@ -1,6 +1,7 @@
 """The four scans' three forms (naive loop, chunked, Triton kernel: interpreted on a CPU, see conftest.py)
 agree in outputs, final states and gradients, from zero or a given state, in pieces with the state carried
-and at any decay; then the Mamba layers (GLA's and RWKV-6's: test_gla_rwkv.py)."""
+and at any decay; the chunked forms loop over chunks, not steps; then the Mamba layers (GLA's and RWKV-6's:
+test_gla_rwkv.py)."""
 import functools
 import math
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 import gla
 import rwkv
@@ -136,6 +138,40 @@ def test_chunked_bisection_is_exact_and_float32_finite_in_every_decay_regime(nam
     close((y, s), ref, 1e-4)
     (y.sum() + s.sum()).backward()
     assert all(torch.isfinite(v.grad).all() for v in inputs)
+
+def test_ssd_chunked_stays_finite_in_float32_with_64_token_chunks_at_strong_decay():
+    # Up to ~10 nats a step over 64 steps: cs_i - cs_j for j > i reaches hundreds of nats, exp gives inf in
+    # float32, and masking after exp makes inf * 0 = NaN (in the gradient, if masked_fill hides it forward)
+    inputs, kw = make_inputs("ssd", 0, t=75, strong=True)
+    ref = call(SCANS["ssd"]["naive"], inputs, kw)
+    inputs = [v.float().requires_grad_() for v in inputs]
+    y, s = call(SCANS["ssd"]["chunked"], inputs, {**kw, "chunk_size": 64})
+    close((y, s), ref, 1e-4)
+    (y.sum() + s.sum()).backward()
+    assert all(torch.isfinite(v.grad).all() for v in inputs)
+
+class TorchCalls(TorchFunctionMode):
+    """Counts the torch functions and tensor methods called inside it (not those they call in turn)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+@pytest.mark.parametrize("name", ["ssd", "gla", "rwkv6"])
+def test_chunked_forms_make_a_few_torch_calls_per_chunk_not_one_per_step(name):
+    # Counted, not timed: a loop over time makes at least one torch call per step, so 512 more steps cost
+    # it >= 512 calls; a chunked form's sequential part makes a few per chunk of 64 steps (the repo's: 1 to 4)
+    calls = []
+    for t in (512, 1024):
+        inputs, kw = make_inputs(name, 0, b=1, t=t)
+        with TorchCalls() as counted:
+            call(SCANS[name]["chunked"], inputs, {**kw, "chunk_size": 64})
+        calls.append(counted.n)
+    assert calls[1] - calls[0] < 512 / 2, calls
 
 @pytest.mark.parametrize("form", ["naive", "chunked", "triton"])
 def test_known_values_by_hand(form):
