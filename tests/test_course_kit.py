@@ -14,6 +14,7 @@ import torch
 
 import model
 from conftest import ROOT
+from pitfalls import PITFALLS
 
 sys.path.insert(0, os.path.join(ROOT, "docs"))
 import course  # noqa: E402
@@ -39,6 +40,19 @@ def test_exercise9_the_mixer_runs_its_recurrence_splits_exactly_and_serves_the_l
             piece, state = m(x[:, a:b], state)
             ys.append(piece)
         torch.testing.assert_close((torch.cat(ys, 1), state), m(x, start))
+    # ... gradients too: the returned state stays in the graph (the strategies detach it, not the mixer),
+    # so a loss on the pieces reaches the input, the initial state and every weight as one pass's does
+    weights = torch.randn(3, 11, 8)
+    def grads(cuts):
+        m.zero_grad()
+        leaves = [x.clone().requires_grad_(), *(v.clone().requires_grad_() for v in start.values())]
+        ys, state = [], dict(zip(start, leaves[1:]))
+        for a, b in zip(cuts, cuts[1:]):
+            piece, state = m(leaves[0][:, a:b], state)
+            ys.append(piece)
+        ((torch.cat(ys, 1) * weights).sum()).backward()
+        return [v.grad for v in leaves] + [p.grad for p in m.parameters()]
+    torch.testing.assert_close(grads([0, 4, 11]), grads([0, 11]))
     monkeypatch.setitem(model.ARCHS, "diagonal_rnn", lambda cfg, i: (course.DiagonalRNN(cfg.d_model), None))
     lm = model.LM(model.ModelConfig(arch="diagonal_rnn", vocab_size=13, d_model=16, n_layer=2))
     idx = torch.randint(0, 13, (2, 20))
