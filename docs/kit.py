@@ -187,7 +187,7 @@ def processes():
     """Each check's process is forked from one server process that imported torch, numpy and pytest once:
     seconds saved per check, and nothing of the kit's own process is shared."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(NEEDED))
+    context.set_forkserver_preload(list(NEEDED) + ["matplotlib.figure"])  # what most checks import, if there
     return context
 
 def run_check(context, folder, xml, args, n, timeout, threads):
@@ -227,9 +227,15 @@ def outcome(returncode, xml, out, n):
         return "FAILED", "skipped", passed, len(cases)
     return "passed", "", passed, len(cases)
 
-def grade(context, submission, n, workdir, timeout, threads):
-    """Exercise n of one submission: (status, reason, tests passed, tests selected)."""
-    folder = os.path.join(workdir, "tree")
+def grade(context, submission, n, workdir, timeout, threads, fail_fast):
+    """Exercise n of one submission: (status, reason, tests passed, tests selected). fail_fast: each check
+    stops at its first failure (pytest -x), and an exercise at its first failed check."""
+    try:
+        return grade_in(context, submission, n, os.path.join(workdir, "tree"), timeout, threads, fail_fast)
+    finally:
+        shutil.rmtree(os.path.join(workdir, "tree"), ignore_errors=True)  # a class: one tree at a time
+
+def grade_in(context, submission, n, folder, timeout, threads, fail_fast):
     for path in files_of(ROOT):  # the teacher's files and tests
         if path == MANIFEST:
             continue
@@ -245,11 +251,13 @@ def grade(context, submission, n, workdir, timeout, threads):
             f.write(text)
     status, reason, passed, total = "passed", "", 0, 0
     for k, args in enumerate(EXERCISES[n][4]):
-        xml = os.path.join(workdir, f"check{k}.xml")
-        s, r, p, t = run_check(context, folder, xml, args, n, timeout, threads)
+        xml = os.path.join(folder, os.pardir, f"check{k}.xml")
+        s, r, p, t = run_check(context, folder, xml, ["-x"] * fail_fast + args, n, timeout, threads)
         passed, total = passed + p, total + t
         if s != "passed" and status == "passed":
             status, reason = s, r
+            if fail_fast:
+                break
     return status, reason, passed, total
 
 def answers(submission):
@@ -263,7 +271,7 @@ def answers(submission):
             for n, body in zip(parts[1::2], parts[2::2])}
     return {n: "written" if text.get(n) else "empty" for n, (_, _, w, *_) in EXERCISES.items() if w}
 
-def score(submissions, numbers, timeout=120, jobs=1):
+def score(submissions, numbers, timeout=120, jobs=1, fail_fast=False):
     """Grades each submission's exercises `numbers`, jobs checks at a time; prints the table and returns
     the report's rows (dicts of REPORT_FIELDS)."""
     threads = 1 if jobs > 1 else max(1, min(2, os.cpu_count() or 1))
@@ -272,7 +280,8 @@ def score(submissions, numbers, timeout=120, jobs=1):
         for d in tasks.values():
             os.mkdir(d)
         context = processes()
-        futures = {key: pool.submit(grade, context, *key, d, timeout, threads) for key, d in tasks.items()}
+        futures = {key: pool.submit(grade, context, *key, d, timeout, threads, fail_fast)
+                   for key, d in tasks.items()}
         rows = []
         for s in submissions:
             written = answers(s)
@@ -338,6 +347,8 @@ def main(argv=None):
     g.add_argument("--exercises", default=everything, help="the exercises assigned (default: all)")
     g.add_argument("--timeout", type=float, default=120, help="seconds a check may take (default: 120)")
     g.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="checks at once (default: cores)")
+    g.add_argument("--fail-fast", action="store_true",
+                   help="stop each exercise at its first failing test (faster; fewer tests counted)")
     g.add_argument("--report", default="grades.csv",
                    help="the machine-readable report: CSV, or JSON for a .json name (default: grades.csv)")
     args = ap.parse_args(argv)
@@ -361,7 +372,7 @@ def main(argv=None):
                            "for it, or run the kit with the Python that has them")
         check_report_path(args.report)
         start = time.time()
-        rows = score(args.submissions, numbers, args.timeout, args.jobs)
+        rows = score(args.submissions, numbers, args.timeout, args.jobs, args.fail_fast)
         write_report(rows, args.report)
         print(f"\nwrote {args.report} ({len(rows)} rows) in {time.time() - start:.0f} s")
     except (KitError, OSError) as e:

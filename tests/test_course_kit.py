@@ -143,7 +143,7 @@ def test_a_student_copy_fails_every_check_and_the_repo_passes_every_one(copy, tm
         refused = kit_cli("student", str(out))
         assert refused.returncode == 2 and refused.stderr.startswith("error: ") and word in refused.stderr
     assert not os.path.exists(os.path.join(ROOT, "tests", "x"))
-    run = kit_cli("score", str(copy), ROOT, "--jobs", "2", "--report", str(tmp_path / "r.csv"))
+    run = kit_cli("score", str(copy), ROOT, "--jobs", "2", "--fail-fast", "--report", str(tmp_path / "r.csv"))
     assert run.returncode == 0, run.stdout + run.stderr
     rows = graded(tmp_path / "r.csv")
     for n, (_, points, written, _, _) in kit.EXERCISES.items():
@@ -289,7 +289,8 @@ def test_every_pitfall_instructor_md_lists_fails_its_exercises_check(n, tmp_path
         folder.mkdir(parents=True)
         (folder / os.path.basename(path)).write_text(text.replace(old, new))
         subs.append(str(tmp_path / f"pitfall{k}"))
-    run = kit_cli("score", *subs, "--exercises", str(n), "--jobs", "2", "--report", str(tmp_path / "r.csv"))
+    run = kit_cli("score", *subs, "--exercises", str(n), "--jobs", "2", "--fail-fast", "--report",
+                  str(tmp_path / "r.csv"))
     assert run.returncode == 0, run.stdout + run.stderr
     rows = graded(tmp_path / "r.csv")
     assert [rows[f"pitfall{k}", n][:2] for k in range(len(mine))] == [("FAILED", "failed")] * len(mine), [
