@@ -209,7 +209,8 @@ BAD_ARGV = [("NOPE", "no checkpoint"), ("BAD", "corrupt"), ("CK CK --labels one"
             ("CK BPE", "different tokenizers"), ("BPE --tokenizer bytes", "does not match"),
             ("CK --metrics passkey --passkey-lengths 50", "--passkey-lengths"),
             ("CK --metrics babilong --babi-lengths 100", "--babi-lengths"),
-            ("CK --out CK/ckpt.pt/ev", "--out"), ("CK --out=", "--out ''")]   # issue 26: before any metric
+            ("CK --out CK/ckpt.pt/ev", "--out"), ("CK --out=", "--out ''"),   # issue 26: before any metric
+            ("CK --out DANGLING", "--out")]
 
 @pytest.mark.parametrize("call, word", BAD_CALLS + BAD_ARGV)
 def test_bad_inputs_get_one_line_naming_the_problem(call, word, tmp_path, capsys):
@@ -225,6 +226,8 @@ def test_bad_inputs_get_one_line_naming_the_problem(call, word, tmp_path, capsys
                  OFFICIAL=official_dir(tmp_path / "official", lm.state_dict(), d_model=64, n_layer=2,
                                        vocab_size=257, ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2")),
                  SYNTH=checkpoint(tmp_path / "synth", seq_len=16, data=MARKOV, tokenizer="bytes")[0])
+    os.symlink(tmp_path / "gone", tmp_path / "dangling")
+    paths["DANGLING"] = str(tmp_path / "dangling")
     argv = [paths.get(a, a).replace("CK/", ck + "/") for a in call.split()]
     rc, _, err = cli(capsys, *argv, *["--out", str(tmp_path / "eval")] * ("--out" not in call))
     assert rc == 2 and word in err and len(err.strip().splitlines()) == 1, (call, err)
@@ -336,7 +339,7 @@ def test_a_run_whose_corpus_changed_is_refused_and_eval_json_records_the_step(tm
     for i in range(3):   # one document held out
         (corpus / f"f{i}.py").write_text(CORPUS_TEXT.replace("river", f"river{i}"))
     train.main(["--data", str(corpus), "--seq-len", "16", "--batch-size", "4", "--steps", "2", "--quiet",
-                "--out", run])
+                "--split-seed", "3", "--out", run])   # a split seed text ignores
     argv = [run, "--metrics", "ppl", "--n-seqs", "2", "--eval-len", "32", "--out", str(out)]
     rc, stdout, err = cli(capsys, *argv)
     assert rc == 0 and "t_train 16, step 2" in stdout and json.load(open(out / "eval.json"))["models"][0][
@@ -375,3 +378,12 @@ def test_an_interrupt_leaves_the_previous_eval_json_with_its_own_figures(tmp_pat
     assert cli(capsys, *argv, "1")[0] == 0 and json.load(open(out / "eval.json"))["args"]["seed"] == 1
     assert sorted(f.name for f in out.iterdir()) == sorted(before)
     assert (out / "ppl.png").read_bytes() != before["ppl.png"]
+    assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is signal.default_int_handler
+
+def test_an_out_that_cannot_be_written_is_refused_before_any_checkpoint_is_read(tmp_path, capsys, monkeypatch):
+    ck, _ = checkpoint(tmp_path / "run", seq_len=8, data=MARKOV, tokenizer="bytes")
+    monkeypatch.setattr(ev.model, "from_pretrained", lambda *a, **kw: pytest.fail("measured first"))
+    access = os.access   # a read-only folder, as a user (not root) would have it
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: not mode & os.W_OK and access(path, mode))
+    rc, _, err = cli(capsys, ck, "--metrics", "ppl", "--out", str(tmp_path / "ro" / "ev"))
+    assert rc == 2 and f"--out '{tmp_path}/ro/ev' is not a directory that can be written" in err, err

@@ -67,6 +67,8 @@ def test_an_export_keeps_the_tokenizer_it_was_trained_with(tmp_path, tok_json, c
     run, exp, ev = (str(tmp_path / d) for d in ("run", "exp", "ev"))
     train.main(TRAIN + ["--steps", "1", "--tokenizer", tok_json, "--out", run])
     model.main(["--export", run, exp])
+    with pytest.raises(SystemExit, match="holds a model already"):   # its args.json is the run's
+        model.main(["--export", exp, run])
     assert model.train_config(exp) == model.train_config(run) == json.load(open(f"{exp}/args.json"))
     with pytest.raises(SystemExit, match=r"--tokenizer bytes \(bytes\) does not match .*exp's json-"):
         train.main(["--init-from", exp, "--tokenizer", "bytes", "--out", str(tmp_path / "post")])
