@@ -421,8 +421,8 @@ def run(args):
         for path, c in zip(args.ckpts, cfgs):   # its split re-drawn from changed files: val may hold train
             now = model.data_id(corpus, c.get("split_seed", args.split_seed))
             require(c.get("data") != name or c.get("data_id") in (None, now), f"{path} was trained on "
-                    f"{c.get('data_id')}, but {name} now reads {now} (its files changed: the validation split "
-                    "may hold training documents): restore them, or pass other --data")
+                    f"{c.get('data_id')}, but {name} now reads {now} (its files changed: the validation "
+                    "split may hold training documents): restore them, or pass other --data")
     if lm_metrics:  # windows from document starts where the process has an exact Bayes-optimal NLL
         eot, need = corpus.eot_token if corpus.optimal_nll else None, args.n_seqs * (args.eval_len + 1)
         require(eot is not None or args.allow_overlap or len(corpus.val) >= need, f"the validation split "

@@ -270,9 +270,9 @@ def read_checkpoint(path, device, **kw):
         raise ValueError(f"cannot read {path} ({e.strerror}): fix its permissions") from None
     except Exception as e:  # a file cut short fails as EINVAL, EOFError or a zip without its directory
         # (torch's own text may give advice, e.g. weights_only=False, that is wrong for an unknown file)
-        raise ValueError(f"cannot read {path} (truncated, corrupt or not a torch checkpoint: "
-                         f"{type(e).__name__}): copy it again whole, or pass a ckpt.pt written by train.py") \
-            from None
+        why = f"truncated, corrupt or not a torch checkpoint: {type(e).__name__}"
+        raise ValueError(f"cannot read {path} ({why}): copy it again whole, or pass a ckpt.pt written by "
+                         "train.py") from None
 
 def _read_json(file, fix):
     try:

@@ -380,7 +380,7 @@ def test_an_interrupt_leaves_the_previous_eval_json_with_its_own_figures(tmp_pat
     assert (out / "ppl.png").read_bytes() != before["ppl.png"]
     assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is signal.default_int_handler
 
-def test_an_out_that_cannot_be_written_is_refused_before_any_checkpoint_is_read(tmp_path, capsys, monkeypatch):
+def test_an_unwritable_out_is_refused_before_any_checkpoint_is_read(tmp_path, capsys, monkeypatch):
     ck, _ = checkpoint(tmp_path / "run", seq_len=8, data=MARKOV, tokenizer="bytes")
     monkeypatch.setattr(ev.model, "from_pretrained", lambda *a, **kw: pytest.fail("measured first"))
     access = os.access   # a read-only folder, as a user (not root) would have it

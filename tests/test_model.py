@@ -59,7 +59,7 @@ def test_each_residual_branch_output_is_scaled_by_one_over_sqrt_of_all_branches(
 @pytest.mark.parametrize("vocab,multiple,rows", [(257, 8, 264), (50280, 8, 50280), (61, 16, 64), (16, 8, 16),
                                                  (1, 8, 8)])
 def test_the_vocabulary_is_padded_up_to_the_next_multiple_only(vocab, multiple, rows):
-    # as mamba_ssm: GPT-NeoX's 50,280 is a multiple of 8 already, and the official checkpoints hold 50,280 rows
+    # as mamba_ssm: GPT-NeoX's 50,280 is a multiple of 8 already; the official checkpoints hold 50,280 rows
     lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=vocab, pad_vocab_size_multiple=multiple))
     assert lm.backbone.embedding.num_embeddings == lm.lm_head.out_features == rows
     assert lm(torch.zeros(1, 3, dtype=torch.long))[0].shape == (1, 3, vocab)   # without the padding rows
