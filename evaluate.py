@@ -235,9 +235,11 @@ def _curves(m):
                                       ("babilong", "mean", None)] if key in m}
 
 def show(report, out):
-    """Per model the verdict; each curve printed (8 columns, models together) and drawn in its PANELS PNG."""
+    """Per model the verdict; each curve printed (8 columns, models together) and drawn in its PANELS PNG;
+    the report written as out/eval.json, all files together (_write_together)."""
     for m in report["models"]:
-        print(f"[{m['label']}] {m['arch']}, {m['params']:,} params, t_train {m['t_train']}")
+        print(f"[{m['label']}] {m['arch']}, {m['params']:,} params, t_train {m['t_train']}"
+              + f", step {m['step']}" * (m.get("step") is not None))
         if (v := m.get("verdict", {})).get("ratio") is not None:
             print(f"  verdict (Def. 3.2): p* = {v['p_star']:.4g} at t* = {v['t_star']}, generalizes to T = "
                   f"{v['generalizes_to']}{'+' * v['censored']} ({v['ratio']:.1f}x t_train)")
@@ -288,9 +290,30 @@ def show(report, out):
             ax.set(title=f"{m['label']}: exact match (dotted: T_train)", xlabel="total length (tokens)",
                    ylabel="insertion depth", xticks=range(len(p["lengths"])), xticklabels=p["lengths"],
                    yticks=range(len(p["depths"])), yticklabels=[f"{d:.2f}" for d in p["depths"]])
-    for file, fig in figs.items():
-        fig.savefig(os.path.join(out, file), dpi=120)
-    print("\nwrote " + ", ".join(os.path.join(out, file) for file in ["eval.json", *figs]))
+    os.makedirs(out, exist_ok=True)
+    _write_together(out, {"eval.json": lambda tmp: pathlib.Path(tmp).write_text(json.dumps(report, indent=1)),
+                          **{file: lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=120)
+                             for file, fig in figs.items()}})
+
+def _write_together(out, writes):
+    """{file: write(tmp)}: each file written under a temporary name, then all renamed at once: a kill leaves
+    the previous files of out or the new ones, never a mix. A Ctrl-C or SIGTERM while they are renamed is
+    ignored (the run is then whole)."""
+    tmps = {file: os.path.join(out, f"{file}.{os.getpid()}.tmp") for file in writes}
+    try:
+        for file, write in writes.items():
+            write(tmps[file])
+        held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for file, tmp in tmps.items():
+                os.replace(tmp, os.path.join(out, file))
+            print("\nwrote " + ", ".join(os.path.join(out, file) for file in writes))
+        finally:
+            for s, handler in held.items():
+                signal.signal(s, handler)
+    finally:   # after an error or an interrupt: no temporary file left
+        for tmp in tmps.values():
+            pathlib.Path(tmp).unlink(missing_ok=True)
 
 # ==== 6. Command line ====
 LM_METRICS, TASK_METRICS = ("ppl", "effrem", "state"), ("passkey", "copy", "babilong")
@@ -332,7 +355,8 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"interrupted: {args.out}/eval.json not written (a previous one is intact)", file=sys.stderr)
+        print(f"interrupted: {args.out}/eval.json and its figures not written (any previous ones are intact)",
+              file=sys.stderr)
         return 1
     return 0
 
@@ -343,11 +367,15 @@ def _ints(text, one=False, lo=1):  # an argparse type: "128,256" -> [128, 256]; 
     return int(text) if one else [int(v) for v in text.split(",")]
 
 def run(args):
-    """Checks the flags (defaults: train_config), measures each checkpoint on the same data -> eval.json."""
+    """Checks the flags (defaults: train_config), measures each checkpoint on the same data -> the report
+    (eval.json: per model its label, path, checkpoint step and metrics)."""
     require(not args.labels or len(args.ckpts) == len(args.labels) == len(set(args.labels)), f"--labels "
             f"{' '.join(args.labels or [])}: give each of the {len(args.ckpts)} checkpoints its own name")
-    require(not os.path.exists(args.out) or os.path.isdir(args.out) and os.access(args.out, os.W_OK),
-            f"--out {args.out} is not a writable directory: pass another")  # now, not after the metrics
+    parent = os.path.abspath(args.out or ".")   # --out or the folder it goes in: now, not after the metrics
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    require(args.out and os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK),
+            f"--out {args.out!r} is not a directory that can be written: pass another")
     for p in args.ckpts:
         require(os.path.exists(data.hub_path(p)), f"no checkpoint at {p}: check the path (OUT/ckpt.pt)")
     cfgs = [model.train_config(p) for p in args.ckpts]  # a corrupt checkpoint is reported as corrupt
@@ -388,8 +416,13 @@ def run(args):
     report = dict(args=dict(vars(args)), tokenizer=args.tokenizer, models=[])
     args.windows = args.optimal = args.filler = None
     if lm_metrics or "babilong" in args.metrics:
-        corpus = data.load_data(_agree(args, cfgs, "data", required=lm_metrics) or "stdlib",
-                                tokenizer=args.tokenizer, seed=args.split_seed, cache_dir=args.cache_dir)
+        name = _agree(args, cfgs, "data", required=lm_metrics) or "stdlib"
+        corpus = data.load_data(name, args.tokenizer, args.split_seed, cache_dir=args.cache_dir)
+        for path, c in zip(args.ckpts, cfgs):   # its split re-drawn from changed files: val may hold train
+            now = model.data_id(corpus, c.get("split_seed", args.split_seed))
+            require(c.get("data") != name or c.get("data_id") in (None, now), f"{path} was trained on "
+                    f"{c.get('data_id')}, but {name} now reads {now} (its files changed: the validation "
+                    "split may hold training documents): restore them, or pass other --data")
     if lm_metrics:  # windows from document starts where the process has an exact Bayes-optimal NLL
         eot, need = corpus.eot_token if corpus.optimal_nll else None, args.n_seqs * (args.eval_len + 1)
         require(eot is not None or args.allow_overlap or len(corpus.val) >= need, f"the validation split "
@@ -417,16 +450,13 @@ def run(args):
         require(vocab <= lm.cfg.vocab_size <= 2 * enc.n_vocab, f"{path}: the data / tokenizer has {vocab} "
                 f"token ids (--tokenizer {args.tokenizer}: {enc.n_vocab}), the model {lm.cfg.vocab_size}: "
                 "use the ones it was trained with (an official model: --tokenizer PATH/tokenizer.json)")
-        report["models"].append(measure(lm, t_train, args, label=label, path=path))
+        step = getattr(lm, "step", None)   # the checkpoint's, read with its weights (a run may go on)
+        report["models"].append(measure(lm, t_train, args, label=label, path=path, step=step))
     per_seq = {m["label"]: m.pop("per_seq", None) for m in report["models"]}  # bucketed NLL [n, K]
     for m in [m for m in report["models"] if args.reference not in (None, m["label"])]:  # the same windows:
         m["diff"] = _summary(per_seq[m["label"]] - per_seq[args.reference])  # paired per sequence and bucket
-    os.makedirs(args.out, exist_ok=True)
     # tensors -> lists, nan / inf -> null: strict JSON
-    report = json.loads(json.dumps(report, default=lambda t: t.tolist()), parse_constant=lambda _: None)
-    data.write_atomically(os.path.join(args.out, "eval.json"),   # Ctrl-C: the previous one stays whole
-                           lambda tmp: pathlib.Path(tmp).write_text(json.dumps(report, indent=1)))
-    return report
+    return json.loads(json.dumps(report, default=lambda t: t.tolist()), parse_constant=lambda _: None)
 
 def measure(lm, t_train, args, **out):
     """One model's report: `out` and a key per metric in args.metrics."""

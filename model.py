@@ -10,10 +10,14 @@ interventions (State Passing, TBTT) and streaming evaluation rely on. state=None
 
 Module names follow mamba_ssm's MambaLMHeadModel (backbone.embedding, backbone.layers.{i}.norm,
 backbone.layers.{i}.mixer, backbone.norm_f, lm_head) so official Mamba checkpoints load as they are."""
+import contextlib
 import json
 import math
 import os
 import pathlib
+import re
+import signal
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -154,11 +158,10 @@ SIZES = ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple")
 
 def from_pretrained(path, device="cpu"):
     """Our checkpoint (train.py's ckpt.pt or its directory), a state-spaces/mamba directory (config.json +
-    pytorch_model.bin, Mamba-1 or -2) or a hub id of one. What cannot load faithfully is an error."""
-    path = data.hub_path(path)
-    official = os.path.isdir(path) and not os.path.exists(os.path.join(path, "ckpt.pt"))
-    cfg = official_config(path) if official else None
-    path = os.path.join(path, "pytorch_model.bin" if official else "ckpt.pt") if os.path.isdir(path) else path
+    pytorch_model.bin, Mamba-1 or -2) or a hub id of one. What cannot load faithfully is an error.
+    lm.step: the training step of our checkpoint (None: official)."""
+    path, cfg = weights_file(path)
+    official = cfg is not None
     ckpt = read_checkpoint(path, device)
     try:
         cfg, state_dict = (cfg, ckpt) if official else (ModelConfig(**ckpt["model_config"]), ckpt["model"])
@@ -180,6 +183,7 @@ def from_pretrained(path, device="cpu"):
         if problem:
             raise ValueError(f"{path}: {k} has {problem}: not a checkpoint this model can load")
     lm.load_state_dict(state_dict)
+    lm.step = None if official else ckpt.get("step")
     return lm.to(device)
 
 def official_config(path):
@@ -187,12 +191,7 @@ def official_config(path):
     file = os.path.join(path, "config.json")
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{path}: no ckpt.pt (ours), no config.json + pytorch_model.bin (official)")
-    try:
-        c = json.loads(pathlib.Path(file).read_text())
-    except ValueError:
-        raise ValueError(f"{file} is not valid JSON: re-download it") from None
-    if not isinstance(c, dict):
-        raise ValueError(f"{file} is not a JSON object (a Mamba config): re-download it")
+    c = _read_json(file, "re-download it")
     bad = sorted(set(c) - OFFICIAL_KEYS) + [f"no {k}" for k in SIZES[:3] if k not in c] + [
         f"{k} {c[k]!r}" for k in SIZES if k in c and not (type(c[k]) is int and c[k] > 0)] + [
         f"ssm_cfg {c.get('ssm_cfg')!r}"] * (not isinstance(c.get("ssm_cfg") or {}, dict))
@@ -204,46 +203,100 @@ def official_config(path):
     arch = "mamba2" if mixer.pop("layer", "Mamba1") == "Mamba2" else "mamba1"
     return ModelConfig(arch=arch, mixer=mixer, **{k: c[k] for k in SIZES if k in c})
 
-def export(lm, out):
-    """Write a Mamba LM as mamba_ssm does (config.json: MambaConfig; pytorch_model.bin: our names are its)."""
-    c, files = lm.cfg, [os.path.join(out, f) for f in ("pytorch_model.bin", "config.json")]
+def export(lm, out, train_config=None):
+    """Write a Mamba LM as mamba_ssm does (config.json: MambaConfig; pytorch_model.bin: our names are its),
+    and train_config (train.py's arguments: its tokenizer, data, T_train) as args.json, which
+    train_config(out) reads back. An error, Ctrl-C or SIGTERM leaves none of these files behind."""
+    c = lm.cfg
     if c.arch not in ("mamba1", "mamba2") or not c.tie_embeddings or c.norm_eps != 1e-5:
         raise ValueError(f"{c.arch}: the official layout holds Mamba LMs (tied head, norm eps 1e-5) only")
-    if any(map(os.path.exists, files)):
-        raise FileExistsError(f"{out} holds a model already: pass a new OUT_DIR")
     config = dict({k: getattr(c, k) for k in SIZES}, ssm_cfg=dict(c.mixer, layer=c.arch.title()))
-    os.makedirs(out, exist_ok=True)   # the weights first: a config.json is a whole export
-    data.write_atomically(files[0], lambda tmp: torch.save(lm.state_dict(), tmp))
-    data.write_atomically(files[1], lambda tmp: pathlib.Path(tmp).write_text(json.dumps(config)))
+    texts = {"args.json": train_config and json.dumps(train_config, indent=1),
+             "config.json": json.dumps(config)}
+    names = ("pytorch_model.bin", *texts)   # written in this order: a config.json is a whole export
+    if any(os.path.exists(os.path.join(out, f)) for f in names):
+        raise FileExistsError(f"{out} holds a model already: pass a new OUT_DIR")
+    made = not os.path.exists(out)
+    os.makedirs(out, exist_ok=True)
+    try:
+        data.write_atomically(os.path.join(out, names[0]), lambda tmp: torch.save(lm.state_dict(), tmp))
+        for name, text in texts.items():
+            if text:
+                data.write_atomically(os.path.join(out, name), lambda tmp: pathlib.Path(tmp).write_text(text))
+    except BaseException:   # none of them existed before: a part of an export is removed
+        for name in names:
+            pathlib.Path(out, name).unlink(missing_ok=True)
+        if made:
+            with contextlib.suppress(OSError):   # emptied: unless another process wrote there meanwhile
+                os.rmdir(out)
+        raise
 
 def train_config(path):
     """train.py's arguments stored in one of our checkpoints (a ckpt.pt or the run directory holding
-    it); {} where there is none (an official Mamba directory). An unreadable file is an error."""
-    path = data.hub_path(path)
-    ckpt = os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
-    if os.path.isdir(path) and not os.path.isfile(ckpt):
-        official_config(path)  # a broken config.json is reported first, before any other flag is asked for
-    tc = read_checkpoint(ckpt, "cpu", mmap=True).get("train_config") if os.path.isfile(ckpt) else {}
+    it) or beside an export (args.json); {} where there are none (an official Mamba directory) or no file
+    at path. An unreadable file is an error."""
+    path, cfg = weights_file(path)
+    if cfg is not None:
+        file = os.path.join(os.path.dirname(path), "args.json")
+        return _read_json(file, "restore it from the run's args.json") if os.path.isfile(file) else {}
+    tc = read_checkpoint(path, "cpu", mmap=True).get("train_config") if os.path.isfile(path) else {}
     return tc if isinstance(tc, dict) else {}
+
+def data_id(corpus, split_seed):
+    """What a checkpoint records of the data it read (train.py; --resume and evaluate.py compare it): the
+    corpus, its content's key (the token ids' hash; a .bin's size) and the split seed."""
+    return " ".join([corpus.name, str(corpus.info.get("key", "")), f"split-seed {split_seed}"])
+
+def weights_file(path):
+    """-> (the file holding path's weights, None) for ours (a ckpt.pt or its run directory), or
+    (its pytorch_model.bin, its ModelConfig) for an official directory or hub id; a missing file is named."""
+    path = data.hub_path(path)
+    if not os.path.isdir(path) or os.path.exists(os.path.join(path, "ckpt.pt")):
+        return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path, None
+    cfg, weights = official_config(path), os.path.join(path, "pytorch_model.bin")  # config.json checked first
+    if not os.path.isfile(weights):  # the hub cache's folders are models--ORG--NAME/snapshots/REVISION
+        repo = (hub := re.search(r"models--([^/]+)/snapshots/", path)) and hub[1].replace("--", "/")
+        fetch = f"{repo} pytorch_model.bin" if repo else f"ORG/NAME pytorch_model.bin --local-dir {path}"
+        raise FileNotFoundError(f"{path} holds config.json but no pytorch_model.bin (a partial download?): "
+                                f"run `hf download {fetch}` on a connected machine")
+    return weights, cfg
 
 def read_checkpoint(path, device, **kw):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} does not exist")
     try:
         return torch.load(path, map_location=device, weights_only=True, **kw)
-    except OSError as e:   # permission denied, not "corrupt"
+    except PermissionError as e:
         raise ValueError(f"cannot read {path} ({e.strerror}): fix its permissions") from None
-    except Exception as e:
+    except Exception as e:  # a file cut short fails as EINVAL, EOFError or a zip without its directory
         # (torch's own text may give advice, e.g. weights_only=False, that is wrong for an unknown file)
-        raise ValueError(f"cannot read {path} (corrupt or not a torch checkpoint: {type(e).__name__}): "
-                         "pass a ckpt.pt written by train.py") from None
+        why = f"truncated, corrupt or not a torch checkpoint: {type(e).__name__}"
+        raise ValueError(f"cannot read {path} ({why}): copy it again whole, or pass a ckpt.pt written by "
+                         "train.py") from None
 
-if __name__ == "__main__":
+def _read_json(file, fix):
+    try:
+        c = json.loads(pathlib.Path(file).read_text())
+    except ValueError:
+        raise ValueError(f"{file} is not valid JSON: {fix}") from None
+    if not isinstance(c, dict):
+        raise ValueError(f"{file} is not a JSON object: {fix}")
+    return c
+
+def main(argv=None):
+    """python model.py --export CKPT OUT_DIR: CKPT (ours, official or a hub id) in the official layout."""
     import argparse
     p = argparse.ArgumentParser(description="Write CKPT (ours, official or a hub id) in the official layout")
+    p.error = lambda message: p.exit(2, f"error: {message}\n")  # one line, as every other bad input
     p.add_argument("--export", nargs=2, required=True, metavar=("CKPT", "OUT_DIR"))
-    ckpt, out = p.parse_args().export
+    ckpt, out = p.parse_args(argv).export
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: export removes its files
     try:
-        export(from_pretrained(ckpt), out)
+        export(from_pretrained(ckpt), out, train_config(ckpt))
     except (OSError, ValueError) as e:
-        raise SystemExit(f"error: {e}")
+        sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        sys.exit(f"interrupted: nothing written to {out} (no temporary file left)")
+
+if __name__ == "__main__":
+    main()

@@ -121,8 +121,8 @@ def setup_data(args, rank):
         data.require(len(tokens) > args.seq_len, f"the {split} split of {corpus.name} has {len(tokens)} "
                      f"tokens, --seq-len {args.seq_len} needs more: use more text or a smaller --seq-len")
     # what the run read, kept in its checkpoint: a resume must read the same, post-training the same tokenizer
-    now = dict(tokenizer_id=data.get_tokenizer(args.tokenizer).name, data_id=corpus and " ".join(
-        [corpus.name, str(corpus.info.get("key", "")), f"split-seed {args.split_seed}"]))
+    now = dict(tokenizer_id=data.get_tokenizer(args.tokenizer).name,
+               data_id=corpus and model.data_id(corpus, args.split_seed))
     saved = vars(args) if args.resume else model.train_config(args.init_from) if args.init_from else {}
     for key, flag, fix in [("tokenizer_id", "--tokenizer", "pass the tokenizer.json it was trained with")] + [
             ("data_id", "--data", "restore its files, or start a new run")] * args.resume:

@@ -58,6 +58,9 @@ def user(tmp_path_factory, tok_json):
     for name, (cfg_edit, sd_edit) in damaged.items():   # None: the key removed
         official_dir(d / name, {k: v for k, v in {**lm.state_dict(), **sd_edit}.items() if v is not None},
                      **{k: v for k, v in {**config, **cfg_edit}.items() if v is not None})
+    (d / "cut-short.pt").write_bytes((d / "run" / "ckpt.pt").read_bytes()[:20000])   # a copy cut short
+    (d / "config-only").mkdir()   # an official folder whose weights are missing
+    shutil.copy(d / "good" / "config.json", d / "config-only")
     for name, text in (("bad-json", "{d_model: 64,"), ("list-json", "[64, 2]")):
         (d / name).mkdir()
         (d / name / "config.json").write_text(text)
@@ -129,6 +132,10 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--data {u}/short.txt", "split of"), ("--data {u}/u32.bin", "uint32"),
     ("--task passkey --tokenizer {u}/wordlevel.json --seq-len 256", "byte-level BPE"),
     ("--task copy --tokenizer {u}/wordlevel.json", "byte-level BPE"),
+    # issue 26: a checkpoint cut short, an official folder without its weights
+    ("--init-from {u}/cut-short.pt", "truncated"),
+    (lambda u: model.from_pretrained(f"{u}/cut-short.pt"), "copy it again whole"),
+    ("--init-from {u}/config-only", "config.json but no pytorch_model.bin"),
 ]
 
 @pytest.mark.parametrize("command,word", ROWS)

@@ -2,8 +2,10 @@
 import json
 import math
 import os
+import signal
 import types
 
+import matplotlib.figure
 import numpy as np
 import pytest
 import torch
@@ -14,7 +16,8 @@ import data
 import evaluate as ev
 import model
 import tasks
-from conftest import ROOT, checkpoint, official_dir, tiny_lm
+import train
+from conftest import CORPUS_TEXT, ROOT, checkpoint, official_dir, tiny_lm
 
 MARKOV = "markov:k=4,alpha=0.3,doc_len=128,docs=4,val_docs=24"
 
@@ -288,7 +291,9 @@ BAD_ARGV = [("NOPE", "no checkpoint"), ("BAD", "corrupt"), ("CK CK --labels one"
             ("CK CK --labels a a", "own name"), ("CK --out CK/ckpt.pt", "--out"),
             ("CK BPE", "different tokenizers"), ("BPE --tokenizer bytes", "does not match"),
             ("CK --metrics passkey --passkey-lengths 50", "--passkey-lengths"),
-            ("CK --metrics babilong --babi-lengths 100", "--babi-lengths")]
+            ("CK --metrics babilong --babi-lengths 100", "--babi-lengths"),
+            ("CK --out CK/ckpt.pt/ev", "--out"), ("CK --out=", "--out ''"),   # issue 26: before any metric
+            ("CK --out DANGLING", "--out")]
 
 @pytest.mark.parametrize("call, word", BAD_CALLS + BAD_ARGV)
 def test_bad_inputs_get_one_line_naming_the_problem(call, word, tmp_path, capsys):
@@ -304,6 +309,8 @@ def test_bad_inputs_get_one_line_naming_the_problem(call, word, tmp_path, capsys
                  OFFICIAL=official_dir(tmp_path / "official", lm.state_dict(), d_model=64, n_layer=2,
                                        vocab_size=257, ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2")),
                  SYNTH=checkpoint(tmp_path / "synth", seq_len=16, data=MARKOV, tokenizer="bytes")[0])
+    os.symlink(tmp_path / "gone", tmp_path / "dangling")
+    paths["DANGLING"] = str(tmp_path / "dangling")
     argv = [paths.get(a, a).replace("CK/", ck + "/") for a in call.split()]
     rc, _, err = cli(capsys, *argv, *["--out", str(tmp_path / "eval")] * ("--out" not in call))
     assert rc == 2 and word in err and len(err.strip().splitlines()) == 1, (call, err)
@@ -398,3 +405,68 @@ def test_windows_that_would_overlap_are_refused_unless_allowed(tmp_path, capsys)
     argv = [ck, "--n-seqs", "4", "--eval-len", "32", "--metrics", "ppl", "--out", str(tmp_path / "eval")]
     assert "holds 99 tokens, 4 disjoint windows of 33 need 132: use fewer --n-seqs" in cli(capsys, *argv)[2]
     assert cli(capsys, *argv, "--allow-overlap")[0] == 0
+
+def test_the_verdict_bootstrap_follows_the_seed():
+    # one bucket past t_train, two sequences at +1 and -3 nats: a single bootstrap mean exceeds 0 only when it
+    # draws the first sequence twice (1 in 4): which it draws is the seed's
+    lo, hi, ref = [0, 4, 8], [4, 8, 16], torch.zeros(2, 3, dtype=torch.float64)
+    per_seq = torch.tensor([[0, 0, 1.0], [0, 0, -3.0]], dtype=torch.float64)
+    verdicts = [ev.length_generalization(per_seq, lo, hi, 8, ref, n_boot=1, seed=seed)["generalizes_to"]
+                for seed in list(range(12)) * 2]
+    assert set(verdicts) == {8, 16} and verdicts[:12] == verdicts[12:]
+
+def test_a_run_whose_corpus_changed_is_refused_and_eval_json_records_the_step(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(data, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
+    corpus, run, out = tmp_path / "corpus", str(tmp_path / "run"), tmp_path / "eval"
+    corpus.mkdir()
+    for i in range(3):   # one document held out
+        (corpus / f"f{i}.py").write_text(CORPUS_TEXT.replace("river", f"river{i}"))
+    train.main(["--data", str(corpus), "--seq-len", "16", "--batch-size", "4", "--steps", "2", "--quiet",
+                "--split-seed", "3", "--out", run])   # a split seed text ignores
+    argv = [run, "--metrics", "ppl", "--n-seqs", "2", "--eval-len", "32", "--out", str(out)]
+    rc, stdout, err = cli(capsys, *argv)
+    assert rc == 0 and "t_train 16, step 2" in stdout and json.load(open(out / "eval.json"))["models"][0][
+        "step"] == 2, err
+    before = (out / "eval.json").read_bytes()
+    (corpus / "f0.py").unlink()   # the held-out document re-drawn from the two left
+    rc, _, err = cli(capsys, *argv)
+    assert rc == 2 and "its files changed" in err and len(err.strip().splitlines()) == 1, err
+    assert (out / "eval.json").read_bytes() == before
+
+def test_an_interrupt_leaves_the_previous_eval_json_with_its_own_figures(tmp_path, capsys, monkeypatch):
+    ck, out = checkpoint(tmp_path / "run", seq_len=8, data=MARKOV, tokenizer="bytes")[0], tmp_path / "ev"
+    argv = [ck, "--metrics", "ppl,state", "--n-seqs", "2", "--eval-len", "24", "--out", str(out), "--seed"]
+    assert cli(capsys, *argv, "0")[0] == 0
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    assert set(before) == {"eval.json", "ppl.png", "state.png"}
+    savefig, drawn = matplotlib.figure.Figure.savefig, []
+
+    def interrupted_savefig(fig, *args, **kw):   # SIGTERM (Ctrl-C) while the second figure is written
+        drawn.append(fig)
+        if len(drawn) == 2:
+            raise KeyboardInterrupt
+        savefig(fig, *args, **kw)
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", interrupted_savefig)
+    rc, _, err = cli(capsys, *argv, "1")
+    assert rc == 1 and err.endswith(f"interrupted: {out}/eval.json and its figures not written (any previous "
+                                    "ones are intact)\n"), err
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before   # no temporary file either
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    replace = os.replace
+
+    def replace_after_a_sigterm(*args):   # one that comes while the files are renamed waits for none
+        os.kill(os.getpid(), signal.SIGTERM)
+        replace(*args)
+    monkeypatch.setattr(os, "replace", replace_after_a_sigterm)
+    assert cli(capsys, *argv, "1")[0] == 0 and json.load(open(out / "eval.json"))["args"]["seed"] == 1
+    assert sorted(f.name for f in out.iterdir()) == sorted(before)
+    assert (out / "ppl.png").read_bytes() != before["ppl.png"]
+    assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is signal.default_int_handler
+
+def test_an_unwritable_out_is_refused_before_any_checkpoint_is_read(tmp_path, capsys, monkeypatch):
+    ck, _ = checkpoint(tmp_path / "run", seq_len=8, data=MARKOV, tokenizer="bytes")
+    monkeypatch.setattr(ev.model, "from_pretrained", lambda *a, **kw: pytest.fail("measured first"))
+    access = os.access   # a read-only folder, as a user (not root) would have it
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: not mode & os.W_OK and access(path, mode))
+    rc, _, err = cli(capsys, ck, "--metrics", "ppl", "--out", str(tmp_path / "ro" / "ev"))
+    assert rc == 2 and f"--out '{tmp_path}/ro/ev' is not a directory that can be written" in err, err

@@ -1,16 +1,21 @@
 """Hub ids resolved offline from a cache built here, export to the official layout, tiktoken tokenizers."""
 import base64
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
 import data
+import evaluate
 import model
-from conftest import ROOT, checkpoint, tiny_lm
+import train
+from conftest import ROOT, TRAIN, checkpoint, tiny_lm
 
 X, FIXTURES = torch.randint(0, 61, (2, 24)), f"{ROOT}/tests/fixtures"   # any ids: the same for both models
 
@@ -57,3 +62,52 @@ def test_tiktoken_file_encodes_with_its_merges_and_offline_gpt2_says_how_to_get_
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(data.TokenizerUnavailableError, match=r"HF_HUB_OFFLINE=1\): run tiktoken.get_enc"):
         data.get_tokenizer("gpt2")
+
+def test_an_export_keeps_the_tokenizer_it_was_trained_with(tmp_path, tok_json, capsys):
+    run, exp, ev = (str(tmp_path / d) for d in ("run", "exp", "ev"))
+    train.main(TRAIN + ["--steps", "1", "--tokenizer", tok_json, "--out", run])
+    model.main(["--export", run, exp])
+    with pytest.raises(SystemExit, match="holds a model already"):   # its args.json is the run's
+        model.main(["--export", exp, run])
+    assert model.train_config(exp) == model.train_config(run) == json.load(open(f"{exp}/args.json"))
+    with pytest.raises(SystemExit, match=r"--tokenizer bytes \(bytes\) does not match .*exp's json-"):
+        train.main(["--init-from", exp, "--tokenizer", "bytes", "--out", str(tmp_path / "post")])
+    assert evaluate.main([exp, "--tokenizer", "bytes", "--out", ev]) == 2
+    assert "does not match the checkpoints' json-" in capsys.readouterr().err
+    # its own tokenizer and T_train are the defaults
+    assert evaluate.main([exp, "--metrics", "ppl", "--n-seqs", "2", "--eval-len", "32", "--out", ev]) == 0
+    report = json.load(open(f"{ev}/eval.json"))
+    assert report["tokenizer"] == tok_json and report["models"][0]["t_train"] == 16
+
+def test_an_interrupted_export_leaves_none_of_its_files_and_says_so(tmp_path, monkeypatch):
+    ck, out = checkpoint(tmp_path / "run", seq_len=16)[0], tmp_path / "exp"
+    code = (f"import sys, time, torch; sys.path.insert(0, {ROOT!r}); import model\n"   # a slow disk
+            "torch.save = lambda obj, f: (open(f, 'wb').write(b'part'), time.sleep(120))\n"
+            f"model.main(['--export', {ck!r}, {str(out)!r}])")
+    p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not list(tmp_path.glob("exp/*.tmp")) and time.time() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    err = p.communicate(timeout=60)[1]
+    assert p.returncode == 1 and err == f"interrupted: nothing written to {out} (no temporary file left)\n"
+    assert not out.exists()
+    out.mkdir()   # a folder of the user's: the weights written, then Ctrl-C on args.json
+    (out / "notes.txt").write_text("mine")
+    monkeypatch.setattr("pathlib.Path.write_text", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(SystemExit, match="interrupted: nothing written"):
+        model.main(["--export", ck, str(out)])
+    assert os.listdir(out) == ["notes.txt"]
+
+def test_a_partial_snapshot_names_the_missing_weights_and_the_command(tmp_path, monkeypatch):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    root = tmp_path / "hub" / "models--org--partial"   # config.json fetched, pytorch_model.bin not
+    (root / "snapshots" / ("a" * 40)).mkdir(parents=True)
+    shutil.copy(f"{FIXTURES}/hf_mamba2/config.json", root / "snapshots" / ("a" * 40))
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text("a" * 40)
+    for load in (model.from_pretrained, model.train_config):
+        with pytest.raises(FileNotFoundError, match=r"no pytorch_model.bin .*`hf download org/partial "
+                                                    r"pytorch_model.bin`"):
+            load("org/partial")

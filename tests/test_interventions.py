@@ -94,3 +94,14 @@ def test_tbtt_row_starting_a_new_document_starts_from_zero_the_others_continue()
         logits.append(out.detach())
     with torch.no_grad():
         torch.testing.assert_close(torch.cat(logits, 1), lm(torch.cat(xs, 1))[0], atol=1e-5, rtol=1e-5)
+
+def test_fitted_noise_fits_the_variance_not_the_std_and_draws_with_its_square_root():
+    # every head's final states at j - 2 and j + 2: variance 4, std 2 (the states above have 0 or 1, where
+    # the two agree); the draws must have the fitted variance 0.9 * 4, so a spread of sqrt(3.6)
+    lm = tiny_lm()
+    s = interventions.make_strategy("fitted", lm, 64, seed=0)
+    signs = torch.tensor([-2.0, 2.0]).repeat(32).view(64, 1, 1)
+    s.observe(known_states(lm, 64, lambda i, j, shape: (j + signs).expand(shape)))
+    for i, layer in enumerate(s.initial_state(None)):
+        torch.testing.assert_close(s.var[i], torch.full_like(s.var[i], 0.9 * 4))
+        torch.testing.assert_close(layer["h"].transpose(0, 1).flatten(1).var(1), s.var[i], rtol=0.05, atol=0)

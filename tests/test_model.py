@@ -55,3 +55,11 @@ def test_each_residual_branch_output_is_scaled_by_one_over_sqrt_of_all_branches(
     for name, p in raw.named_parameters():
         scale = branches ** -0.5 if name.split(".")[-2] in outs else 1.0
         torch.testing.assert_close(lm.backbone.layers.get_parameter(name), p * scale)
+
+@pytest.mark.parametrize("vocab,multiple,rows", [(257, 8, 264), (50280, 8, 50280), (61, 16, 64), (16, 8, 16),
+                                                 (1, 8, 8)])
+def test_the_vocabulary_is_padded_up_to_the_next_multiple_only(vocab, multiple, rows):
+    # as mamba_ssm: GPT-NeoX's 50,280 is a multiple of 8 already; the official checkpoints hold 50,280 rows
+    lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=vocab, pad_vocab_size_multiple=multiple))
+    assert lm.backbone.embedding.num_embeddings == lm.lm_head.out_features == rows
+    assert lm(torch.zeros(1, 3, dtype=torch.long))[0].shape == (1, 3, vocab)   # without the padding rows
