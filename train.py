@@ -468,8 +468,16 @@ def open_run(args, step):
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.seek(0)
-            sys.exit(f"error: another train.py (pid {lock.read().strip()}) is writing {args.out}: wait for "
-                     f"it, or use another --out")
+            sys.exit(f"error: another train.py (pid {lock.read().strip() or '?'}) is writing {args.out}: wait "
+                     f"for it, or use another --out")
+        # under the lock no other train.py writes --out: it must still hold what this process read, no run
+        # (step 0) or the checkpoint it resumes (another may have saved there since exit_on_bad_flags looked)
+        ckpt = os.path.join(args.out, "ckpt.pt")
+        saved = model.read_checkpoint(ckpt, "cpu", mmap=True).get("step", "?") if os.path.isfile(ckpt) else 0
+        if saved != step:
+            sys.exit(f"error: {args.out} holds a run: --resume it, or use another --out" if not step else
+                     f"error: {ckpt} is at step {saved}, not {step} as read: another train.py wrote it "
+                     "meanwhile; --resume again")
         lock.truncate(0)
         print(os.getpid(), file=lock, flush=True)
         path = os.path.join(args.out, "metrics.jsonl")
