@@ -280,7 +280,7 @@ FLAGS = [
     ("warmup", float, 0.1, "fraction of the steps of linear warm-up"),
     ("weight-decay", float, 0.01, "AdamW weight decay of the matrices"),
     ("grad-clip", float, 1.0, "gradient norm clip (inf: none)"),
-    ("out", str, "out", "run directory; a new run needs one without ckpt.pt"),
+    ("out", str, "out", "run directory (a UTF-8 path); a new run needs one without ckpt.pt"),
     ("resume", bool, False, "resume --out as configured (--steps, intervals, --lr, --grad-clip may change)"),
     ("ckpt-interval", int, 250, "checkpoint every N steps and at the end"),
     ("eval-interval", int, 250, "validation loss every N steps"),
@@ -332,6 +332,9 @@ def get_args(argv=None):
         kw = {"action": "store_true"} if kind is bool else {"choices" if type(kind) is list else "type": kind}
         p.add_argument("--" + name, default=None, help=help + f" (default {default})" * bool(default), **kw)
     args = p.parse_args(argv)
+    if args.out is not None and not re.fullmatch(r"[^\udc80-\udcff]+", args.out):  # '' or bytes not UTF-8
+        sys.exit(f"error: --out must be a non-empty UTF-8 path (torch reads no checkpoint back from another "
+                 f"name), got {args.out!r}")
     given = {k for k, v in vars(args).items() if v is not None}
     out = args.out or DEFAULTS["out"]
     if args.resume and not args.demo:
