@@ -207,6 +207,7 @@ def over_seeds(reports, out):
     import matplotlib.figure
     import numpy as np
     runs = {seed: {m["label"]: m for m in r["models"]} for seed, r in reports.items()}
+    mean_sem = lambda a: (a.mean(0), a.std(0, ddof=1) / np.sqrt(len(a)))  # over the seeds (axis 0)
     seeds, fixes = list(runs), ("SP", "TBTT")
     t_train = runs[seeds[0]]["base"]["t_train"]
     verdict = lambda v: f"{v['generalizes_to']}{'+' * bool(v['censored'])}"  # +: censored, none exceeds p*
@@ -227,14 +228,14 @@ def over_seeds(reports, out):
         b = [runs[s][label]["ppl"]["buckets"] for s in seeds]
         x = [np.sqrt((lo + 1) * hi) for lo, hi in zip(b[0]["lo"], b[0]["hi"])]  # a bucket's geometric middle
         nll = np.array([c["nll"] for c in b])  # [seeds, buckets]
-        mean, sem = nll.mean(0), nll.std(0, ddof=1) / np.sqrt(len(nll))
+        mean, sem = mean_sem(nll)
         left.plot(x, np.exp(nll.T), color=color, lw=0.5, alpha=0.4)
         left.plot(x, np.exp(mean), color=color, lw=2, label=f"{label} (thin: a seed; thick: the mean)")
         left.fill_between(x, np.exp(mean - sem), np.exp(mean + sem), color=color, alpha=0.25)
         if label in fixes:  # over the seeds: each seed's paired difference d and its s.e.
             d, se = np.array([rows[s][label] for s in seeds]).T
-            summary[f"{label} - control"] = v = dict(mean=d.mean(), sem=d.std(ddof=1) / np.sqrt(len(d)),
-                worst=d.max(), worst_seed=seeds[int(d.argmax())], beyond_3_sem=int((d < -3 * se).sum()))
+            summary[f"{label} - control"] = v = dict(zip(("mean", "sem"), mean_sem(d)), worst=d.max(),
+                worst_seed=seeds[int(d.argmax())], beyond_3_sem=int((d < -3 * se).sum()))
             print(f"{label} - control: {v['mean']:+.3f} +- {v['sem']:.3f} over {len(d)} seeds, worst "
                   f"{v['worst']:+.3f} (seed {v['worst_seed']}), below -3 s.e. on {v['beyond_3_sem']}")
             right.errorbar(range(len(d)), d, se, fmt="o", color=color, label=label)
@@ -471,8 +472,9 @@ def open_run(args, step):
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.seek(0)
-            sys.exit(f"error: another train.py (pid {lock.read().strip() or '?'}) is writing {args.out}: wait "
-                     f"for it, or use another --out")
+            pid = lock.read().strip() or "?"   # "?": it has locked, not yet written its pid
+            sys.exit(f"error: another train.py (pid {pid}) is writing {args.out}: wait for it, or use "
+                     "another --out")
         # under the lock no other train.py writes --out: it must still hold what this process read, no run
         # (step 0) or the checkpoint it resumes (another may have saved there since exit_on_bad_flags looked)
         ckpt = os.path.join(args.out, "ckpt.pt")

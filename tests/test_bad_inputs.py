@@ -169,8 +169,8 @@ def whole_run(out):
 
 @pytest.mark.parametrize("resume", [False, True])
 def test_a_run_saved_while_another_set_up_is_not_replaced(tmp_path, monkeypatch, resume):
-    # B passes the "--out holds a run" check, then, while B sets up, A runs whole in the same --out (a new run;
-    # or a resume of it to step 4): B looks again under the lock and refuses; A's files stay as A left them
+    # B passes the "--out holds a run" check, then, while B sets up, A runs whole in the same --out (a new
+    # run; or a resume of it to step 4): B looks again under the lock and refuses; A's files stay whole
     out = str(tmp_path / "run")
     if resume:
         train.main(TRAIN + ["--steps", "2", "--out", out])

@@ -84,15 +84,45 @@ def test_seeds_are_independent_and_post_training_reads_on(tmp_path):
     init = [train.setup_model(a, torch.device("cpu"), 5, None, "", 0, 1)[0].state_dict() for a in args[:3]]
     assert all(torch.equal(init[1][k], init[2][k]) for k in init[1])
     assert not all(torch.equal(init[0][k], init[1][k]) for k in init[0])
-    # post-training reads on where its parent's sampler stopped: RandomWindows' step, the next documents
+    # post-training (another --seed) reads on where its parent's sampler (--data-seed 2) stopped:
+    # RandomWindows' step, the next documents
     ckpt = lambda run: torch.load(os.path.join(tmp_path, run, "ckpt.pt"), weights_only=True)["sampler"][0]
     for strategy in ("zero", "tbtt"):
-        train.main(TRAIN + [f"--init-state={strategy}", "--steps=3", "--out", str(tmp_path / strategy)])
-        train.main(["--quiet", "--steps=2", "--batch-size=4", f"--init-state={strategy}", "--init-from",
-                    str(tmp_path / strategy), "--out", str(tmp_path / f"{strategy}-post")])
-    assert ckpt("zero-post") == {"seed": 0, "step": 5}  # batches 4 and 5 of the stream the base read 1-3 of
+        train.main(TRAIN + [f"--init-state={strategy}", "--steps=3", "--data-seed=2", "--out",
+                            str(tmp_path / strategy)])
+        train.main(["--quiet", "--steps=2", "--batch-size=4", f"--init-state={strategy}", "--seed=5",
+                    "--init-from", str(tmp_path / strategy), "--out", str(tmp_path / f"{strategy}-post")])
+    assert ckpt("zero-post") == {"seed": 2, "step": 5}  # batches 4 and 5 of the stream the base read 1-3 of
     parent, post = ckpt("tbtt"), ckpt("tbtt-post")  # 4 rows, documents of 200 tokens: none ends in 5 chunks
     assert (parent["cursor"], post["cursor"]) == (4, 8) and not set(parent["row_doc"]) & set(post["row_doc"])
+
+def test_post_training_under_ddp_each_rank_reads_on_its_own_stream(tmp_path):
+    # a parent saved by 2 ranks after 3 steps (rank r draws its batches with --data-seed + r): rank r of the
+    # post-training continues rank r's stream, the parent's 4th batch next
+    tokens = np.arange(5000) % 251
+    parent = [data.RandomWindows(tokens, 4, 16, seed=rank) for rank in (0, 1)]
+    for sampler in parent * 3:
+        sampler.next_batch()
+    torch.save({"sampler": [sampler.state_dict() for sampler in parent]}, tmp_path / "ckpt.pt")
+    for rank, sampler in enumerate(parent):
+        post = data.RandomWindows(tokens, 4, 16, seed=rank)
+        train.read_on(post, str(tmp_path), rank)
+        assert post.state_dict() == {"seed": rank, "step": 3}
+        assert torch.equal(post.next_batch().x, sampler.next_batch().x)
+
+def test_over_seeds_reports_each_fix_by_its_mean_sem_and_worst_seed(tmp_path):
+    # each seed's last-bucket NLL - control: -0.5, -0.1, -0.3 (+- 0.1, 0.1, 0.05) on seeds 0, 4, 7
+    buckets = dict(lo=[0, 16], hi=[16, 64], nll=[1.0, 2.0], ppl=[np.e, np.e ** 2])
+    run = lambda label, **diff: dict(label=label, t_train=16, verdict=dict(generalizes_to=32, censored=False),
+                                     ppl=dict(buckets=buckets), **diff)
+    fixes = lambda d, se: [run(fix, diff=dict(nll=[0, d], nll_sem=[0, se])) for fix in ("SP", "TBTT")]
+    reports = {seed: {"models": [run("base"), run("control"), *fixes(d, se)]}
+               for seed, d, se in ((0, -0.5, 0.1), (4, -0.1, 0.1), (7, -0.3, 0.05))}
+    assert train.over_seeds(reports, str(tmp_path)) == 0
+    summary = json.load(open(tmp_path / "seeds.json"))["summary"]
+    assert summary["SP - control"] == pytest.approx(dict(mean=-0.3, sem=0.2 / np.sqrt(3), worst=-0.1,
+                                                         worst_seed=4, beyond_3_sem=2))  # s.e.: ddof 1
+    assert summary["base fails within 32 x T_train"] == 3
 
 def test_post_training_an_official_checkpoint_on_a_tokenizer_json_corpus(tok_json, tmp_path, monkeypatch):
     # an official directory of the tiny preset's dimensions, its vocabulary padded (300 -> 304), post-trained
