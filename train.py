@@ -9,6 +9,7 @@
 The interventions differ only in each sequence's initial state (interventions.py); the rest is Appendix B's
 recipe. --out: ckpt.pt (all a resume needs; atomic; finite weights), metrics.jsonl, args.json, train.lock."""
 import argparse
+import datetime
 import fcntl
 import json
 import math
@@ -58,7 +59,8 @@ def train(args):
     auto = f"cuda:{rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if args.device == "auto" else args.device)
     if ddp:  # one process per device; each rank keeps its own sampler and strategy, as one process would
-        torch.distributed.init_process_group("gloo" if device.type == "cpu" else "nccl")
+        torch.distributed.init_process_group("gloo" if device.type == "cpu" else "nccl",
+                                             timeout=datetime.timedelta(seconds=args.dist_timeout))
     os.makedirs(args.out, exist_ok=True)
     sampler, val_sampler, vocab_size, source = setup_data(args, rank)
     val_state0 = val_sampler.state_dict()  # the same validation batches at every evaluation
@@ -291,13 +293,15 @@ FLAGS = [
     ("split-seed", int, 0, "seed of a Markov corpus (post-training: parent's); text has one fixed split"),
     ("cache-dir", str, None, "text --data tokenized once, here (default: $LENGTHGEN_CACHE_DIR, data_cache)"),
     ("device", str, "auto", "auto (CUDA when present), cpu, cuda, cuda:1 ..."),
+    ("dist-timeout", float, 300, "torchrun: seconds a rank waits for the others (one frozen, or rank 0 "
+     "building the data cache) before every rank ends"),
     ("stop-at", int, None, "stop after this step as if killed (to test --resume)"),
     ("quiet", bool, False, "no progress bar"),
     ("demo", bool, False, "failure-and-fix demo (minutes a seed; uses --out, --seed(s), --device, --quiet)"),
     ("seeds", str, None, "--demo: training seeds, e.g. 0-7 or 0,5: a demo each, then the summary over seeds")]
 DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
 # Not resumed: flags of one invocation, not of the run. May change on resume: the length, divergence remedies.
-PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo", "seeds", "cache_dir")
+PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo", "seeds", "cache_dir", "dist_timeout")
 MAY_CHANGE = ("steps", "ckpt_interval", "eval_interval", "lr", "grad_clip")
 
 def main(argv=None):
@@ -311,11 +315,23 @@ def main(argv=None):
         sys.exit(f"error: {e}")
     except MemoryError:
         sys.exit("error: out of memory: lower --batch-size (and raise --grad-accum) or --seq-len")
-    except KeyboardInterrupt:  # each file is replaced whole (write_atomically): the last checkpoint is intact
-        ckpt = args and os.path.join(args.out, "ckpt.pt")
-        step = ckpt and os.path.isfile(ckpt) and model.read_checkpoint(ckpt, "cpu", mmap=True).get("step")
-        sys.exit(f"interrupted: the last checkpoint {ckpt} (step {step}) is intact; continue with --resume"
-                 if step else "interrupted before the first checkpoint: nothing to resume")
+    except RuntimeError as e:  # torchrun: gloo's timed-out or broken collective is a plain RuntimeError
+        distributed = "gloo" in str(e) or isinstance(e, torch.distributed.DistError)
+        if not (distributed and torch.distributed.is_initialized()):
+            raise
+        why = re.sub(r"^\[[^]]*\] ", "", str(e)).split(". ")[0]  # without gloo's source file and advice
+        sys.exit(f"error: rank {os.environ['RANK']} lost the other ranks ({why}): one is frozen or ended, or "
+                 f"was busy longer than --dist-timeout {args.dist_timeout:g} s (building a large data cache: "
+                 f"raise it); {last_checkpoint(args)}")
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM; under torchrun once a collective returns (--dist-timeout)
+        sys.exit(f"interrupted: {last_checkpoint(args)}")
+
+def last_checkpoint(args):
+    """What a stopped run leaves: its last checkpoint (each file is replaced whole: write_atomically)."""
+    ckpt = args and os.path.join(args.out, "ckpt.pt")
+    step = ckpt and os.path.isfile(ckpt) and model.read_checkpoint(ckpt, "cpu", mmap=True).get("step")
+    return f"the last checkpoint {ckpt} (step {step}) is intact; continue with --resume" if step else \
+        "no checkpoint was saved: nothing to resume"
 
 def parse_seeds(text):
     """"0-7" -> [0, ..., 7]; "0,5" -> [0, 5]."""
@@ -391,6 +407,7 @@ def exit_on_bad_flags(args):
         must("grad_clip", args.grad_clip > 0, "> 0 (inf: no clipping)"),
         must("sigma", fin(args.sigma) and args.sigma > 0, "finite and > 0"),
         must("p_reset", 0 <= args.p_reset <= 1, "a probability in [0, 1]"),
+        must("dist_timeout", fin(args.dist_timeout) and args.dist_timeout > 0, "finite and > 0 (seconds)"),
         (not args.init_from and args.size not in model.PRESETS[args.arch], f"unknown --size {args.size!r} "
          f"for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}"),
         (args.init_from and not exists(args.init_from), f"--init-from {args.init_from} does not exist"),

@@ -131,7 +131,8 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--data {u}/short.txt", "split of"), ("--data {u}/u32.bin", "uint32"),
     ("--task passkey --tokenizer {u}/wordlevel.json --seq-len 256", "byte-level BPE"),
     ("--task copy --tokenizer {u}/wordlevel.json", "byte-level BPE"),
-    # issue 26: an --out no checkpoint could be read back from
+    # issue 26: an --out no checkpoint could be read back from; how long a DDP rank waits for the others
+    ("--dist-timeout 0", "--dist-timeout"), ("--dist-timeout inf", "--dist-timeout"),
     (lambda u: train.main(TRAIN + ["--steps=1", "--out", ""]), "--out must be"),
     (lambda u: train.main(TRAIN + ["--steps=1", "--out", os.fsdecode(os.fsencode(u) + b"/r\xff")]), "UTF-8"),
 ]

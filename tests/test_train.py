@@ -1,9 +1,12 @@
 """train.py: exact resume (also under DDP), post-training, gradient accumulation, the optimizer, the demo."""
 import json
+import multiprocessing
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 import types
 
 import numpy as np
@@ -57,6 +60,43 @@ def test_two_process_gloo_ddp_resumes_exactly(tmp_path):
     weights = [torch.load(f"{run}/rank{r}.pt", weights_only=True) for run in (a, b) for r in (0, 1)]
     assert all(torch.equal(weights[1][k], weights[0][k]) for k in weights[0])   # a's rank 1 = its rank 0
     assert logged(a) == logged(b) and all(torch.equal(w[k], weights[0][k]) for w in weights[2:] for k in w)
+
+@pytest.mark.parametrize("sigterm", [False, True])
+def test_a_frozen_ddp_rank_ends_the_other_in_one_line(tmp_path, sigterm):
+    # 2 gloo ranks (forked, with the environment torchrun gives them); once training, rank 1 freezes
+    # (SIGSTOP): rank 0 ends after --dist-timeout, in one line; a SIGTERM while it waits is obeyed then
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fork, out = multiprocessing.get_context("fork"), tmp_path / "run"
+    ends = fork.SimpleQueue()
+    torch.optim.AdamW(tiny_lm().parameters())   # the first optimizer imports torch._dynamo: once, here
+
+    def rank_main(rank):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank))
+        try:
+            train.main(TRAIN + ["--steps=100000", "--ckpt-interval=5", "--device=cpu", "--dist-timeout=5",
+                                "--out", str(out)])
+        except SystemExit as e:
+            ends.put(e.code)
+    ranks = [fork.Process(target=rank_main, args=(rank,)) for rank in (0, 1)]
+    for p in ranks:
+        p.start()
+    deadline = time.time() + 120
+    while not (out / "ckpt.pt").exists() and time.time() < deadline and ranks[0].is_alive():
+        time.sleep(0.1)
+    os.kill(ranks[1].pid, signal.SIGSTOP)
+    if sigterm:
+        time.sleep(1)   # rank 0 waits in gloo for rank 1 by now
+        os.kill(ranks[0].pid, signal.SIGTERM)
+    ranks[0].join(timeout=60)
+    alive = ranks[0].is_alive()
+    for p in ranks:
+        p.kill()   # SIGKILL: the frozen one too
+    assert not alive, "rank 0 still waits for the frozen rank"
+    message = ends.get()
+    assert "\n" not in message and ") is intact; continue with --resume" in message, message
+    assert message.startswith("interrupted" if sigterm else "error: rank 0 lost the other ranks (Timed out")
 
 def test_post_training_inherits_data_seq_len_and_a_tenth_of_the_peak_lr(tmp_path):
     # a base trained at --lr 1e-3 (not the tiny preset's 3e-3): post-training defaults to 1e-4, its data and
