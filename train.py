@@ -349,7 +349,8 @@ def get_args(argv=None):
         kw = {"action": "store_true"} if kind is bool else {"choices" if type(kind) is list else "type": kind}
         p.add_argument("--" + name, default=None, help=help + f" (default {default})" * bool(default), **kw)
     args = p.parse_args(argv)
-    if args.out is not None and not re.fullmatch(r"[^\udc80-\udcff]+", args.out):  # '' or bytes not UTF-8
+    # '' or a name of bytes not UTF-8 (argv holds them as lone surrogates, which encode() drops)
+    if args.out is not None and (not args.out or args.out.encode(errors="ignore").decode() != args.out):
         sys.exit(f"error: --out must be a non-empty UTF-8 path (torch reads no checkpoint back from another "
                  f"name), got {args.out!r}")
     given = {k for k, v in vars(args).items() if v is not None}
@@ -489,9 +490,10 @@ def open_run(args, step):
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.seek(0)
-            pid = lock.read().strip() or "?"   # "?": it has locked, not yet written its pid
-            sys.exit(f"error: another train.py (pid {pid}) is writing {args.out}: wait for it, or use "
-                     "another --out")
+            sys.exit(f"error: another train.py (pid {lock.read().strip()}) is writing {args.out}: wait for "
+                     f"it, or use another --out")
+        lock.truncate(0)
+        print(os.getpid(), file=lock, flush=True)
         # under the lock no other train.py writes --out: it must still hold what this process read, no run
         # (step 0) or the checkpoint it resumes (another may have saved there since exit_on_bad_flags looked)
         ckpt = os.path.join(args.out, "ckpt.pt")
@@ -500,8 +502,6 @@ def open_run(args, step):
             sys.exit(f"error: {args.out} holds a run: --resume it, or use another --out" if not step else
                      f"error: {ckpt} is at step {saved}, not {step} as read: another train.py wrote it "
                      "meanwhile; --resume again")
-        lock.truncate(0)
-        print(os.getpid(), file=lock, flush=True)
         path = os.path.join(args.out, "metrics.jsonl")
         rows = open(path).readlines() if os.path.exists(path) else []
         try:  # a row cut short by a kill has no "}\n": dropped

@@ -133,6 +133,7 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--task copy --tokenizer {u}/wordlevel.json", "byte-level BPE"),
     # issue 26: an --out no checkpoint could be read back from; how long a DDP rank waits for the others
     ("--dist-timeout 0", "--dist-timeout"), ("--dist-timeout inf", "--dist-timeout"),
+    ("--resume --out {u}/run --dist-timeout 60 --steps 1", "below"),   # may differ on resume: not "differ"
     (lambda u: train.main(TRAIN + ["--steps=1", "--out", ""]), "--out must be"),
     (lambda u: train.main(TRAIN + ["--steps=1", "--out", os.fsdecode(os.fsencode(u) + b"/r\xff")]), "UTF-8"),
 ]

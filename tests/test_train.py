@@ -61,10 +61,11 @@ def test_two_process_gloo_ddp_resumes_exactly(tmp_path):
     assert all(torch.equal(weights[1][k], weights[0][k]) for k in weights[0])   # a's rank 1 = its rank 0
     assert logged(a) == logged(b) and all(torch.equal(w[k], weights[0][k]) for w in weights[2:] for k in w)
 
-@pytest.mark.parametrize("sigterm", [False, True])
-def test_a_frozen_ddp_rank_ends_the_other_in_one_line(tmp_path, sigterm):
+@pytest.mark.parametrize("how", ["frozen", "frozen, then rank 0 sent SIGTERM", "killed"])
+def test_a_frozen_or_killed_ddp_rank_ends_the_other_in_one_line(tmp_path, how):
     # 2 gloo ranks (forked, with the environment torchrun gives them); once training, rank 1 freezes
-    # (SIGSTOP): rank 0 ends after --dist-timeout, in one line; a SIGTERM while it waits is obeyed then
+    # (SIGSTOP): rank 0 ends after --dist-timeout, in one line; a SIGTERM while it waits is obeyed then;
+    # rank 1 killed: rank 0 ends at once
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -85,18 +86,20 @@ def test_a_frozen_ddp_rank_ends_the_other_in_one_line(tmp_path, sigterm):
     deadline = time.time() + 120
     while not (out / "ckpt.pt").exists() and time.time() < deadline and ranks[0].is_alive():
         time.sleep(0.1)
-    os.kill(ranks[1].pid, signal.SIGSTOP)
-    if sigterm:
+    os.kill(ranks[1].pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+    if "SIGTERM" in how:
         time.sleep(1)   # rank 0 waits in gloo for rank 1 by now
         os.kill(ranks[0].pid, signal.SIGTERM)
     ranks[0].join(timeout=60)
     alive = ranks[0].is_alive()
     for p in ranks:
         p.kill()   # SIGKILL: the frozen one too
-    assert not alive, "rank 0 still waits for the frozen rank"
+    assert not alive, "rank 0 still waits for rank 1"
     message = ends.get()
     assert "\n" not in message and ") is intact; continue with --resume" in message, message
-    assert message.startswith("interrupted" if sigterm else "error: rank 0 lost the other ranks (Timed out")
+    assert "gloo/" not in message and "GLHF" not in message, message   # gloo's source file and its advice
+    assert message.startswith("interrupted: " if "SIGTERM" in how else "error: rank 0 lost the other ranks ("
+                              + "Timed out" * (how == "frozen")), message
 
 def test_post_training_inherits_data_seq_len_and_a_tenth_of_the_peak_lr(tmp_path):
     # a base trained at --lr 1e-3 (not the tiny preset's 3e-3): post-training defaults to 1e-4, its data and
