@@ -169,11 +169,12 @@ def whole_run(out):
     assert ckpt["train_config"] == saved and sorted(logged(out)) == list(range(1, ckpt["step"] + 1))
     return saved
 
-@pytest.mark.parametrize("resume", [False, True])
-def test_a_run_saved_while_another_set_up_is_not_replaced(tmp_path, monkeypatch, resume):
+@pytest.mark.parametrize("meanwhile", ["a run", "a resume", "a ckpt.pt not train.py's"])
+def test_a_run_saved_while_another_set_up_is_not_replaced(tmp_path, monkeypatch, meanwhile):
     # B passes the "--out holds a run" check, then, while B sets up, A runs whole in the same --out (a new
-    # run; or a resume of it to step 4): B looks again under the lock and refuses; A's files stay whole
-    out = str(tmp_path / "run")
+    # run; or a resume of it to step 4; or a file appears): B looks again under the lock and refuses; A's
+    # files stay whole
+    out, resume = str(tmp_path / "run"), meanwhile == "a resume"
     if resume:
         train.main(TRAIN + ["--steps", "2", "--out", out])
     a, b = (["--out", out, "--resume", "--steps", str(n)] if resume else
@@ -183,12 +184,19 @@ def test_a_run_saved_while_another_set_up_is_not_replaced(tmp_path, monkeypatch,
     def a_runs_meanwhile(*args):
         made = setup_model(*args)   # B has read --out (its checkpoint, resuming)
         monkeypatch.setattr(train, "setup_model", setup_model)
-        assert train_main(a) == (0, "")
+        if meanwhile.startswith("a ckpt.pt"):
+            torch.save({"weights": 1}, os.path.join(out, "ckpt.pt"))
+        else:
+            assert train_main(a) == (0, "")
         return made
     monkeypatch.setattr(train, "setup_model", a_runs_meanwhile)
     code, message = train_main(b)
     assert code == 1 and ("at step 4, not 2" if resume else "holds a run") in message and "\n" not in message
-    assert whole_run(out)["steps"] == 4
+    if meanwhile.startswith("a ckpt.pt"):
+        assert torch.load(os.path.join(out, "ckpt.pt")) == {"weights": 1}
+        assert set(os.listdir(out)) == {"ckpt.pt", "train.lock"}   # no args.json, no metrics.jsonl
+    else:
+        assert whole_run(out)["steps"] == 4
 
 def test_two_runs_started_at_once_on_one_out_one_refuses(tmp_path):
     # two processes (forked: no interpreter to start) on one --out; whichever order they reach the lock in,
@@ -204,6 +212,8 @@ def test_two_runs_started_at_once_on_one_out_one_refuses(tmp_path):
             p.start()
         for p in runs:
             p.join(timeout=300)
+            p.kill()   # should it hang
+        assert [p.exitcode for p in runs] == [0, 0]   # each returned its outcome: none raised nor hung
         (won, code, _), (_, refused, message) = sorted((ends.get() for _ in runs), key=lambda end: end[1])
         assert (code, refused, "\n" in message) == (0, 1, False), message
         assert "holds a run" in message or "is writing" in message, message
