@@ -9,6 +9,7 @@
 The interventions differ only in each sequence's initial state (interventions.py); the rest is Appendix B's
 recipe. --out: ckpt.pt (all a resume needs; atomic; finite weights), metrics.jsonl, args.json, train.lock."""
 import argparse
+import datetime
 import fcntl
 import json
 import math
@@ -58,7 +59,8 @@ def train(args):
     auto = f"cuda:{rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if args.device == "auto" else args.device)
     if ddp:  # one process per device; each rank keeps its own sampler and strategy, as one process would
-        torch.distributed.init_process_group("gloo" if device.type == "cpu" else "nccl")
+        torch.distributed.init_process_group("gloo" if device.type == "cpu" else "nccl",
+                                             timeout=datetime.timedelta(seconds=args.dist_timeout))
     os.makedirs(args.out, exist_ok=True)
     sampler, val_sampler, vocab_size, source = setup_data(args, rank)
     val_state0 = val_sampler.state_dict()  # the same validation batches at every evaluation
@@ -207,6 +209,7 @@ def over_seeds(reports, out):
     import matplotlib.figure
     import numpy as np
     runs = {seed: {m["label"]: m for m in r["models"]} for seed, r in reports.items()}
+    mean_sem = lambda a: (a.mean(0), a.std(0, ddof=1) / np.sqrt(len(a)))  # over the seeds (axis 0)
     seeds, fixes = list(runs), ("SP", "TBTT")
     t_train = runs[seeds[0]]["base"]["t_train"]
     verdict = lambda v: f"{v['generalizes_to']}{'+' * bool(v['censored'])}"  # +: censored, none exceeds p*
@@ -227,14 +230,14 @@ def over_seeds(reports, out):
         b = [runs[s][label]["ppl"]["buckets"] for s in seeds]
         x = [np.sqrt((lo + 1) * hi) for lo, hi in zip(b[0]["lo"], b[0]["hi"])]  # a bucket's geometric middle
         nll = np.array([c["nll"] for c in b])  # [seeds, buckets]
-        mean, sem = nll.mean(0), nll.std(0, ddof=1) / np.sqrt(len(nll))
+        mean, sem = mean_sem(nll)
         left.plot(x, np.exp(nll.T), color=color, lw=0.5, alpha=0.4)
         left.plot(x, np.exp(mean), color=color, lw=2, label=f"{label} (thin: a seed; thick: the mean)")
         left.fill_between(x, np.exp(mean - sem), np.exp(mean + sem), color=color, alpha=0.25)
         if label in fixes:  # over the seeds: each seed's paired difference d and its s.e.
             d, se = np.array([rows[s][label] for s in seeds]).T
-            summary[f"{label} - control"] = v = dict(mean=d.mean(), sem=d.std(ddof=1) / np.sqrt(len(d)),
-                worst=d.max(), worst_seed=seeds[int(d.argmax())], beyond_3_sem=int((d < -3 * se).sum()))
+            summary[f"{label} - control"] = v = dict(zip(("mean", "sem"), mean_sem(d)), worst=d.max(),
+                worst_seed=seeds[int(d.argmax())], beyond_3_sem=int((d < -3 * se).sum()))
             print(f"{label} - control: {v['mean']:+.3f} +- {v['sem']:.3f} over {len(d)} seeds, worst "
                   f"{v['worst']:+.3f} (seed {v['worst_seed']}), below -3 s.e. on {v['beyond_3_sem']}")
             right.errorbar(range(len(d)), d, se, fmt="o", color=color, label=label)
@@ -280,7 +283,7 @@ FLAGS = [
     ("warmup", float, 0.1, "fraction of the steps of linear warm-up"),
     ("weight-decay", float, 0.01, "AdamW weight decay of the matrices"),
     ("grad-clip", float, 1.0, "gradient norm clip (inf: none)"),
-    ("out", str, "out", "run directory; a new run needs one without ckpt.pt"),
+    ("out", str, "out", "run directory (a UTF-8 path); a new run needs one without ckpt.pt"),
     ("resume", bool, False, "resume --out as configured (--steps, intervals, --lr, --grad-clip may change)"),
     ("ckpt-interval", int, 250, "checkpoint every N steps and at the end"),
     ("eval-interval", int, 250, "validation loss every N steps"),
@@ -290,13 +293,15 @@ FLAGS = [
     ("split-seed", int, 0, "seed of a Markov corpus (post-training: parent's); text has one fixed split"),
     ("cache-dir", str, None, "text --data tokenized once, here (default: $LENGTHGEN_CACHE_DIR, data_cache)"),
     ("device", str, "auto", "auto (CUDA when present), cpu, cuda, cuda:1 ..."),
+    ("dist-timeout", float, 300, "torchrun: seconds a rank waits for the others (one frozen, or rank 0 "
+     "building the data cache) before every rank ends"),
     ("stop-at", int, None, "stop after this step as if killed (to test --resume)"),
     ("quiet", bool, False, "no progress bar"),
     ("demo", bool, False, "failure-and-fix demo (minutes a seed; uses --out, --seed(s), --device, --quiet)"),
     ("seeds", str, None, "--demo: training seeds, e.g. 0-7 or 0,5: a demo each, then the summary over seeds")]
 DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
 # Not resumed: flags of one invocation, not of the run. May change on resume: the length, divergence remedies.
-PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo", "seeds", "cache_dir")
+PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo", "seeds", "cache_dir", "dist_timeout")
 MAY_CHANGE = ("steps", "ckpt_interval", "eval_interval", "lr", "grad_clip")
 
 def main(argv=None):
@@ -310,11 +315,23 @@ def main(argv=None):
         sys.exit(f"error: {e}")
     except MemoryError:
         sys.exit("error: out of memory: lower --batch-size (and raise --grad-accum) or --seq-len")
-    except KeyboardInterrupt:  # each file is replaced whole (write_atomically): the last checkpoint is intact
-        ckpt = args and os.path.join(args.out, "ckpt.pt")
-        step = ckpt and os.path.isfile(ckpt) and model.read_checkpoint(ckpt, "cpu", mmap=True).get("step")
-        sys.exit(f"interrupted: the last checkpoint {ckpt} (step {step}) is intact; continue with --resume"
-                 if step else "interrupted before the first checkpoint: nothing to resume")
+    except RuntimeError as e:  # torchrun: gloo's timed-out or broken collective is a plain RuntimeError
+        distributed = "gloo" in str(e) or isinstance(e, torch.distributed.DistError)
+        if not (distributed and torch.distributed.is_initialized()):
+            raise
+        why = re.sub(r"^\[[^]]*\] ", "", str(e)).split(". ")[0]  # without gloo's source file and advice
+        sys.exit(f"error: rank {os.environ['RANK']} lost the other ranks ({why}): one is frozen or ended, or "
+                 f"was busy longer than --dist-timeout {args.dist_timeout:g} s (building a large data cache: "
+                 f"raise it); {last_checkpoint(args)}")
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM; under torchrun once a collective returns (--dist-timeout)
+        sys.exit(f"interrupted: {last_checkpoint(args)}")
+
+def last_checkpoint(args):
+    """What a stopped run leaves: its last checkpoint (each file is replaced whole: write_atomically)."""
+    ckpt = args and os.path.join(args.out, "ckpt.pt")
+    step = ckpt and os.path.isfile(ckpt) and model.read_checkpoint(ckpt, "cpu", mmap=True).get("step")
+    return f"the last checkpoint {ckpt} (step {step}) is intact; continue with --resume" if step else \
+        "no checkpoint was saved: nothing to resume"
 
 def parse_seeds(text):
     """"0-7" -> [0, ..., 7]; "0,5" -> [0, 5]."""
@@ -332,6 +349,10 @@ def get_args(argv=None):
         kw = {"action": "store_true"} if kind is bool else {"choices" if type(kind) is list else "type": kind}
         p.add_argument("--" + name, default=None, help=help + f" (default {default})" * bool(default), **kw)
     args = p.parse_args(argv)
+    # '' or a name of bytes not UTF-8 (argv holds them as lone surrogates, which encode() drops)
+    if args.out is not None and (not args.out or args.out.encode(errors="ignore").decode() != args.out):
+        sys.exit(f"error: --out must be a non-empty UTF-8 path (torch reads no checkpoint back from another "
+                 f"name), got {args.out!r}")
     given = {k for k, v in vars(args).items() if v is not None}
     out = args.out or DEFAULTS["out"]
     if args.resume and not args.demo:
@@ -387,6 +408,7 @@ def exit_on_bad_flags(args):
         must("grad_clip", args.grad_clip > 0, "> 0 (inf: no clipping)"),
         must("sigma", fin(args.sigma) and args.sigma > 0, "finite and > 0"),
         must("p_reset", 0 <= args.p_reset <= 1, "a probability in [0, 1]"),
+        must("dist_timeout", fin(args.dist_timeout) and args.dist_timeout > 0, "finite and > 0 (seconds)"),
         (not args.init_from and args.size not in model.PRESETS[args.arch], f"unknown --size {args.size!r} "
          f"for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}"),
         (args.init_from and not exists(args.init_from), f"--init-from {args.init_from} does not exist"),
@@ -472,6 +494,14 @@ def open_run(args, step):
                      f"it, or use another --out")
         lock.truncate(0)
         print(os.getpid(), file=lock, flush=True)
+        # under the lock no other train.py writes --out: it must still hold what this process read, no run
+        # (step 0) or the checkpoint it resumes (another may have saved there since exit_on_bad_flags looked)
+        ckpt = os.path.join(args.out, "ckpt.pt")
+        saved = model.read_checkpoint(ckpt, "cpu", mmap=True).get("step", "?") if os.path.isfile(ckpt) else 0
+        if saved != step:
+            sys.exit(f"error: {args.out} holds a run: --resume it, or use another --out" if not step else
+                     f"error: {ckpt} is at step {saved}, not {step} as read: another train.py wrote it "
+                     "meanwhile; --resume again")
         path = os.path.join(args.out, "metrics.jsonl")
         rows = open(path).readlines() if os.path.exists(path) else []
         try:  # a row cut short by a kill has no "}\n": dropped

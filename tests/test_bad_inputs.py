@@ -3,6 +3,8 @@ succeed); no file the user had changes. Plus: a divergent run, a failed read or 
 import argparse
 import fcntl
 import hashlib
+import json
+import multiprocessing
 import os
 import pathlib
 import shutil
@@ -20,7 +22,7 @@ import evaluate
 import interventions
 import model
 import train
-from conftest import CORPUS_TEXT, ROOT, TRAIN, official_dir, tiny_lm
+from conftest import CORPUS_TEXT, ROOT, TRAIN, logged, official_dir, tiny_lm
 
 @pytest.fixture(scope="module")
 def user(tmp_path_factory, tok_json):
@@ -132,10 +134,15 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--data {u}/short.txt", "split of"), ("--data {u}/u32.bin", "uint32"),
     ("--task passkey --tokenizer {u}/wordlevel.json --seq-len 256", "byte-level BPE"),
     ("--task copy --tokenizer {u}/wordlevel.json", "byte-level BPE"),
-    # issue 26: a checkpoint cut short, an official folder without its weights
+    # a checkpoint cut short, an official folder without its weights
     ("--init-from {u}/cut-short.pt", "truncated"),
     (lambda u: model.from_pretrained(f"{u}/cut-short.pt"), "copy it again whole"),
     ("--init-from {u}/config-only", "config.json but no pytorch_model.bin"),
+    # an --out no checkpoint could be read back from; how long a DDP rank waits for the others
+    ("--dist-timeout 0", "--dist-timeout"), ("--dist-timeout inf", "--dist-timeout"),
+    ("--resume --out {u}/run --dist-timeout 60 --steps 1", "below"),   # may differ on resume: not "differ"
+    (lambda u: train.main(TRAIN + ["--steps=1", "--out", ""]), "--out must be"),
+    (lambda u: train.main(TRAIN + ["--steps=1", "--out", os.fsdecode(os.fsencode(u) + b"/r\xff")]), "UTF-8"),
 ]
 
 @pytest.mark.parametrize("command,word", ROWS)
@@ -160,6 +167,64 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_not(tmp_path):
         code, message = train_main(TRAIN + ["--steps", "1", "--out", str(tmp_path)])
         assert code == 1 and "12345" in message and not (tmp_path / "ckpt.pt").exists()
     assert train_main(TRAIN + ["--steps", "1", "--out", str(tmp_path)]) == (0, "")  # released: no bar
+
+def whole_run(out):
+    """The run in out is one run's files: ckpt.pt loads, metrics.jsonl has each of its steps once, args.json
+    is its configuration."""
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
+    saved = json.load(open(os.path.join(out, "args.json")))
+    assert ckpt["train_config"] == saved and sorted(logged(out)) == list(range(1, ckpt["step"] + 1))
+    return saved
+
+@pytest.mark.parametrize("meanwhile", ["a run", "a resume", "a ckpt.pt not train.py's"])
+def test_a_run_saved_while_another_set_up_is_not_replaced(tmp_path, monkeypatch, meanwhile):
+    # B passes the "--out holds a run" check, then, while B sets up, A runs whole in the same --out (a new
+    # run; or a resume of it to step 4; or a file appears): B looks again under the lock and refuses; A's
+    # files stay whole
+    out, resume = str(tmp_path / "run"), meanwhile == "a resume"
+    if resume:
+        train.main(TRAIN + ["--steps", "2", "--out", out])
+    a, b = (["--out", out, "--resume", "--steps", str(n)] if resume else
+            TRAIN + ["--seed", str(n), "--steps", str(n), "--out", out] for n in (4, 3))
+    setup_model = train.setup_model
+
+    def a_runs_meanwhile(*args):
+        made = setup_model(*args)   # B has read --out (its checkpoint, resuming)
+        monkeypatch.setattr(train, "setup_model", setup_model)
+        if meanwhile.startswith("a ckpt.pt"):
+            torch.save({"weights": 1}, os.path.join(out, "ckpt.pt"))
+        else:
+            assert train_main(a) == (0, "")
+        return made
+    monkeypatch.setattr(train, "setup_model", a_runs_meanwhile)
+    code, message = train_main(b)
+    assert code == 1 and ("at step 4, not 2" if resume else "holds a run") in message and "\n" not in message
+    if meanwhile.startswith("a ckpt.pt"):
+        assert torch.load(os.path.join(out, "ckpt.pt")) == {"weights": 1}
+        assert set(os.listdir(out)) == {"ckpt.pt", "train.lock"}   # no args.json, no metrics.jsonl
+    else:
+        assert whole_run(out)["steps"] == 4
+
+def test_two_runs_started_at_once_on_one_out_one_refuses(tmp_path):
+    # two processes (forked: no interpreter to start) on one --out; whichever order they reach the lock in,
+    # one trains and the other refuses in one line
+    fork = multiprocessing.get_context("fork")
+    torch.optim.AdamW(tiny_lm().parameters())   # the first optimizer imports torch._dynamo: once, here
+    for trial in range(3):
+        out, ends = tmp_path / f"run{trial}", fork.SimpleQueue()
+        runs = [fork.Process(target=lambda n=n: ends.put((n, *train_main(TRAIN + [f"--steps={n}", "--out",
+                                                                                  str(out)]))))
+                for n in (2, 3)]
+        for p in runs:
+            p.start()
+        for p in runs:
+            p.join(timeout=300)
+            p.kill()   # should it hang
+        assert [p.exitcode for p in runs] == [0, 0]   # each returned its outcome: none raised nor hung
+        (won, code, _), (_, refused, message) = sorted((ends.get() for _ in runs), key=lambda end: end[1])
+        assert (code, refused, "\n" in message) == (0, 1, False), message
+        assert "holds a run" in message or "is writing" in message, message
+        assert whole_run(out)["steps"] == won
 
 @pytest.mark.parametrize("flags", [["--lr", "1e3", "--warmup", "0.9"], ["--lr", "30", "--grad-clip", "1e30"]])
 def test_a_divergent_run_stops_and_its_checkpoint_is_finite_and_resumable(tmp_path, flags):

@@ -1,9 +1,12 @@
 """train.py: exact resume (also under DDP), post-training, gradient accumulation, the optimizer, the demo."""
 import json
+import multiprocessing
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 import types
 
 import numpy as np
@@ -58,6 +61,63 @@ def test_two_process_gloo_ddp_resumes_exactly(tmp_path):
     assert all(torch.equal(weights[1][k], weights[0][k]) for k in weights[0])   # a's rank 1 = its rank 0
     assert logged(a) == logged(b) and all(torch.equal(w[k], weights[0][k]) for w in weights[2:] for k in w)
 
+@pytest.mark.parametrize("how", ["frozen", "frozen, then rank 0 sent SIGTERM", "killed"])
+def test_a_frozen_or_killed_ddp_rank_ends_the_other_in_one_line(tmp_path, how):
+    # 2 gloo ranks (forked, with the environment torchrun gives them); once training, rank 1 freezes
+    # (SIGSTOP): rank 0 ends after --dist-timeout, in one line; a SIGTERM while it waits is obeyed then;
+    # rank 1 killed: rank 0 ends at once
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fork, out = multiprocessing.get_context("fork"), tmp_path / "run"
+    ends = fork.SimpleQueue()
+    torch.optim.AdamW(tiny_lm().parameters())   # the first optimizer imports torch._dynamo: once, here
+
+    def rank_main(rank):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank))
+        try:
+            train.main(TRAIN + ["--steps=100000", "--ckpt-interval=5", "--device=cpu", "--dist-timeout=5",
+                                "--out", str(out)])
+        except SystemExit as e:
+            ends.put(e.code)
+    ranks = [fork.Process(target=rank_main, args=(rank,)) for rank in (0, 1)]
+    for p in ranks:
+        p.start()
+    deadline = time.time() + 120
+    while not (out / "ckpt.pt").exists() and time.time() < deadline and ranks[0].is_alive():
+        time.sleep(0.1)
+    os.kill(ranks[1].pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+    if "SIGTERM" in how:
+        time.sleep(1)   # rank 0 waits in gloo for rank 1 by now
+        os.kill(ranks[0].pid, signal.SIGTERM)
+    ranks[0].join(timeout=60)
+    alive = ranks[0].is_alive()
+    for p in ranks:
+        p.kill()   # SIGKILL: the frozen one too
+    assert not alive and ranks[0].exitcode == 0, "rank 0 still waits for rank 1, or raised"
+    message = ends.get()
+    assert "\n" not in message and ") is intact; continue with --resume" in message, message
+    assert "gloo/" not in message and "GLHF" not in message, message   # gloo's source file and its advice
+    assert message.startswith("interrupted: " if "SIGTERM" in how else "error: rank 0 lost the other ranks ("
+                              + "Timed out" * (how == "frozen")), message
+
+def test_under_ddp_a_broken_collective_is_one_line_and_another_error_a_traceback(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)   # as in a rank under torchrun
+    monkeypatch.setenv("RANK", "1")
+
+    def main_raising(text):
+        def fail(args):
+            raise RuntimeError(text)
+        monkeypatch.setattr(train, "train", fail)
+        train.main(TRAIN + ["--out", str(tmp_path / "run")])
+    with pytest.raises(SystemExit) as e:
+        main_raising("[/x/gloo/transport/tcp/pair.cc:9] Connection closed by peer [::1]:4. Check its logs")
+    assert e.value.code == ("error: rank 1 lost the other ranks (Connection closed by peer [::1]:4): one is "
+                            "frozen or ended, or was busy longer than --dist-timeout 300 s (building a large "
+                            "data cache: raise it); no checkpoint was saved: nothing to resume")
+    with pytest.raises(RuntimeError, match="^a bug$"):
+        main_raising("a bug")
+
 def test_post_training_inherits_data_seq_len_and_a_tenth_of_the_peak_lr(tmp_path):
     # a base trained at --lr 1e-3 (not the tiny preset's 3e-3): post-training defaults to 1e-4, its data and
     # T_train; a second post-training still to 1e-4 (peak_lr is inherited); each checkpoint loads back
@@ -84,15 +144,45 @@ def test_seeds_are_independent_and_post_training_reads_on(tmp_path):
     init = [train.setup_model(a, torch.device("cpu"), 5, None, "", 0, 1)[0].state_dict() for a in args[:3]]
     assert all(torch.equal(init[1][k], init[2][k]) for k in init[1])
     assert not all(torch.equal(init[0][k], init[1][k]) for k in init[0])
-    # post-training reads on where its parent's sampler stopped: RandomWindows' step, the next documents
+    # post-training (another --seed) reads on where its parent's sampler (--data-seed 2) stopped:
+    # RandomWindows' step, the next documents
     ckpt = lambda run: torch.load(os.path.join(tmp_path, run, "ckpt.pt"), weights_only=True)["sampler"][0]
     for strategy in ("zero", "tbtt"):
-        train.main(TRAIN + [f"--init-state={strategy}", "--steps=3", "--out", str(tmp_path / strategy)])
-        train.main(["--quiet", "--steps=2", "--batch-size=4", f"--init-state={strategy}", "--init-from",
-                    str(tmp_path / strategy), "--out", str(tmp_path / f"{strategy}-post")])
-    assert ckpt("zero-post") == {"seed": 0, "step": 5}  # batches 4 and 5 of the stream the base read 1-3 of
+        train.main(TRAIN + [f"--init-state={strategy}", "--steps=3", "--data-seed=2", "--out",
+                            str(tmp_path / strategy)])
+        train.main(["--quiet", "--steps=2", "--batch-size=4", f"--init-state={strategy}", "--seed=5",
+                    "--init-from", str(tmp_path / strategy), "--out", str(tmp_path / f"{strategy}-post")])
+    assert ckpt("zero-post") == {"seed": 2, "step": 5}  # batches 4 and 5 of the stream the base read 1-3 of
     parent, post = ckpt("tbtt"), ckpt("tbtt-post")  # 4 rows, documents of 200 tokens: none ends in 5 chunks
     assert (parent["cursor"], post["cursor"]) == (4, 8) and not set(parent["row_doc"]) & set(post["row_doc"])
+
+def test_post_training_under_ddp_each_rank_reads_on_its_own_stream(tmp_path):
+    # a parent saved by 2 ranks after 3 steps (rank r draws its batches with --data-seed + r): rank r of the
+    # post-training continues rank r's stream, the parent's 4th batch next
+    tokens = np.arange(5000) % 251
+    parent = [data.RandomWindows(tokens, 4, 16, seed=rank) for rank in (0, 1)]
+    for sampler in parent * 3:
+        sampler.next_batch()
+    torch.save({"sampler": [sampler.state_dict() for sampler in parent]}, tmp_path / "ckpt.pt")
+    for rank, sampler in enumerate(parent):
+        post = data.RandomWindows(tokens, 4, 16, seed=rank)
+        train.read_on(post, str(tmp_path), rank)
+        assert post.state_dict() == {"seed": rank, "step": 3}
+        assert torch.equal(post.next_batch().x, sampler.next_batch().x)
+
+def test_over_seeds_reports_each_fix_by_its_mean_sem_and_worst_seed(tmp_path):
+    # each seed's last-bucket NLL - control: -0.5, -0.1, -0.3 (+- 0.1, 0.1, 0.12) on seeds 0, 4, 7
+    buckets = dict(lo=[0, 16], hi=[16, 64], nll=[1.0, 2.0], ppl=[np.e, np.e ** 2])
+    run = lambda label, **diff: dict(label=label, t_train=16, verdict=dict(generalizes_to=32, censored=False),
+                                     ppl=dict(buckets=buckets), **diff)
+    fixes = lambda d, se: [run(fix, diff=dict(nll=[0, d], nll_sem=[0, se])) for fix in ("SP", "TBTT")]
+    reports = {seed: {"models": [run("base"), run("control"), *fixes(d, se)]}
+               for seed, d, se in ((0, -0.5, 0.1), (4, -0.1, 0.1), (7, -0.3, 0.12))}
+    assert train.over_seeds(reports, str(tmp_path)) == 0
+    summary = json.load(open(tmp_path / "seeds.json"))["summary"]
+    assert summary["SP - control"] == pytest.approx(dict(mean=-0.3, sem=0.2 / np.sqrt(3), worst=-0.1,
+                                                         worst_seed=4, beyond_3_sem=1))  # s.e.: ddof 1
+    assert summary["base fails within 32 x T_train"] == 3
 
 def test_post_training_an_official_checkpoint_on_a_tokenizer_json_corpus(tok_json, tmp_path, monkeypatch):
     # an official directory of the tiny preset's dimensions, its vocabulary padded (300 -> 304), post-trained
