@@ -292,7 +292,7 @@ BAD_ARGV = [("NOPE", "no checkpoint"), ("BAD", "corrupt"), ("CK CK --labels one"
             ("CK BPE", "different tokenizers"), ("BPE --tokenizer bytes", "does not match"),
             ("CK --metrics passkey --passkey-lengths 50", "--passkey-lengths"),
             ("CK --metrics babilong --babi-lengths 100", "--babi-lengths"),
-            ("CK --out CK/ckpt.pt/ev", "--out"), ("CK --out=", "--out ''"),   # issue 26: before any metric
+            ("CK --out CK/ckpt.pt/ev", "--out"), ("CK --out=", "--out ''"),   # refused before any metric
             ("CK --out DANGLING", "--out")]
 
 @pytest.mark.parametrize("call, word", BAD_CALLS + BAD_ARGV)
