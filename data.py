@@ -105,20 +105,43 @@ def get_tokenizer(name="bytes"):
 
 def hub_path(name, file=None):
     """name itself where it exists (a local path wins) or is no hub id ORG/NAME, else the repo's folder in
-    huggingface_hub's cache (HF_HOME), fetched there unless HF_HUB_OFFLINE=1; file: that file of a folder."""
+    huggingface_hub's cache (HF_HOME), fetched there unless HF_HUB_OFFLINE=1; file: that file of a folder.
+    A Hub that does not answer ends it after HF_HUB_ETAG_TIMEOUT seconds (default 10), in one line."""
     if os.path.exists(name) or not re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", name):
         return os.path.join(name, file) if file and os.path.isdir(name) else name
-    from huggingface_hub import constants, snapshot_download   # installed with tokenizers
-    files, why = [file] if file else ["config.json", "pytorch_model.bin", "ckpt.pt"], "incomplete"
-    for cached in (True, False):   # the cache first: nothing there is fetched again
+    import huggingface_hub as hf   # installed with tokenizers
+    from huggingface_hub import constants, errors
+    layouts = [[file]] if file else [["ckpt.pt"], ["config.json", "pytorch_model.bin"]]   # ours, official
+    cached = {f: hf.try_to_load_from_cache(name, f) for files in layouts for f in files}
+    cached = {f: path for f, path in cached.items() if isinstance(path, str)}   # else not cached
+    for files in layouts:   # the cache first: nothing there is fetched again
+        if all(f in cached for f in files) and len({os.path.dirname(cached[f]) for f in files}) == 1:
+            return cached[file] if file else os.path.dirname(cached[files[0]])
+    missing = [f for f in layouts[-1] if f not in cached]   # what `hf download` is to fetch
+
+    def fail(why):
+        has = f"holds {' and '.join(cached)} but not" if cached else "has no"
+        return DataError(f"{name}: no such path, and the Hugging Face cache {has} {' nor '.join(missing)} "
+                         f"({why}): run `hf download {name} {' '.join(missing)}` on a connected machine "
+                         "(the same HF_HOME)")
+    if constants.HF_HUB_OFFLINE:
+        raise fail("HF_HUB_OFFLINE=1")
+    timeout = constants.HF_HUB_ETAG_TIMEOUT   # one HEAD a file, no retry (hf_hub_download retries a stalled
+    for files in layouts:                     # Hub for minutes), then the download
         try:
-            folder = snapshot_download(name, allow_patterns=files, local_files_only=cached)
-            if any(os.path.isfile(os.path.join(folder, f)) for f in files):
-                return os.path.join(folder, file) if file else folder
-        except Exception as e:   # not cached, offline, no network, no such repo
-            why = f"{type(e).__name__}, HF_HUB_OFFLINE={int(constants.HF_HUB_OFFLINE)}"
-    raise DataError(f"{name}: no such path, nor in the Hugging Face cache ({why}): run `hf download {name} "
-                    f"{' '.join(files[:2])}` on a connected machine (the same HF_HOME), or check the path")
+            for f in files:
+                hf.get_hf_file_metadata(hf.hf_hub_url(name, f), timeout=timeout)
+            paths = [hf.hf_hub_download(name, f, etag_timeout=timeout) for f in files]
+            return paths[0] if file else os.path.dirname(paths[0])
+        except errors.RemoteEntryNotFoundError:   # not this layout
+            continue
+        except errors.RepositoryNotFoundError:
+            raise fail("no such Hub repo, or a private one") from None
+        except Exception as e:   # a stalled or refused connection, a proxy, a full disk
+            stalled = "Timeout" in type(e).__name__   # httpx's ReadTimeout, ConnectTimeout...
+            raise fail(f"the Hub did not answer within {timeout:g} s: HF_HUB_ETAG_TIMEOUT sets it" if stalled
+                       else f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}") from None
+    raise fail("nor does the Hub repo")
 
 def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache_dir=None, out=None):
     """data: "stdlib" (the standard library's .py files: offline text), "markov:k=8,..." (MARKOV_DEFAULTS,
@@ -331,20 +354,41 @@ def _tiktoken(name):
     from tiktoken_ext.openai_public import r50k_pat_str   # gpt2's split pattern
     if name.endswith(".tiktoken"):   # read by its hash: a cached copy of an older file is not used
         sha = hashlib.sha256(require_file(name, "pass a .tiktoken file") and pathlib.Path(name).read_bytes())
-        ranks = tiktoken.load.load_tiktoken_bpe(name, expected_hash=sha.hexdigest())
+        try:
+            ranks = tiktoken.load.load_tiktoken_bpe(name, expected_hash=sha.hexdigest())
+        except ValueError as e:   # a line that is not "base64 rank"
+            raise DataError(f"{name}: {str(e).splitlines()[0][:150]}: pass a .tiktoken file") from None
+        ids, gaps = set(ranks.values()), sorted(set(range(len(ranks))) - set(ranks.values()))
+        lacks = [b for b in range(256) if bytes([b]) not in ranks]   # tiktoken panics on a byte it lacks
+        problem = not ranks and "no tokens" or len(ids) < len(ranks) and "two tokens share a rank" or \
+            gaps and f"no token has rank {gaps[0]}" or lacks and f"the byte {lacks[0]:#04x} is no token"
+        require(not problem, f"{name}: {problem}: pass a .tiktoken file of a byte-level BPE (each rank "
+                "0..n-1 once)")
         return tiktoken.Encoding(f"tiktoken-{sha.hexdigest()[:12]}", pat_str=r50k_pat_str,
-                                 mergeable_ranks=ranks, special_tokens={EOT: max(ranks.values()) + 1})
+                                 mergeable_ranks=ranks, special_tokens={EOT: len(ranks)})
     known = tiktoken.list_encoding_names()
     require(name in known, f"unknown tokenizer {name!r}: use bytes, a tiktoken encoding ({', '.join(known)})"
             ", PATH/x.tiktoken, PATH/tokenizer.json or a hub id")
+    import requests   # installed with tiktoken
+    from huggingface_hub import constants
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")   # then a file not in the cache fails
-    with unittest.mock.patch.object(tiktoken.load, "read_file", None if offline else tiktoken.load.read_file):
-        try:   # at once (read_file None): no network call that could hang
+    read, urls, timeout = tiktoken.load.read_file, [], constants.HF_HUB_DOWNLOAD_TIMEOUT
+
+    def bounded_read(url):   # tiktoken's read_file, whose requests.get has no timeout: given one
+        urls.append(url)
+        require(not offline, "HF_HUB_OFFLINE=1")   # at once: no network call
+        with unittest.mock.patch.object(requests, "get", functools.partial(requests.get, timeout=timeout)):
+            return read(url)
+    with unittest.mock.patch.object(tiktoken.load, "read_file", bounded_read):
+        try:
             return tiktoken.get_encoding(name)
         except Exception as e:
-            why = "HF_HUB_OFFLINE=1" if offline else type(e).__name__
-            raise TokenizerUnavailableError(f"tiktoken's {name} files are not in its cache ({why}): run "
-                                            f"tiktoken.get_encoding('{name}') when online") from None
+            why = str(e) if offline else f"no answer within {timeout:g} s: HF_HUB_DOWNLOAD_TIMEOUT sets it" \
+                if isinstance(e, requests.Timeout) else type(e).__name__
+            raise TokenizerUnavailableError(
+                f"tiktoken's {name}: {urls[-1] if urls else 'its files'} is not in its cache ({why}): run "
+                f"python -c \"import tiktoken; tiktoken.get_encoding('{name}')\" on a connected machine (the "
+                "same TIKTOKEN_CACHE_DIR)") from None
 
 def write_atomically(path, write):
     """write(tmp) under a name unique to this process, then rename: a kill leaves the old file or the new."""
