@@ -190,14 +190,16 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
     stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.path.basename(data.rstrip("/")))
     folder = out or os.path.join(cache_dir or DEFAULT_CACHE_DIR, f"{stem or 'data'}-{enc.name}-{key[:16]}")
     require(not out or not os.path.exists(out), f"{out} exists: prepare into a new directory")
+    require(out or not os.path.exists(folder) or os.path.isdir(folder), f"{folder} is a file where the cache "
+            "folder goes: remove it or pass another --cache-dir")
     if not (meta := _whole(folder)) and os.path.exists(folder):
         print(f"data: the cache {folder} is truncated or corrupt: rebuilding it", file=sys.stderr)
         shutil.rmtree(folder)
     try:
         meta = meta or _build(folder, data, [f for f, *_ in stats], enc, val_fraction)
-    except OSError:   # another process may have written the same cache meanwhile
+    except OSError as e:   # another process may have written the same cache meanwhile
         if not (meta := _whole(folder)):
-            raise
+            raise OSError(f"{e}: pass a writable {'--out' if out else '--cache-dir'}") from None
     return _prepared(data, folder, enc, meta)
 
 # --- 2. The in-context Markov process and its exact Bayes floor -----------------------------------
@@ -398,11 +400,13 @@ def write_atomically(path, write):
         os.replace(tmp, path)
     except BaseException as e:  # also Ctrl-C, SIGTERM: no temporary file is left
         shutil.rmtree(tmp, ignore_errors=True)   # a directory's (a corpus's)
-        pathlib.Path(tmp).unlink(missing_ok=True)
+        if os.path.lexists(tmp):   # (not when its folder is missing or a file)
+            os.unlink(tmp)
         if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a full disk as a RuntimeError
             raise
         why = f"{str(e).splitlines()[0]}; disk full?" if isinstance(e, RuntimeError) else e.strerror or e
-        raise OSError(f"cannot write {path} ({why}): the previous one is intact") from None
+        kept = "the previous one is intact" if os.path.exists(path) else "nothing was written"
+        raise OSError(f"cannot write {path} ({why}): {kept}") from None
 
 def _build(folder, label, files, enc, val_fraction):
     """Text files (sorted) -> folder/train.bin and val.bin, eot + the ids of each (val: a val_fraction of the

@@ -5,8 +5,11 @@ import errno
 import io
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -121,3 +124,21 @@ def test_failed_cache_builds_leave_nothing_behind(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="space"):
         data.load_data(str(tmp_path / "corpus"), cache_dir=str(tmp_path / "c"))
     assert os.listdir(tmp_path / "c") == []
+
+def test_a_cache_that_cannot_be_written_says_so_and_what_to_pass(tmp_path, monkeypatch):
+    write_docs(tmp_path / "corpus", n=3)
+    load = lambda: data.load_data(str(tmp_path / "corpus"), cache_dir=str(tmp_path / "c"))
+
+    def denied(*args, **kwargs):   # as a read-only --cache-dir (root writes anywhere)
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(os, "makedirs", denied)
+    with pytest.raises(OSError, match=r"\(Permission denied\): nothing was written: pass a writable --cache-"):
+        load()
+    monkeypatch.undo()
+    load()
+    (cache,) = (tmp_path / "c").iterdir()
+    shutil.rmtree(cache)
+    cache.write_text("a file where the cache folder goes")
+    with pytest.raises(DataError, match="is a file where the cache folder goes: remove it or pass another"):
+        load()
+    assert cache.read_text() == "a file where the cache folder goes"
