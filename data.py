@@ -154,20 +154,17 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
         return _load_markov(data[7:], int(seed))
     enc = get_tokenizer(tokenizer)
     if data.endswith(".bin"):   # nanoGPT's prepare.py output: memory-mapped as is, val is its tail
-        meta, dtype = os.path.join(os.path.dirname(data), "meta.json"), "uint16"   # meta: a wider dtype
-        try:
-            dtype = json.loads(pathlib.Path(meta).read_text())["dtype"] if os.path.exists(meta) else dtype
-        except (ValueError, TypeError, KeyError):
-            dtype = None
-        require(dtype in ("uint16", "uint32"), f'{meta} must hold {{"dtype": "uint16"}} or "uint32": fix it')
-        require(dtype == "uint32" or enc.n_vocab <= 1 << 16, f"{enc.name!r} ids are past uint16: write "
-                f'uint32 ids and declare "dtype": "uint32" in {meta}')
-        size, width = require_file(data, "pass a nanoGPT .bin").st_size, np.dtype(dtype).itemsize
-        require(size and not size % width, f"{data!r} holds {size} bytes, not whole {dtype} ids: pass a "
-                f"nanoGPT .bin (another dtype: declare it in {meta})")
+        meta, pkl = (os.path.join(os.path.dirname(data), f) for f in ("meta.json", "meta.pkl"))
+        require(not os.path.exists(pkl), f"{pkl}: {data} holds nanoGPT character-level ids (a vocabulary of "
+                "its own, no tokenizer of this repo): tokenize the text instead, python data.py --data TEXT")
+        dtype = _id_dtype(_read_json(meta) if os.path.exists(meta) else dict(dtype="uint16"), meta, enc)
+        size = require_file(data, "pass a nanoGPT .bin").st_size
+        require(size and not size % dtype.itemsize, f"{data!r} holds {size} bytes, not whole {dtype} ids: "
+                f"pass a nanoGPT .bin (another dtype: declare it in {meta})")
         tokens = np.memmap(data, dtype=dtype, mode="r")
-        require(dtype != "uint16" or len(tokens) < 4 or tokens[1::2].any() or not tokens[::2].any(),
-                f'{data!r} looks like uint32 ids (odd uint16s all 0): declare "dtype": "uint32" in {meta}')
+        wider = {"uint8": "uint16", "uint16": "uint32"}.get(dtype.name)   # small ids of a wider dtype read as
+        require(not wider or len(tokens) < 4 or tokens[1::2].any() or not tokens[::2].any(),   # id, 0, id, 0
+                f'{data!r} looks like {wider} ids (odd {dtype}s all 0): declare "dtype": "{wider}" in {meta}')
         top = int(tokens.max())   # the whole file: an id past the vocabulary would fail mid-training
         require(top < enc.n_vocab, f"{data!r} holds id {top}, past {enc.name!r}: pass its --tokenizer")
         n = len(tokens) - round(len(tokens) * val_fraction)
@@ -420,8 +417,9 @@ def _build(folder, label, files, enc, val_fraction):
     encode = getattr(enc, "encode_ordinary_batch", None) or (lambda texts: [*map(enc.encode_ordinary, texts)])
     cut = [*enc.encode_ordinary("a.\nb")] == [*enc.encode_ordinary("a.\n"), *enc.encode_ordinary("b")]
     eot = np.array([enc.eot_token], dtype).tobytes()
-    meta = dict(source=label, tokenizer=enc.name, dtype=dtype.name, eot_token=enc.eot_token,
-                docs_train=len(texts) - len(val), docs_val=len(val), skipped_files=len(files) - len(texts))
+    meta = dict(source=label, tokenizer=enc.name, vocab_size=enc.n_vocab, dtype=dtype.name,
+                eot_token=enc.eot_token, docs_train=len(texts) - len(val), docs_val=len(val),
+                skipped_files=len(files) - len(texts))
 
     def write(tmp):   # batches of pieces, each encoded on every core while the next is read, this one written
         os.makedirs(tmp)
@@ -474,13 +472,36 @@ def _whole(folder):   # -> its meta.json if train.bin + val.bin have the sha1 it
         return None
 
 def _prepared(name, folder, enc, meta=None):   # -> Data of folder's train.bin and val.bin (meta: verified)
-    meta = meta or _whole(folder)
+    meta, file = meta or _whole(folder), os.path.join(folder, "meta.json")
     require(meta, f"{folder}: no train.bin and val.bin that match its meta.json: run python data.py again")
-    require(meta["tokenizer"] == enc.name, f"{folder} holds ids of the tokenizer {meta['tokenizer']}, not of "
-            f"{enc.name}: pass the --tokenizer it was prepared with")
-    train, val = [np.memmap(os.path.join(folder, f"{s}.bin"), meta["dtype"], "r") if meta[f"n_{s}"] else
-                  np.zeros(0, meta["dtype"]) for s in ("train", "val")]   # an empty file cannot be mapped
+    dtype, bins = _id_dtype(meta, file, enc), {s: os.path.join(folder, f"{s}.bin") for s in ("train", "val")}
+    require(all(meta.get(f"n_{s}") == os.path.getsize(b) / dtype.itemsize for s, b in bins.items()),
+            f'{file}: its "dtype" {dtype} and "n_train", "n_val" do not fit train.bin, val.bin: run python '
+            "data.py again")
+    train, val = [np.memmap(b, dtype, "r") if meta[f"n_{s}"] else np.zeros(0, dtype)   # an empty file cannot
+                  for s, b in bins.items()]                                            # be mapped
+    top = max([int(a.max()) for a in (train, val) if len(a)], default=-1)   # as a .bin's: before training
+    require(top < enc.n_vocab, f"{folder} holds id {top}, past the {enc.n_vocab} of {enc.name!r}: pass its "
+            "--tokenizer")
     return Data(name, train, val, enc.n_vocab, enc.eot_token, enc, info=dict(meta, key=meta["sha1"][:16]))
+
+def _read_json(path):   # a meta.json -> its object, else a one-line DataError
+    try:
+        return json.loads(pathlib.Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} is not readable JSON ({type(e).__name__}): fix or remove it") from None
+
+def _id_dtype(meta, file, enc):   # -> the numpy dtype of the ids that a meta.json declares for this tokenizer
+    dtype, names = meta.get("dtype") if isinstance(meta, dict) else None, ("uint8", "uint16", "uint32")
+    require(dtype in names, f'{file} declares no "dtype" of {", ".join(names)} (got {dtype!r}): write the '
+            "one its ids have")
+    claims = {k: meta[k] for k in ("tokenizer", "vocab_size") if k in meta}
+    require(claims.items() <= dict(tokenizer=enc.name, vocab_size=enc.n_vocab).items(), f"{file} declares "
+            f"{json.dumps(claims)[1:-1]}, not the {enc.n_vocab} ids of {enc.name}: pass the --tokenizer it "
+            "names")
+    require(enc.n_vocab <= 1 << 8 * np.dtype(dtype).itemsize, f"{enc.name!r} ids are past {dtype}: write "
+            f'wider ids (uint16, uint32) and declare "dtype" in {file}')
+    return np.dtype(dtype)
 
 def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): not cached on disk
     cfg, usage = dict(MARKOV_DEFAULTS), ",".join(f"{k}={v}" for k, v in MARKOV_DEFAULTS.items())

@@ -142,3 +142,25 @@ def test_a_cache_that_cannot_be_written_says_so_and_what_to_pass(tmp_path, monke
     with pytest.raises(DataError, match="is a file where the cache folder goes: remove it or pass another"):
         load()
     assert cache.read_text() == "a file where the cache folder goes"
+
+class Small:   # a vocabulary that fits uint8
+    name, n_vocab, eot_token = "small", 200, 199
+    encode_ordinary = staticmethod(lambda text: [ord(c) % 199 for c in text])
+
+def test_a_bin_is_read_in_the_dtype_its_meta_json_declares_for_its_tokenizer(tmp_path):
+    ids = np.arange(3000) % 190 + 5
+    ids.astype(np.uint8).tofile(tmp_path / "ids.bin")
+    (tmp_path / "meta.json").write_text('{"dtype": "uint8", "tokenizer": "small", "vocab_size": 200}')
+    d = data.load_data(str(tmp_path / "ids.bin"), Small(), val_fraction=0.1)
+    assert d.train.dtype == np.uint8 and np.array_equal(np.r_[d.train, d.val], ids)
+    for meta, word in (('{"dtype": "uint8", "vocab_size": 300}', '"vocab_size": 300, not the 200 ids of sm'),
+                       ('{"dtype": "uint8", "tokenizer": "gpt2"}', '"tokenizer": "gpt2", not'),
+                       ('{"dtype": "uint8"}', "'bytes' ids are past uint8"),   # bytes: 257 ids
+                       ('{"tokenizer": "small"}', 'declares no "dtype"'), ("{dtype", "not readable JSON")):
+        (tmp_path / "meta.json").write_text(meta)
+        with pytest.raises(DataError, match=word):
+            data.load_data(str(tmp_path / "ids.bin"), "bytes" if "past" in word else Small())
+    ids.astype(np.uint16).tofile(tmp_path / "ids.bin")   # uint16 ids declared uint8: not read as garbage
+    (tmp_path / "meta.json").write_text('{"dtype": "uint8"}')
+    with pytest.raises(DataError, match='looks like uint16 ids .*"dtype": "uint16"'):
+        data.load_data(str(tmp_path / "ids.bin"), Small())
