@@ -177,8 +177,10 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
             f"directory or a text file (patterns are not expanded), a .bin, stdlib or markov:k=8,...")
     skip = {"site-packages", "dist-packages", "test", "tests", "idle_test"} if stdlib else set()
     files = [] if os.path.isdir(root) else [root]
-    for path, dirs, names in os.walk(root):   # hidden files and folders skipped
-        dirs[:] = [d for d in dirs if d not in skip | {"__pycache__"} and not d.startswith(".")]
+    seen = {os.path.realpath(root)}   # symlinked folders followed, each folder once (a link cycle ends)
+    for path, dirs, names in os.walk(root, followlinks=True):   # hidden files and folders skipped
+        dirs[:] = [d for d in sorted(dirs) if d not in skip | {"__pycache__"} and not d.startswith(".") and
+                   (real := os.path.realpath(os.path.join(path, d))) not in seen and not seen.add(real)]
         files += [os.path.join(path, f) for f in names if f.endswith(".py" if stdlib else "") and f[0] != "."]
     require(files, f"{root!r} holds no files: point --data at a folder of text files")
     stats = [(os.path.abspath(f), st.st_size, st.st_mtime_ns) for f in sorted(files)   # no FIFO, nothing

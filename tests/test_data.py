@@ -164,3 +164,12 @@ def test_a_bin_is_read_in_the_dtype_its_meta_json_declares_for_its_tokenizer(tmp
     (tmp_path / "meta.json").write_text('{"dtype": "uint8"}')
     with pytest.raises(DataError, match='looks like uint16 ids .*"dtype": "uint16"'):
         data.load_data(str(tmp_path / "ids.bin"), Small())
+
+def test_symlinked_folders_are_followed_once_and_a_link_cycle_ends(tmp_path):
+    texts = write_docs(tmp_path / "elsewhere", n=12)
+    (tmp_path / "corpus").mkdir()
+    for link, target in (("docs", "elsewhere"), ("again", "elsewhere"), ("cycle", "corpus")):
+        (tmp_path / "corpus" / link).symlink_to(tmp_path / target, target_is_directory=True)
+    d = data.load_data(str(tmp_path / "corpus"), val_fraction=0.2, cache_dir=str(tmp_path / "c"))
+    assert d.info["docs_train"] + d.info["docs_val"] == 12   # each file once, through the first link
+    assert split_docs(np.r_[d.train, d.val]) == {t.encode() for t in texts.values()}
