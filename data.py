@@ -13,6 +13,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import sys
 import sysconfig
 import unittest.mock
@@ -554,7 +555,10 @@ if __name__ == "__main__":   # the prepare command
     ap.add_argument("--tokenizer", default="bytes", help="bytes or PATH/tokenizer.json (DIR is read with it)")
     ap.add_argument("--out", required=True, metavar="DIR", help="a new directory (nothing is overwritten)")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)   # as Ctrl-C: write_atomically cleans up
     try:
         load_data(args.data, args.tokenizer, out=os.path.normpath(args.out))
     except (OSError, DataError, TokenizerUnavailableError) as e:
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        sys.exit(f"interrupted: {args.out} not written, no temporary file left")

@@ -173,3 +173,23 @@ def test_symlinked_folders_are_followed_once_and_a_link_cycle_ends(tmp_path):
     d = data.load_data(str(tmp_path / "corpus"), val_fraction=0.2, cache_dir=str(tmp_path / "c"))
     assert d.info["docs_train"] + d.info["docs_val"] == 12   # each file once, through the first link
     assert split_docs(np.r_[d.train, d.val]) == {t.encode() for t in texts.values()}
+
+def test_prepare_interrupted_by_sigterm_or_ctrl_c_leaves_no_temporary_folder(tmp_path, tok_json):
+    (tmp_path / "corpus").mkdir()
+    for i in range(6):   # about 5 MB of BPE: seconds to tokenize, on one thread
+        (tmp_path / "corpus" / f"{i}.txt").write_text(TEXT * 60)
+    for sig in signal.SIGTERM, signal.SIGINT:
+        out = tmp_path / f"prep-{sig.name}"
+        cmd = [sys.executable, f"{ROOT}/data.py", "--data", str(tmp_path / "corpus"), "--tokenizer", tok_json,
+               "--out", str(out)]
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, RAYON_NUM_THREADS="1"),   # SIGINT: as from a terminal
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        deadline = time.time() + 60   # until it writes its temporary folder
+        while not list(tmp_path.glob(f"{out.name}.*.tmp/train.bin")) and p.poll() is None and \
+                time.time() < deadline:
+            time.sleep(0.05)
+        p.send_signal(sig)
+        err = p.communicate(timeout=60)[1]
+        assert p.returncode == 1 and err == f"interrupted: {out} not written, no temporary file left\n", err
+        assert not out.exists() and not list(tmp_path.glob("*.tmp"))
