@@ -113,7 +113,10 @@ def hub_path(name, file=None):
     import huggingface_hub as hf   # installed with tokenizers
     from huggingface_hub import constants, errors
     layouts = [[file]] if file else [["ckpt.pt"], ["config.json", "pytorch_model.bin"]]   # ours, official
-    cached = {f: hf.try_to_load_from_cache(name, f) for files in layouts for f in files}
+    try:
+        cached = {f: hf.try_to_load_from_cache(name, f) for files in layouts for f in files}
+    except ValueError as e:   # the Hub's rules for an id (no "--", ...)
+        raise DataError(f"{name}: no such path, nor a hub id ({e}): check the path") from None
     cached = {f: path for f, path in cached.items() if isinstance(path, str)}   # else not cached
     for files in layouts:   # the cache first: nothing there is fetched again
         if all(f in cached for f in files) and len({os.path.dirname(cached[f]) for f in files}) == 1:

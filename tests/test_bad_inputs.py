@@ -93,7 +93,8 @@ def data_files(d, tok_json):
     (d / "odd.bin").write_bytes(b"\x41\x00" * 100 + b"\x41")   # not whole uint16s
     byte_ranks = [(base64.b64encode(bytes([i])), b"%d" % i) for i in range(256)]
     for name, ranks in (("dup", byte_ranks + [(b"YWI=", b"7")]), ("gap", byte_ranks + [(b"YWI=", b"300")]),
-                        ("empty", []), ("no-bytes", [(b"YWI=", b"0")]), ("garbled", [(b"YWI=", b"x")])):
+                        ("empty", []), ("no-ff", byte_ranks[:255] + [(b"YWI=", b"255")]),
+                        ("garbled", [(b"YWI=", b"x")])):
         (d / f"{name}.tiktoken").write_bytes(b"".join(b"%s %s\n" % token_rank for token_rank in ranks))
 
 def snapshot(d):
@@ -165,9 +166,10 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--data {u}/odd.bin", "not whole uint16"), ("--tokenizer {u}/dup.tiktoken", "two tokens share a rank"),
     ("--tokenizer {u}/gap.tiktoken", "no token has rank 256"),
     ("--tokenizer {u}/empty.tiktoken", ": no tokens"),
-    ("--tokenizer {u}/no-bytes.tiktoken", "the byte 0x00 is no token"),
+    ("--tokenizer {u}/no-ff.tiktoken", "the byte 0xff is no token"),
     ("--tokenizer {u}/garbled.tiktoken", "pass a .tiktoken file"),
     ("--data {u}/short.txt --cache-dir {u}/a-file", "Not a directory): nothing was written: pass a writable"),
+    ("--init-from org/--x", "no such path, nor a hub id"),
 ]
 
 @pytest.mark.parametrize("command,word", ROWS)
