@@ -193,3 +193,9 @@ def test_prepare_interrupted_by_sigterm_or_ctrl_c_leaves_no_temporary_folder(tmp
         err = p.communicate(timeout=60)[1]
         assert p.returncode == 1 and err == f"interrupted: {out} not written, no temporary file left\n", err
         assert not out.exists() and not list(tmp_path.glob("*.tmp"))
+
+def test_a_corpus_of_few_files_holds_one_whole_document_out(tmp_path):
+    texts = write_docs(tmp_path / "corpus", n=4)   # 5% of 4 files rounds to 0: one is held out all the same
+    d = data.load_data(str(tmp_path / "corpus"), cache_dir=str(tmp_path / "c"))
+    train, val = split_docs(d.train), split_docs(d.val)
+    assert len(val) == 1 and not train & val and train | val == {t.encode() for t in texts.values()}
