@@ -143,17 +143,17 @@ def test_a_cache_that_cannot_be_written_says_so_and_what_to_pass(tmp_path, monke
         load()
     assert cache.read_text() == "a file where the cache folder goes"
 
-class Small:   # a vocabulary that fits uint8
-    name, n_vocab, eot_token = "small", 200, 199
-    encode_ordinary = staticmethod(lambda text: [ord(c) % 199 for c in text])
+class Small:   # a vocabulary that just fits uint8: Latin-1 (others read 1), eot 0
+    name, n_vocab, eot_token = "small", 256, 0
+    encode_ordinary = staticmethod(lambda text: [ord(c) if 0 < ord(c) < 256 else 1 for c in text])
 
 def test_a_bin_is_read_in_the_dtype_its_meta_json_declares_for_its_tokenizer(tmp_path):
-    ids = np.arange(3000) % 190 + 5
+    ids = np.arange(3000) % 256
     ids.astype(np.uint8).tofile(tmp_path / "ids.bin")
-    (tmp_path / "meta.json").write_text('{"dtype": "uint8", "tokenizer": "small", "vocab_size": 200}')
+    (tmp_path / "meta.json").write_text('{"dtype": "uint8", "tokenizer": "small", "vocab_size": 256}')
     d = data.load_data(str(tmp_path / "ids.bin"), Small(), val_fraction=0.1)
     assert d.train.dtype == np.uint8 and np.array_equal(np.r_[d.train, d.val], ids)
-    for meta, word in (('{"dtype": "uint8", "vocab_size": 300}', '"vocab_size": 300, not the 200 ids of sm'),
+    for meta, word in (('{"dtype": "uint8", "vocab_size": 300}', '"vocab_size": 300, not the 256 ids of sm'),
                        ('{"dtype": "uint8", "tokenizer": "gpt2"}', '"tokenizer": "gpt2", not'),
                        ('{"dtype": "uint8"}', "'bytes' ids are past uint8"),   # bytes: 257 ids
                        ('{"tokenizer": "small"}', 'declares no "dtype"'), ("{dtype", "not readable JSON")):
@@ -164,14 +164,23 @@ def test_a_bin_is_read_in_the_dtype_its_meta_json_declares_for_its_tokenizer(tmp
     (tmp_path / "meta.json").write_text('{"dtype": "uint8"}')
     with pytest.raises(DataError, match='looks like uint16 ids .*"dtype": "uint16"'):
         data.load_data(str(tmp_path / "ids.bin"), Small())
+    (tmp_path / "corpus").mkdir()   # a prepared directory whose id 255 is in one split, read as of 255 ids
+    (tmp_path / "corpus" / "a.txt").write_text("plain text\n" * 20)
+    (tmp_path / "corpus" / "b.txt").write_text("\xff\n" * 20)
+    data.load_data(str(tmp_path / "corpus"), Small(), out=str(tmp_path / "prep"))
+    meta = json.loads((tmp_path / "prep" / "meta.json").read_text())
+    (tmp_path / "prep" / "meta.json").write_text(json.dumps(dict(meta, tokenizer="fewer", vocab_size=255)))
+    fewer = type("Fewer", (Small,), dict(name="fewer", n_vocab=255))()
+    with pytest.raises(DataError, match="prep holds id 255, past the 255 of 'fewer': pass its --tokenizer"):
+        data.load_data(str(tmp_path / "prep"), fewer)
 
 def test_symlinked_folders_are_followed_once_and_a_link_cycle_ends(tmp_path):
     texts = write_docs(tmp_path / "elsewhere", n=12)
-    (tmp_path / "corpus").mkdir()
+    texts.update(write_docs(tmp_path / "corpus", n=1))   # and a file of its own
     for link, target in (("docs", "elsewhere"), ("again", "elsewhere"), ("cycle", "corpus")):
         (tmp_path / "corpus" / link).symlink_to(tmp_path / target, target_is_directory=True)
     d = data.load_data(str(tmp_path / "corpus"), val_fraction=0.2, cache_dir=str(tmp_path / "c"))
-    assert d.info["docs_train"] + d.info["docs_val"] == 12   # each file once, through the first link
+    assert d.info["docs_train"] + d.info["docs_val"] == 13   # each file once, through the first link
     assert split_docs(np.r_[d.train, d.val]) == {t.encode() for t in texts.values()}
 
 def test_prepare_interrupted_by_sigterm_or_ctrl_c_leaves_no_temporary_folder(tmp_path, tok_json):
