@@ -13,6 +13,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import sys
 import sysconfig
 import unittest.mock
@@ -105,20 +106,46 @@ def get_tokenizer(name="bytes"):
 
 def hub_path(name, file=None):
     """name itself where it exists (a local path wins) or is no hub id ORG/NAME, else the repo's folder in
-    huggingface_hub's cache (HF_HOME), fetched there unless HF_HUB_OFFLINE=1; file: that file of a folder."""
+    huggingface_hub's cache (HF_HOME), fetched there unless HF_HUB_OFFLINE=1; file: that file of a folder.
+    A Hub that does not answer ends it after HF_HUB_ETAG_TIMEOUT seconds (default 10), in one line."""
     if os.path.exists(name) or not re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", name):
         return os.path.join(name, file) if file and os.path.isdir(name) else name
-    from huggingface_hub import constants, snapshot_download   # installed with tokenizers
-    files, why = [file] if file else ["config.json", "pytorch_model.bin", "ckpt.pt"], "incomplete"
-    for cached in (True, False):   # the cache first: nothing there is fetched again
+    import huggingface_hub as hf   # installed with tokenizers
+    from huggingface_hub import constants, errors
+    layouts = [[file]] if file else [["ckpt.pt"], ["config.json", "pytorch_model.bin"]]   # ours, official
+    try:
+        cached = {f: hf.try_to_load_from_cache(name, f) for files in layouts for f in files}
+    except ValueError as e:   # the Hub's rules for an id (no "--", ...)
+        raise DataError(f"{name}: no such path, nor a hub id ({e}): check the path") from None
+    cached = {f: path for f, path in cached.items() if isinstance(path, str)}   # else not cached
+    for files in layouts:   # the cache first: nothing there is fetched again
+        if all(f in cached for f in files) and len({os.path.dirname(cached[f]) for f in files}) == 1:
+            return cached[file] if file else os.path.dirname(cached[files[0]])
+    missing = [f for f in layouts[-1] if f not in cached]   # what `hf download` is to fetch
+
+    def fail(why):
+        has = f"holds {' and '.join(cached)} but not" if cached else "has no"
+        return DataError(f"{name}: no such path, and the Hugging Face cache {has} {' nor '.join(missing)} "
+                         f"({why}): run `hf download {name} {' '.join(missing)}` on a connected machine "
+                         "(the same HF_HOME)")
+    if constants.HF_HUB_OFFLINE:
+        raise fail("HF_HUB_OFFLINE=1")
+    timeout = constants.HF_HUB_ETAG_TIMEOUT   # one HEAD a file, no retry (hf_hub_download retries a stalled
+    for files in layouts:                     # Hub for minutes), then the download
         try:
-            folder = snapshot_download(name, allow_patterns=files, local_files_only=cached)
-            if any(os.path.isfile(os.path.join(folder, f)) for f in files):
-                return os.path.join(folder, file) if file else folder
-        except Exception as e:   # not cached, offline, no network, no such repo
-            why = f"{type(e).__name__}, HF_HUB_OFFLINE={int(constants.HF_HUB_OFFLINE)}"
-    raise DataError(f"{name}: no such path, nor in the Hugging Face cache ({why}): run `hf download {name} "
-                    f"{' '.join(files[:2])}` on a connected machine (the same HF_HOME), or check the path")
+            for f in files:
+                hf.get_hf_file_metadata(hf.hf_hub_url(name, f), timeout=timeout)
+            paths = [hf.hf_hub_download(name, f, etag_timeout=timeout) for f in files]
+            return paths[0] if file else os.path.dirname(paths[0])
+        except errors.RemoteEntryNotFoundError:   # not this layout
+            continue
+        except errors.RepositoryNotFoundError:
+            raise fail("no such Hub repo, or a private one") from None
+        except Exception as e:   # a stalled or refused connection, a proxy, a full disk
+            stalled = "Timeout" in type(e).__name__   # httpx's ReadTimeout, ConnectTimeout...
+            raise fail(f"the Hub did not answer within {timeout:g} s: HF_HUB_ETAG_TIMEOUT sets it" if stalled
+                       else f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}") from None
+    raise fail("nor does the Hub repo")
 
 def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache_dir=None, out=None):
     """data: "stdlib" (the standard library's .py files: offline text), "markov:k=8,..." (MARKOV_DEFAULTS,
@@ -131,20 +158,17 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
         return _load_markov(data[7:], int(seed))
     enc = get_tokenizer(tokenizer)
     if data.endswith(".bin"):   # nanoGPT's prepare.py output: memory-mapped as is, val is its tail
-        meta, dtype = os.path.join(os.path.dirname(data), "meta.json"), "uint16"   # meta: a wider dtype
-        try:
-            dtype = json.loads(pathlib.Path(meta).read_text())["dtype"] if os.path.exists(meta) else dtype
-        except (ValueError, TypeError, KeyError):
-            dtype = None
-        require(dtype in ("uint16", "uint32"), f'{meta} must hold {{"dtype": "uint16"}} or "uint32": fix it')
-        require(dtype == "uint32" or enc.n_vocab <= 1 << 16, f"{enc.name!r} ids are past uint16: write "
-                f'uint32 ids and declare "dtype": "uint32" in {meta}')
-        size, width = require_file(data, "pass a nanoGPT .bin").st_size, np.dtype(dtype).itemsize
-        require(size and not size % width, f"{data!r} holds {size} bytes, not whole {dtype} ids: pass a "
-                f"nanoGPT .bin (another dtype: declare it in {meta})")
+        meta, pkl = (os.path.join(os.path.dirname(data), f) for f in ("meta.json", "meta.pkl"))
+        require(not os.path.exists(pkl), f"{pkl}: {data} holds nanoGPT character-level ids (a vocabulary of "
+                "its own, no tokenizer of this repo): tokenize the text instead, python data.py --data TEXT")
+        dtype = _id_dtype(_read_json(meta) if os.path.exists(meta) else dict(dtype="uint16"), meta, enc)
+        size = require_file(data, "pass a nanoGPT .bin").st_size
+        require(size and not size % dtype.itemsize, f"{data!r} holds {size} bytes, not whole {dtype} ids: "
+                f"pass a nanoGPT .bin (another dtype: declare it in {meta})")
         tokens = np.memmap(data, dtype=dtype, mode="r")
-        require(dtype != "uint16" or len(tokens) < 4 or tokens[1::2].any() or not tokens[::2].any(),
-                f'{data!r} looks like uint32 ids (odd uint16s all 0): declare "dtype": "uint32" in {meta}')
+        wider = {"uint8": "uint16", "uint16": "uint32"}.get(dtype.name)   # small ids of a wider dtype read as
+        require(not wider or len(tokens) < 4 or tokens[1::2].any() or not tokens[::2].any(),   # id, 0, id, 0
+                f'{data!r} looks like {wider} ids (odd {dtype}s all 0): declare "dtype": "{wider}" in {meta}')
         top = int(tokens.max())   # the whole file: an id past the vocabulary would fail mid-training
         require(top < enc.n_vocab, f"{data!r} holds id {top}, past {enc.name!r}: pass its --tokenizer")
         n = len(tokens) - round(len(tokens) * val_fraction)
@@ -157,8 +181,10 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
             f"directory or a text file (patterns are not expanded), a .bin, stdlib or markov:k=8,...")
     skip = {"site-packages", "dist-packages", "test", "tests", "idle_test"} if stdlib else set()
     files = [] if os.path.isdir(root) else [root]
-    for path, dirs, names in os.walk(root):   # hidden files and folders skipped
-        dirs[:] = [d for d in dirs if d not in skip | {"__pycache__"} and not d.startswith(".")]
+    seen = {os.path.realpath(root)}   # symlinked folders followed, each folder once (a link cycle ends)
+    for path, dirs, names in os.walk(root, followlinks=True):   # hidden files and folders skipped
+        dirs[:] = [d for d in sorted(dirs) if d not in skip | {"__pycache__"} and not d.startswith(".") and
+                   (real := os.path.realpath(os.path.join(path, d))) not in seen and not seen.add(real)]
         files += [os.path.join(path, f) for f in names if f.endswith(".py" if stdlib else "") and f[0] != "."]
     require(files, f"{root!r} holds no files: point --data at a folder of text files")
     stats = [(os.path.abspath(f), st.st_size, st.st_mtime_ns) for f in sorted(files)   # no FIFO, nothing
@@ -167,14 +193,16 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
     stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.path.basename(data.rstrip("/")))
     folder = out or os.path.join(cache_dir or DEFAULT_CACHE_DIR, f"{stem or 'data'}-{enc.name}-{key[:16]}")
     require(not out or not os.path.exists(out), f"{out} exists: prepare into a new directory")
+    require(out or not os.path.exists(folder) or os.path.isdir(folder), f"{folder} is a file where the cache "
+            "folder goes: remove it or pass another --cache-dir")
     if not (meta := _whole(folder)) and os.path.exists(folder):
         print(f"data: the cache {folder} is truncated or corrupt: rebuilding it", file=sys.stderr)
         shutil.rmtree(folder)
     try:
         meta = meta or _build(folder, data, [f for f, *_ in stats], enc, val_fraction)
-    except OSError:   # another process may have written the same cache meanwhile
+    except OSError as e:   # another process may have written the same cache meanwhile
         if not (meta := _whole(folder)):
-            raise
+            raise OSError(f"{e}: pass a writable {'--out' if out else '--cache-dir'}") from None
     return _prepared(data, folder, enc, meta)
 
 # --- 2. The in-context Markov process and its exact Bayes floor -----------------------------------
@@ -331,20 +359,41 @@ def _tiktoken(name):
     from tiktoken_ext.openai_public import r50k_pat_str   # gpt2's split pattern
     if name.endswith(".tiktoken"):   # read by its hash: a cached copy of an older file is not used
         sha = hashlib.sha256(require_file(name, "pass a .tiktoken file") and pathlib.Path(name).read_bytes())
-        ranks = tiktoken.load.load_tiktoken_bpe(name, expected_hash=sha.hexdigest())
+        try:
+            ranks = tiktoken.load.load_tiktoken_bpe(name, expected_hash=sha.hexdigest())
+        except ValueError as e:   # a line that is not "base64 rank"
+            raise DataError(f"{name}: {str(e).splitlines()[0][:150]}: pass a .tiktoken file") from None
+        ids, gaps = set(ranks.values()), sorted(set(range(len(ranks))) - set(ranks.values()))
+        lacks = [b for b in range(256) if bytes([b]) not in ranks]   # tiktoken panics on a byte it lacks
+        problem = not ranks and "no tokens" or len(ids) < len(ranks) and "two tokens share a rank" or \
+            gaps and f"no token has rank {gaps[0]}" or lacks and f"the byte {lacks[0]:#04x} is no token"
+        require(not problem, f"{name}: {problem}: pass a .tiktoken file of a byte-level BPE (each rank "
+                "0..n-1 once)")
         return tiktoken.Encoding(f"tiktoken-{sha.hexdigest()[:12]}", pat_str=r50k_pat_str,
-                                 mergeable_ranks=ranks, special_tokens={EOT: max(ranks.values()) + 1})
+                                 mergeable_ranks=ranks, special_tokens={EOT: len(ranks)})
     known = tiktoken.list_encoding_names()
     require(name in known, f"unknown tokenizer {name!r}: use bytes, a tiktoken encoding ({', '.join(known)})"
             ", PATH/x.tiktoken, PATH/tokenizer.json or a hub id")
+    import requests   # installed with tiktoken
+    from huggingface_hub import constants
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")   # then a file not in the cache fails
-    with unittest.mock.patch.object(tiktoken.load, "read_file", None if offline else tiktoken.load.read_file):
-        try:   # at once (read_file None): no network call that could hang
+    read, urls, timeout = tiktoken.load.read_file, [], constants.HF_HUB_DOWNLOAD_TIMEOUT
+
+    def bounded_read(url):   # tiktoken's read_file, whose requests.get has no timeout: given one
+        urls.append(url)
+        require(not offline, "HF_HUB_OFFLINE=1")   # at once: no network call
+        with unittest.mock.patch.object(requests, "get", functools.partial(requests.get, timeout=timeout)):
+            return read(url)
+    with unittest.mock.patch.object(tiktoken.load, "read_file", bounded_read):
+        try:
             return tiktoken.get_encoding(name)
         except Exception as e:
-            why = "HF_HUB_OFFLINE=1" if offline else type(e).__name__
-            raise TokenizerUnavailableError(f"tiktoken's {name} files are not in its cache ({why}): run "
-                                            f"tiktoken.get_encoding('{name}') when online") from None
+            why = str(e) if offline else f"no answer within {timeout:g} s: HF_HUB_DOWNLOAD_TIMEOUT sets it" \
+                if isinstance(e, requests.Timeout) else type(e).__name__
+            raise TokenizerUnavailableError(
+                f"tiktoken's {name}: {urls[-1] if urls else 'its files'} is not in its cache ({why}): run "
+                f"python -c \"import tiktoken; tiktoken.get_encoding('{name}')\" on a connected machine (the "
+                "same TIKTOKEN_CACHE_DIR)") from None
 
 def write_atomically(path, write):
     """write(tmp) under a name unique to this process, then rename: a kill leaves the old file or the new."""
@@ -354,11 +403,13 @@ def write_atomically(path, write):
         os.replace(tmp, path)
     except BaseException as e:  # also Ctrl-C, SIGTERM: no temporary file is left
         shutil.rmtree(tmp, ignore_errors=True)   # a directory's (a corpus's)
-        pathlib.Path(tmp).unlink(missing_ok=True)
+        if os.path.lexists(tmp):   # (not when its folder is missing or a file)
+            os.unlink(tmp)
         if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a full disk as a RuntimeError
             raise
         why = f"{str(e).splitlines()[0]}; disk full?" if isinstance(e, RuntimeError) else e.strerror or e
-        raise OSError(f"cannot write {path} ({why}): the previous one is intact") from None
+        kept = "the previous one is intact" if os.path.exists(path) else "nothing was written"
+        raise OSError(f"cannot write {path} ({why}): {kept}") from None
 
 def _build(folder, label, files, enc, val_fraction):
     """Text files (sorted) -> folder/train.bin and val.bin, eot + the ids of each (val: a val_fraction of the
@@ -372,8 +423,9 @@ def _build(folder, label, files, enc, val_fraction):
     encode = getattr(enc, "encode_ordinary_batch", None) or (lambda texts: [*map(enc.encode_ordinary, texts)])
     cut = [*enc.encode_ordinary("a.\nb")] == [*enc.encode_ordinary("a.\n"), *enc.encode_ordinary("b")]
     eot = np.array([enc.eot_token], dtype).tobytes()
-    meta = dict(source=label, tokenizer=enc.name, dtype=dtype.name, eot_token=enc.eot_token,
-                docs_train=len(texts) - len(val), docs_val=len(val), skipped_files=len(files) - len(texts))
+    meta = dict(source=label, tokenizer=enc.name, vocab_size=enc.n_vocab, dtype=dtype.name,
+                eot_token=enc.eot_token, docs_train=len(texts) - len(val), docs_val=len(val),
+                skipped_files=len(files) - len(texts))
 
     def write(tmp):   # batches of pieces, each encoded on every core while the next is read, this one written
         os.makedirs(tmp)
@@ -426,13 +478,36 @@ def _whole(folder):   # -> its meta.json if train.bin + val.bin have the sha1 it
         return None
 
 def _prepared(name, folder, enc, meta=None):   # -> Data of folder's train.bin and val.bin (meta: verified)
-    meta = meta or _whole(folder)
+    meta, file = meta or _whole(folder), os.path.join(folder, "meta.json")
     require(meta, f"{folder}: no train.bin and val.bin that match its meta.json: run python data.py again")
-    require(meta["tokenizer"] == enc.name, f"{folder} holds ids of the tokenizer {meta['tokenizer']}, not of "
-            f"{enc.name}: pass the --tokenizer it was prepared with")
-    train, val = [np.memmap(os.path.join(folder, f"{s}.bin"), meta["dtype"], "r") if meta[f"n_{s}"] else
-                  np.zeros(0, meta["dtype"]) for s in ("train", "val")]   # an empty file cannot be mapped
+    dtype, bins = _id_dtype(meta, file, enc), {s: os.path.join(folder, f"{s}.bin") for s in ("train", "val")}
+    require(all(meta.get(f"n_{s}") == os.path.getsize(b) / dtype.itemsize for s, b in bins.items()),
+            f'{file}: its "dtype" {dtype} and "n_train", "n_val" do not fit train.bin, val.bin: run python '
+            "data.py again")
+    train, val = [np.memmap(b, dtype, "r") if meta[f"n_{s}"] else np.zeros(0, dtype)   # an empty file cannot
+                  for s, b in bins.items()]                                            # be mapped
+    top = max([int(a.max()) for a in (train, val) if len(a)], default=-1)   # as a .bin's: before training
+    require(top < enc.n_vocab, f"{folder} holds id {top}, past the {enc.n_vocab} of {enc.name!r}: pass its "
+            "--tokenizer")
     return Data(name, train, val, enc.n_vocab, enc.eot_token, enc, info=dict(meta, key=meta["sha1"][:16]))
+
+def _read_json(path):   # a meta.json -> its object, else a one-line DataError
+    try:
+        return json.loads(pathlib.Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} is not readable JSON ({type(e).__name__}): fix or remove it") from None
+
+def _id_dtype(meta, file, enc):   # -> the numpy dtype of the ids that a meta.json declares for this tokenizer
+    dtype, names = meta.get("dtype") if isinstance(meta, dict) else None, ("uint8", "uint16", "uint32")
+    require(dtype in names, f'{file} declares no "dtype" of {", ".join(names)} (got {dtype!r}): write the '
+            "one its ids have")
+    claims = {k: meta[k] for k in ("tokenizer", "vocab_size") if k in meta}
+    require(claims.items() <= dict(tokenizer=enc.name, vocab_size=enc.n_vocab).items(), f"{file} declares "
+            f"{json.dumps(claims)[1:-1]}, not the {enc.n_vocab} ids of {enc.name}: pass the --tokenizer it "
+            "names")
+    require(enc.n_vocab <= 1 << 8 * np.dtype(dtype).itemsize, f"{enc.name!r} ids are past {dtype}: write "
+            f'wider ids (uint16, uint32) and declare "dtype" in {file}')
+    return np.dtype(dtype)
 
 def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): not cached on disk
     cfg, usage = dict(MARKOV_DEFAULTS), ",".join(f"{k}={v}" for k, v in MARKOV_DEFAULTS.items())
@@ -483,7 +558,10 @@ if __name__ == "__main__":   # the prepare command
     ap.add_argument("--tokenizer", default="bytes", help="bytes or PATH/tokenizer.json (DIR is read with it)")
     ap.add_argument("--out", required=True, metavar="DIR", help="a new directory (nothing is overwritten)")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)   # as Ctrl-C: write_atomically cleans up
     try:
         load_data(args.data, args.tokenizer, out=os.path.normpath(args.out))
     except (OSError, DataError, TokenizerUnavailableError) as e:
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        sys.exit(f"interrupted: {args.out} not written, no temporary file left")

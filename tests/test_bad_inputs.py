@@ -1,12 +1,14 @@
 """Bad input (issue 13): each row is a command or call and a key word of its one-line message (none: it must
 succeed); no file the user had changes. Plus: a divergent run, a failed read or write, a second writer."""
 import argparse
+import base64
 import fcntl
 import hashlib
 import json
 import multiprocessing
 import os
 import pathlib
+import pickle
 import shutil
 import signal
 import subprocess
@@ -70,7 +72,34 @@ def user(tmp_path_factory, tok_json):
     (d / "corrupt-run").mkdir()
     for path in (d / "pickle.pt", d / "corrupt-run" / "ckpt.pt"):  # not plain data: weights_only refuses it
         torch.save({"model_config": argparse.Namespace(), "train_config": argparse.Namespace()}, path)
+    data_files(d, tok_json)
     return d
+
+def data_files(d, tok_json):
+    """Issue 26: prepared directories, .bin and .tiktoken files whose ids or ranks are not what they say."""
+    (d / "docs").mkdir()
+    for i in range(3):
+        (d / "docs" / f"{i}.txt").write_text(CORPUS_TEXT[i * 100:])
+    edits = {"prep-u8": ("bytes", dict(dtype="uint8")), "prep-u32": ("bytes", dict(dtype="uint32")),
+             "prep-no-dtype": ("bytes", dict(dtype=None)),   # None: the key removed
+             "prep-bpe-as-bytes": (tok_json, dict(tokenizer="bytes", vocab_size=None))}
+    for name, (tok, edit) in edits.items():
+        data.load_data(str(d / "docs"), tok, out=str(d / name))
+        meta = json.loads((d / name / "meta.json").read_text())
+        (d / name / "meta.json").write_text(json.dumps({k: v for k, v in {**meta, **edit}.items() if v}))
+    char_level = pickle.dumps(dict(vocab_size=1, stoi={"a": 0}, itos={0: "a"}))   # nanoGPT's shakespeare_char
+    for name, files in (("gpt2-bin", {"meta.json": b'{"dtype": "uint16", "tokenizer": "gpt2"}'}),
+                        ("char-bin", {"meta.pkl": char_level})):
+        (d / name).mkdir()
+        np.arange(65, 97, dtype=np.uint16).tofile(d / name / "train.bin")
+        for file, content in files.items():
+            (d / name / file).write_bytes(content)
+    (d / "odd.bin").write_bytes(b"\x41\x00" * 100 + b"\x41")   # not whole uint16s
+    byte_ranks = [(base64.b64encode(bytes([i])), b"%d" % i) for i in range(256)]
+    for name, ranks in (("dup", byte_ranks + [(b"YWI=", b"7")]), ("gap", byte_ranks + [(b"YWI=", b"300")]),
+                        ("empty", []), ("no-ff", byte_ranks[:255] + [(b"YWI=", b"255")]),
+                        ("garbled", [(b"YWI=", b"x")])):
+        (d / f"{name}.tiktoken").write_bytes(b"".join(b"%s %s\n" % token_rank for token_rank in ranks))
 
 def snapshot(d):
     return {p: hashlib.sha1(p.read_bytes()).hexdigest() for p in pathlib.Path(d).rglob("*") if p.is_file()}
@@ -143,6 +172,17 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--resume --out {u}/run --dist-timeout 60 --steps 1", "below"),   # may differ on resume: not "differ"
     (lambda u: train.main(TRAIN + ["--steps=1", "--out", ""]), "--out must be"),
     (lambda u: train.main(TRAIN + ["--steps=1", "--out", os.fsdecode(os.fsencode(u) + b"/r\xff")]), "UTF-8"),
+    # the data a run reads is the data it says; one line naming the file, the problem and the fix
+    ("--data {u}/prep-u8", "past uint8"), ("--data {u}/prep-u32", "do not fit"),
+    ("--data {u}/prep-no-dtype", 'declares no "dtype"'), ("--data {u}/prep-bpe-as-bytes", "holds id 2"),
+    ("--data {u}/gpt2-bin/train.bin", '"tokenizer": "gpt2"'), ("--data {u}/char-bin/train.bin", "meta.pkl"),
+    ("--data {u}/odd.bin", "not whole uint16"), ("--tokenizer {u}/dup.tiktoken", "two tokens share a rank"),
+    ("--tokenizer {u}/gap.tiktoken", "no token has rank 256"),
+    ("--tokenizer {u}/empty.tiktoken", ": no tokens"),
+    ("--tokenizer {u}/no-ff.tiktoken", "the byte 0xff is no token"),
+    ("--tokenizer {u}/garbled.tiktoken", "pass a .tiktoken file"),
+    ("--data {u}/short.txt --cache-dir {u}/a-file", "Not a directory): nothing was written: pass a writable"),
+    ("--init-from org/--x", "no such path, nor a hub id"),
 ]
 
 @pytest.mark.parametrize("command,word", ROWS)

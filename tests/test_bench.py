@@ -36,3 +36,15 @@ def test_bench_train_bad_preset_is_one_line(preset, capsys):
         bench.main(["--what", "train", "--device", "cpu", "--presets", f"mamba2:tiny,{preset}"])
     assert str(e.value).startswith("error: unknown arch or size") and "\n" not in str(e.value)
     assert "tokens/s" not in capsys.readouterr().out  # checked before anything was timed
+
+def test_times_drops_the_warm_up_and_sorts_and_a_row_reports_the_best_call(monkeypatch):
+    clock, costs = [0.0], iter([5.0, 3.0, 1.0, 2.0])   # seconds of the warm-up call, then of 3 timed calls
+
+    def call():
+        clock[0] += next(costs)
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    assert bench.times(call, 3, torch.device("cpu"))[0] == [1.0, 2.0, 3.0]
+    monkeypatch.setattr(bench, "times", lambda fn, repeats, device: ([1.0, 2.0, 4.0], 0))   # as times gives
+    args = argparse.Namespace(presets="mamba2:tiny", forms="auto", seq_len=32, batch_size=2, repeats=3)
+    (r,) = bench.bench_train(args, torch.device("cpu"), vocab_size=257)
+    assert (r["best_s"], r["median_s"], r["tokens_per_s"]) == (1.0, 2.0, 2 * 32 / 1.0)

@@ -5,8 +5,11 @@ import errno
 import io
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -121,3 +124,87 @@ def test_failed_cache_builds_leave_nothing_behind(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="space"):
         data.load_data(str(tmp_path / "corpus"), cache_dir=str(tmp_path / "c"))
     assert os.listdir(tmp_path / "c") == []
+
+def test_a_cache_that_cannot_be_written_says_so_and_what_to_pass(tmp_path, monkeypatch):
+    write_docs(tmp_path / "corpus", n=3)
+    load = lambda: data.load_data(str(tmp_path / "corpus"), cache_dir=str(tmp_path / "c"))
+
+    def denied(*args, **kwargs):   # as a read-only --cache-dir (root writes anywhere)
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(os, "makedirs", denied)
+    with pytest.raises(OSError, match=r"\(Permission denied\): nothing was written: pass a writable --cache-"):
+        load()
+    monkeypatch.undo()
+    load()
+    (cache,) = (tmp_path / "c").iterdir()
+    shutil.rmtree(cache)
+    cache.write_text("a file where the cache folder goes")
+    with pytest.raises(DataError, match="is a file where the cache folder goes: remove it or pass another"):
+        load()
+    assert cache.read_text() == "a file where the cache folder goes"
+
+class Small:   # a vocabulary that just fits uint8: Latin-1 (others read 1), eot 0
+    name, n_vocab, eot_token = "small", 256, 0
+    encode_ordinary = staticmethod(lambda text: [ord(c) if 0 < ord(c) < 256 else 1 for c in text])
+
+def test_a_bin_is_read_in_the_dtype_its_meta_json_declares_for_its_tokenizer(tmp_path):
+    ids = np.arange(3000) % 256
+    ids.astype(np.uint8).tofile(tmp_path / "ids.bin")
+    (tmp_path / "meta.json").write_text('{"dtype": "uint8", "tokenizer": "small", "vocab_size": 256}')
+    d = data.load_data(str(tmp_path / "ids.bin"), Small(), val_fraction=0.1)
+    assert d.train.dtype == np.uint8 and np.array_equal(np.r_[d.train, d.val], ids)
+    for meta, word in (('{"dtype": "uint8", "vocab_size": 300}', '"vocab_size": 300, not the 256 ids of sm'),
+                       ('{"dtype": "uint8", "tokenizer": "gpt2"}', '"tokenizer": "gpt2", not'),
+                       ('{"dtype": "uint8"}', "'bytes' ids are past uint8"),   # bytes: 257 ids
+                       ('{"tokenizer": "small"}', 'declares no "dtype"'), ("{dtype", "not readable JSON")):
+        (tmp_path / "meta.json").write_text(meta)
+        with pytest.raises(DataError, match=word):
+            data.load_data(str(tmp_path / "ids.bin"), "bytes" if "past" in word else Small())
+    ids.astype(np.uint16).tofile(tmp_path / "ids.bin")   # uint16 ids declared uint8: not read as garbage
+    (tmp_path / "meta.json").write_text('{"dtype": "uint8"}')
+    with pytest.raises(DataError, match='looks like uint16 ids .*"dtype": "uint16"'):
+        data.load_data(str(tmp_path / "ids.bin"), Small())
+    (tmp_path / "corpus").mkdir()   # a prepared directory whose id 255 is in one split, read as of 255 ids
+    (tmp_path / "corpus" / "a.txt").write_text("plain text\n" * 20)
+    (tmp_path / "corpus" / "b.txt").write_text("\xff\n" * 20)
+    data.load_data(str(tmp_path / "corpus"), Small(), out=str(tmp_path / "prep"))
+    meta = json.loads((tmp_path / "prep" / "meta.json").read_text())
+    (tmp_path / "prep" / "meta.json").write_text(json.dumps(dict(meta, tokenizer="fewer", vocab_size=255)))
+    fewer = type("Fewer", (Small,), dict(name="fewer", n_vocab=255))()
+    with pytest.raises(DataError, match="prep holds id 255, past the 255 of 'fewer': pass its --tokenizer"):
+        data.load_data(str(tmp_path / "prep"), fewer)
+
+def test_symlinked_folders_are_followed_once_and_a_link_cycle_ends(tmp_path):
+    texts = write_docs(tmp_path / "elsewhere", n=12)
+    texts.update(write_docs(tmp_path / "corpus", n=1))   # and a file of its own
+    for link, target in (("docs", "elsewhere"), ("again", "elsewhere"), ("cycle", "corpus")):
+        (tmp_path / "corpus" / link).symlink_to(tmp_path / target, target_is_directory=True)
+    d = data.load_data(str(tmp_path / "corpus"), val_fraction=0.2, cache_dir=str(tmp_path / "c"))
+    assert d.info["docs_train"] + d.info["docs_val"] == 13   # each file once, through the first link
+    assert split_docs(np.r_[d.train, d.val]) == {t.encode() for t in texts.values()}
+
+def test_prepare_interrupted_by_sigterm_or_ctrl_c_leaves_no_temporary_folder(tmp_path, tok_json):
+    (tmp_path / "corpus").mkdir()
+    for i in range(6):   # about 5 MB of BPE: seconds to tokenize, on one thread
+        (tmp_path / "corpus" / f"{i}.txt").write_text(TEXT * 60)
+    for sig in signal.SIGTERM, signal.SIGINT:
+        out = tmp_path / f"prep-{sig.name}"
+        cmd = [sys.executable, f"{ROOT}/data.py", "--data", str(tmp_path / "corpus"), "--tokenizer", tok_json,
+               "--out", str(out)]
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, RAYON_NUM_THREADS="1"),   # SIGINT: as from a terminal
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        deadline = time.time() + 60   # until it writes its temporary folder
+        while not list(tmp_path.glob(f"{out.name}.*.tmp/train.bin")) and p.poll() is None and \
+                time.time() < deadline:
+            time.sleep(0.05)
+        p.send_signal(sig)
+        err = p.communicate(timeout=60)[1]
+        assert p.returncode == 1 and err == f"interrupted: {out} not written, no temporary file left\n", err
+        assert not out.exists() and not list(tmp_path.glob("*.tmp"))
+
+def test_a_corpus_of_few_files_holds_one_whole_document_out(tmp_path):
+    texts = write_docs(tmp_path / "corpus", n=4)   # 5% of 4 files rounds to 0: one is held out all the same
+    d = data.load_data(str(tmp_path / "corpus"), cache_dir=str(tmp_path / "c"))
+    train, val = split_docs(d.train), split_docs(d.val)
+    assert len(val) == 1 and not train & val and train | val == {t.encode() for t in texts.values()}
