@@ -153,7 +153,7 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
     .bin (uint16, or meta.json's "dtype"). Text is tokenized once, into a cache keyed by the files and the
     tokenizer (out: into that new directory), split by document (one file: its tail)."""
     require(isinstance(data, str) and data and is_int(seed, 0) and isinstance(val_fraction, (int, float)) and
-            0 <= val_fraction < 1, f"load_data: need a data name, seed >= 0 and val_fraction in [0, 1)")
+            0 <= val_fraction < 1, "load_data: need a data name, seed >= 0 and val_fraction in [0, 1)")
     if data == "markov" or data.startswith("markov:"):
         return _load_markov(data[7:], int(seed))
     enc = get_tokenizer(tokenizer)

@@ -15,7 +15,6 @@ import json
 import math
 import os
 import pathlib
-import re
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -254,11 +253,9 @@ def weights_file(path):
     if not os.path.isdir(path) or os.path.exists(os.path.join(path, "ckpt.pt")):
         return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path, None
     cfg, weights = official_config(path), os.path.join(path, "pytorch_model.bin")  # config.json checked first
-    if not os.path.isfile(weights):  # the hub cache's folders are models--ORG--NAME/snapshots/REVISION
-        repo = (hub := re.search(r"models--([^/]+)/snapshots/", path)) and hub[1].replace("--", "/")
-        fetch = f"{repo} pytorch_model.bin" if repo else f"ORG/NAME pytorch_model.bin --local-dir {path}"
+    if not os.path.isfile(weights):  # a hub id's partial snapshot is named by data.hub_path
         raise FileNotFoundError(f"{path} holds config.json but no pytorch_model.bin (a partial download?): "
-                                f"run `hf download {fetch}` on a connected machine")
+                                f"run `hf download ORG/NAME pytorch_model.bin --local-dir {path}`")
     return weights, cfg
 
 def read_checkpoint(path, device, **kw):

@@ -5,7 +5,6 @@ import base64
 import fcntl
 import hashlib
 import json
-import multiprocessing
 import os
 import pathlib
 import pickle
@@ -246,25 +245,16 @@ def test_a_run_saved_while_another_set_up_is_not_replaced(tmp_path, monkeypatch,
         assert whole_run(out)["steps"] == 4
 
 def test_two_runs_started_at_once_on_one_out_one_refuses(tmp_path):
-    # two processes (forked: no interpreter to start) on one --out; whichever order they reach the lock in,
-    # one trains and the other refuses in one line
-    fork = multiprocessing.get_context("fork")
-    torch.optim.AdamW(tiny_lm().parameters())   # the first optimizer imports torch._dynamo: once, here
-    for trial in range(3):
-        out, ends = tmp_path / f"run{trial}", fork.SimpleQueue()
-        runs = [fork.Process(target=lambda n=n: ends.put((n, *train_main(TRAIN + [f"--steps={n}", "--out",
-                                                                                  str(out)]))))
-                for n in (2, 3)]
-        for p in runs:
-            p.start()
-        for p in runs:
-            p.join(timeout=300)
-            p.kill()   # should it hang
-        assert [p.exitcode for p in runs] == [0, 0]   # each returned its outcome: none raised nor hung
-        (won, code, _), (_, refused, message) = sorted((ends.get() for _ in runs), key=lambda end: end[1])
-        assert (code, refused, "\n" in message) == (0, 1, False), message
-        assert "holds a run" in message or "is writing" in message, message
-        assert whole_run(out)["steps"] == won
+    # two train.py processes on one --out; whichever order they reach the lock in, one trains and the other
+    # refuses in one line (the interleaving itself: test_a_run_saved_while_another_set_up_is_not_replaced)
+    out = str(tmp_path / "run")
+    runs = [subprocess.Popen([sys.executable, f"{ROOT}/train.py", *TRAIN, f"--steps={n}", "--out", out],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for n in (2, 3)]
+    ends = sorted(((p.wait(timeout=300), p.stderr.read(), n) for p, n in zip(runs, (2, 3))))
+    (code, _, won), (refused, message, _) = ends
+    assert (code, refused, message.count("\n")) == (0, 1, 1), message
+    assert "holds a run" in message or "is writing" in message, message
+    assert whole_run(out)["steps"] == won
 
 @pytest.mark.parametrize("flags", [["--lr", "1e3", "--warmup", "0.9"], ["--lr", "30", "--grad-clip", "1e30"]])
 def test_a_divergent_run_stops_and_its_checkpoint_is_finite_and_resumable(tmp_path, flags):

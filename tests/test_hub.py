@@ -120,9 +120,10 @@ def test_a_partial_snapshot_names_the_missing_weights_and_the_command(tmp_path, 
     (root / "refs").mkdir()
     (root / "refs" / "main").write_text("a" * 40)
     for load in (model.from_pretrained, model.train_config):
-        with pytest.raises(FileNotFoundError, match=r"no pytorch_model.bin .*`hf download org/partial "
-                                                    r"pytorch_model.bin`"):
+        with pytest.raises(data.DataError, match=r"holds config.json but not pytorch_model.bin .*`hf "
+                                                 r"download org/partial pytorch_model.bin`"):
             load("org/partial")
+
 class StandInHub(http.server.BaseHTTPRequestHandler):
     """The Hub's file API for REPOS (HEAD and GET /ORG/NAME/resolve/main/FILE, its error headers); it logs."""
     REPOS, log = {"org/official": {"config.json": b"{}", "pytorch_model.bin": b"weights"}}, []

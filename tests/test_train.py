@@ -1,6 +1,5 @@
 """train.py: exact resume (also under DDP), post-training, gradient accumulation, the optimizer, the demo."""
 import json
-import multiprocessing
 import os
 import signal
 import socket
@@ -63,40 +62,34 @@ def test_two_process_gloo_ddp_resumes_exactly(tmp_path):
 
 @pytest.mark.parametrize("how", ["frozen", "frozen, then rank 0 sent SIGTERM", "killed"])
 def test_a_frozen_or_killed_ddp_rank_ends_the_other_in_one_line(tmp_path, how):
-    # 2 gloo ranks (forked, with the environment torchrun gives them); once training, rank 1 freezes
-    # (SIGSTOP): rank 0 ends after --dist-timeout, in one line; a SIGTERM while it waits is obeyed then;
-    # rank 1 killed: rank 0 ends at once
+    # 2 gloo ranks (train.py processes with the environment torchrun gives them); once training, rank 1
+    # freezes (SIGSTOP): rank 0 ends after --dist-timeout, in one line; a SIGTERM while it waits is obeyed
+    # then; rank 1 killed: rank 0 ends at once
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    fork, out = multiprocessing.get_context("fork"), tmp_path / "run"
-    ends = fork.SimpleQueue()
-    torch.optim.AdamW(tiny_lm().parameters())   # the first optimizer imports torch._dynamo: once, here
-
-    def rank_main(rank):
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank))
-        try:
-            train.main(TRAIN + ["--steps=100000", "--ckpt-interval=5", "--device=cpu", "--dist-timeout=5",
-                                "--out", str(out)])
-        except SystemExit as e:
-            ends.put(e.code)
-    ranks = [fork.Process(target=rank_main, args=(rank,)) for rank in (0, 1)]
-    for p in ranks:
-        p.start()
-    deadline = time.time() + 120
-    while not (out / "ckpt.pt").exists() and time.time() < deadline and ranks[0].is_alive():
-        time.sleep(0.1)
-    os.kill(ranks[1].pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
-    if "SIGTERM" in how:
-        time.sleep(1)   # rank 0 waits in gloo for rank 1 by now
-        os.kill(ranks[0].pid, signal.SIGTERM)
-    ranks[0].join(timeout=60)
-    alive = ranks[0].is_alive()
-    for p in ranks:
-        p.kill()   # SIGKILL: the frozen one too
-    assert not alive and ranks[0].exitcode == 0, "rank 0 still waits for rank 1, or raised"
-    message = ends.get()
-    assert "\n" not in message and ") is intact; continue with --resume" in message, message
+    out = tmp_path / "run"
+    flags = TRAIN + ["--steps=100000", "--ckpt-interval=5", "--device=cpu", "--dist-timeout=5",
+                     "--out", str(out)]
+    ranks = [subprocess.Popen([sys.executable, f"{ROOT}/train.py", *flags], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, env=dict(os.environ, MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank), OMP_NUM_THREADS="1"))
+             for rank in (0, 1)]
+    try:
+        deadline = time.time() + 120
+        while not (out / "ckpt.pt").exists() and time.time() < deadline and ranks[0].poll() is None:
+            time.sleep(0.1)
+        os.kill(ranks[1].pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        if "SIGTERM" in how:
+            time.sleep(1)   # rank 0 waits in gloo for rank 1 by now
+            os.kill(ranks[0].pid, signal.SIGTERM)
+        code = ranks[0].wait(timeout=60)   # a TimeoutExpired: rank 0 still waits for rank 1
+    finally:
+        for p in ranks:
+            p.kill()   # SIGKILL: the frozen one too
+    message = ranks[0].stderr.read()
+    assert code == 1 and message.count("\n") == 1, message
+    assert ") is intact; continue with --resume" in message, message
     assert "gloo/" not in message and "GLHF" not in message, message   # gloo's source file and its advice
     assert message.startswith("interrupted: " if "SIGTERM" in how else "error: rank 0 lost the other ranks ("
                               + "Timed out" * (how == "frozen")), message
