@@ -298,7 +298,9 @@ def test_every_pitfall_instructor_md_lists_fails_its_exercises_check(n, tmp_path
 
 @pytest.mark.parametrize("code, cases, out, want", [
     (0, ["", ""], "", ("passed", "", 2, 2)),
-    (-11, [], "", ("FAILED", "crashed", 0, 0)),
+    (-11, [], "", ("FAILED", "crashed", 0, 0)), (-1, [], "", ("FAILED", "crashed", 0, 0)),
+    (0, [], "", ("FAILED", "no tests", 0, 0)),  # a report with no test in it
+    (2, ["<failure/>"], "Interrupted: 1 error during collection", ("FAILED", "error", 0, 1)),
     (0, None, "", ("FAILED", "exited", 0, 0)),  # no XML: pytest never finished
     (5, [], "", ("FAILED", "no tests", 0, 0)),
     (0, ["", "<skipped/>"], "", ("FAILED", "skipped", 1, 2)),
