@@ -178,8 +178,9 @@ def default_cuts(T, n_cuts=32):
 @torch.inference_mode()
 def state_statistics(lm, tokens, positions=None, chunk_len=512, batch_size=8, t_train=None, progress=False):
     """Per layer [P, heads] at each of positions: std (N - 1) and RMS of h[:, head], the batch and the other
-    dims pooled (as Fitted Noise pools them, which takes the population variance). coverage (ours): mean std at context >= 4 t_train / largest std at context <= t_train;
-    >> 1: late states drift where training never went (the unexplored-states hypothesis)."""
+    dims pooled (as Fitted Noise pools them, with the population variance). coverage (ours): mean std at
+    context >= 4 t_train / largest std at context <= t_train; >> 1: late states drift where training never
+    went (the unexplored-states hypothesis)."""
     tokens, _ = _require_eval_inputs(tokens)
     default = np.array(log_edges(tokens.shape[1])[1:]) - 1  # log-spaced context lengths 1, 2, 3, 4, 6, ..., T
     positions = torch.as_tensor(default if positions is None else positions).long().flatten().unique()
