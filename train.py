@@ -16,6 +16,7 @@ import math
 import os
 import pathlib
 import re
+import shutil
 import signal
 import sys
 import time
@@ -174,14 +175,46 @@ def setup_model(args, device, vocab_size, sampler, path, rank, world):
         strategy.load_state_dict(resume["strategy"][rank])
     return lm, optimizer, strategy, resume["step"] if resume else 0
 
-# The demo: a tiny Mamba-1 whose state channels barely decay within T_train ("tiny-slow"), trained from the
+# The demos: a tiny Mamba-1 whose state channels barely decay within T_train ("tiny-slow"), trained from the
 # zero state on Python bytes at T_train = 16: past it the state drifts to values it never learned to read and
-# perplexity rises (the paper's failure). Then 10% more steps: zero again (the matched control), SP and TBTT.
+# perplexity rises (the paper's failure). Each demo is one of the paper's figures, per training seed:
+#   fig5  the base, then 10% more steps five ways: the zero state (the matched control), Random Noise
+#         (sigma: DEMO["sigma"], RESULTS section 0d), Fitted Noise, State Passing and TBTT (Sec. 4, Fig. 5)
+#   fig2  bases at T_train 8, 16, 32, 64 on the same tokens (Sec. 3.2, Fig. 2: shorter fails sooner)
+#   fig3  one base at T_train 16, evaluated at 1/3x, 2/3x, 4/3x and 3x the fig5 base's steps (Fig. 3)
 DEMO = dict(arch="mamba1", size="tiny-slow", data="stdlib", seq_len=16, batch_size=16, base_steps=1500,
-            post_steps=150, eval_len=1024, n_seqs=64)
+            post_steps=150, sigma=0.01, eval_len=1024, n_seqs=64)
+INTERVENTIONS = {"control": "zero", "random": "random", "fitted": "fitted", "SP": "sp", "TBTT": "tbtt"}
 
-def demo(out, seeds=(0,), device="auto", quiet=False, **overrides):
-    """The DEMO per training seed in OUT/seed{S} (kept if it has an eval.json), then the seeds' summary."""
+def demo_runs(figure, d, where, train):
+    """Trains one seed's runs of `figure` under `where` with train(argv) -> {label: run directory}."""
+    base = ["--arch", d["arch"], "--size", d["size"], "--init-state", "zero"]
+    if figure == "fig2":  # the same tokens at each T_train: base_steps * seq_len / T steps
+        runs = {f"T{t}": os.path.join(where, f"T{t}") for t in (8, 16, 32, 64)}
+        for t, (label, run) in zip((8, 16, 32, 64), runs.items()):
+            train(label, base + ["--seq-len", str(t), "--steps", str(d["base_steps"] * d["seq_len"] // t),
+                                 "--out", run])
+        return runs
+    if figure == "fig3":  # checkpoints of one run (its cosine schedule spans all 3x), copied at each budget
+        every, run = d["base_steps"] // 3, os.path.join(where, "run")
+        runs = {f"step{k * every}": os.path.join(where, f"step{k * every}") for k in (1, 2, 4, 9)}
+        for budget, copy in zip((str(k * every) for k in (1, 2, 4, 9)), runs.values()):
+            resume = ["--resume"] * os.path.exists(os.path.join(run, "ckpt.pt"))  # interrupted: goes on
+            train(f"to step {budget}", base + ["--steps", str(9 * every), "--ckpt-interval", str(every),
+                                               "--stop-at", budget, "--out", run] + resume)
+            os.makedirs(copy, exist_ok=True)
+            shutil.copy(os.path.join(run, "ckpt.pt"), copy)
+        return runs
+    runs = {"base": os.path.join(where, "base")} | {k: os.path.join(where, k) for k in INTERVENTIONS}
+    train("base", base + ["--steps", str(d["base_steps"]), "--out", runs["base"]])
+    for label, strategy in INTERVENTIONS.items():  # the same budget each, from the base, reading on its data
+        train(label, ["--init-from", runs["base"], "--steps", str(d["post_steps"]), "--init-state", strategy,
+                      "--out", runs[label]] + ["--sigma", str(d["sigma"])] * (strategy == "random"))
+    return runs
+
+def demo(out, seeds=(0,), device="auto", quiet=False, figure="fig5", **overrides):
+    """The demo `figure` per training seed in OUT/seed{S} (kept if it has an eval.json), then the seeds'
+    summary (over_seeds)."""
     import evaluate
     d = {**DEMO, **overrides}  # tests shrink it
     for seed in seeds:
@@ -191,65 +224,85 @@ def demo(out, seeds=(0,), device="auto", quiet=False, **overrides):
             continue
         common = ["--data", d["data"], "--seq-len", str(d["seq_len"]), "--batch-size", str(d["batch_size"]),
                   "--seed", str(seed), "--device", device, "--eval-interval", "100000"] + ["--quiet"] * quiet
-        runs = {label: os.path.join(where, label) for label in ("base", "control", "SP", "TBTT")}
-        for i, (label, strategy) in enumerate(zip(runs, ("zero", "zero", "sp", "tbtt"))):
-            print(f"demo seed {seed}, {i + 1}/4: {label}, --init-state {strategy}" + ", from base" * (i > 0))
-            model_flags = ["--init-from", runs["base"], "--steps", str(d["post_steps"])] if i else \
-                ["--arch", d["arch"], "--size", d["size"], "--steps", str(d["base_steps"])]
-            main(common + model_flags + ["--init-state", strategy, "--out", runs[label]])
-        if code := evaluate.main([*runs.values(), "--labels", *runs, "--metrics", "ppl,state", "--reference",
-                                  "control", "--eval-len", str(d["eval_len"]), "--n-seqs", str(d["n_seqs"]),
-                                  "--device", device, "--out", where]):
+        def train(label, argv):
+            print(f"demo {figure} seed {seed}: {label}: python train.py {' '.join(argv)}")
+            main(common + argv)
+        runs = demo_runs(figure, d, where, train)
+        metrics = ["ppl,state", "--reference", "control"] if figure == "fig5" else ["ppl"]
+        if code := evaluate.main([*runs.values(), "--labels", *runs, "--metrics", *metrics, "--eval-len",
+                                  str(d["eval_len"]), "--n-seqs", str(d["n_seqs"]), "--device", device,
+                                  "--out", where]):
             return code
     reports = {seed: json.loads(pathlib.Path(out, f"seed{seed}", "eval.json").read_text()) for seed in seeds}
     return over_seeds(reports, out) if len(seeds) > 1 else 0
 
 def over_seeds(reports, out):
-    """Each seed's verdicts and last-bucket NLL - control, their mean +- s.e. -> a table, seeds.{json,png}."""
+    """Per seed and run: the verdict, the perplexity in the last bucket within T_train and in the last bucket,
+    and (paired runs) the last bucket's NLL - the reference's; over the seeds their mean +- s.e. and the worst
+    seed -> a table, seeds.{json,png}."""
     import matplotlib.figure
     import numpy as np
     runs = {seed: {m["label"]: m for m in r["models"]} for seed, r in reports.items()}
     mean_sem = lambda a: (a.mean(0), a.std(0, ddof=1) / np.sqrt(len(a)))  # over the seeds (axis 0)
-    seeds, fixes = list(runs), ("SP", "TBTT")
-    t_train = runs[seeds[0]]["base"]["t_train"]
-    verdict = lambda v: f"{v['generalizes_to']}{'+' * bool(v['censored'])}"  # +: censored, none exceeds p*
-    rows = {s: {**{f"{k} verdict": verdict(m["verdict"]) for k, m in r.items()},
-                "base PPL last": r["base"]["ppl"]["buckets"]["ppl"][-1],
-                **{k: (r[k]["diff"]["nll"][-1], r[k]["diff"]["nll_sem"][-1]) for k in fixes}}
-            for s, r in runs.items()}
-    fails = sum(not v["censored"] and v["generalizes_to"] <= 32 * t_train
-                for v in (r["base"]["verdict"] for r in runs.values()))
-    summary = {"base fails within 32 x T_train": fails}
-    print("\nverdicts (Def. 3.2) and the last bucket's NLL - control NLL (nats, paired)\n seed" +
-          "".join(f"{k:>17}" for k in rows[seeds[0]]))
+    seeds, labels = list(runs), list(runs[next(iter(runs))])
+    paired = [k for k in labels if "diff" in runs[seeds[0]][k]]  # minus the reference (fig5: the control)
+    def row(m):
+        b, v = m["ppl"]["buckets"], m["verdict"]
+        diff = {"diff": m["diff"]["nll"][-1], "diff_sem": m["diff"]["nll_sem"][-1]} if "diff" in m else {}
+        return dict(verdict=v["generalizes_to"], censored=bool(v["censored"]), ppl_last=b["ppl"][-1],
+                    ppl_within=b["ppl"][b["hi"].index(m["t_train"])], t_train=m["t_train"], **diff)
+    rows = {s: {k: row(m) for k, m in r.items()} for s, r in runs.items()}
+    print("\nper seed: the verdict (Def. 3.2; +: censored, none exceeds p*), perplexity within T_train and "
+          "in the last bucket" + ", the last bucket's NLL - the reference's (nats, paired)" * any(paired))
+    print(f"{'seed':>5} {'run':>8} {'verdict':>8} {'PPL<=T':>8} {'PPL last':>9}" + "- ref".rjust(18) * (
+        len(paired) > 0))
     for s, r in rows.items():
-        print(f"{s:>5}" + "".join(f"{v:>17}" if isinstance(v, str) else f"{v:>17.3f}" if k == "base PPL last"
-                                  else f"{v[0]:>+10.3f} +- {v[1]:.3f}" for k, v in r.items()))
+        for k, v in r.items():
+            d = f"{v['diff']:>+10.3f} +- {v['diff_sem']:.3f}".rjust(18) if "diff" in v else ""
+            print(f"{s:>5} {k:>8} {str(v['verdict']) + '+' * v['censored']:>8} {v['ppl_within']:>8.3f} "
+                  f"{v['ppl_last']:>9.3f}{d}")
+    summary, colors = {}, matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     left, right = matplotlib.figure.Figure(figsize=(13, 4.5), layout="tight").subplots(1, 2)
-    for color, label in zip(matplotlib.rcParams["axes.prop_cycle"].by_key()["color"], runs[seeds[0]]):
+    for i, (color, label) in enumerate(zip(colors * 2, labels)):
         b = [runs[s][label]["ppl"]["buckets"] for s in seeds]
         x = [np.sqrt((lo + 1) * hi) for lo, hi in zip(b[0]["lo"], b[0]["hi"])]  # a bucket's geometric middle
         nll = np.array([c["nll"] for c in b])  # [seeds, buckets]
         mean, sem = mean_sem(nll)
         left.plot(x, np.exp(nll.T), color=color, lw=0.5, alpha=0.4)
-        left.plot(x, np.exp(mean), color=color, lw=2, label=f"{label} (thin: a seed; thick: the mean)")
+        left.plot(x, np.exp(mean), color=color, lw=2, label=label)
         left.fill_between(x, np.exp(mean - sem), np.exp(mean + sem), color=color, alpha=0.25)
-        if label in fixes:  # over the seeds: each seed's paired difference d and its s.e.
-            d, se = np.array([rows[s][label] for s in seeds]).T
-            summary[f"{label} - control"] = v = dict(zip(("mean", "sem"), mean_sem(d)), worst=d.max(),
-                worst_seed=seeds[int(d.argmax())], beyond_3_sem=int((d < -3 * se).sum()))
-            print(f"{label} - control: {v['mean']:+.3f} +- {v['sem']:.3f} over {len(d)} seeds, worst "
-                  f"{v['worst']:+.3f} (seed {v['worst_seed']}), below -3 s.e. on {v['beyond_3_sem']}")
-            right.errorbar(range(len(d)), d, se, fmt="o", color=color, label=label)
-            right.axhspan(v["mean"] - v["sem"], v["mean"] + v["sem"], color=color, alpha=0.2)
-    print(f"base fails within 32 x T_train on {fails} of {len(rows)} seeds")
-    left.axvline(t_train, color="k", ls=":", lw=1)
-    left.set(xscale="log", title="Position-wise perplexity (band: mean +- s.e. over seeds)",
+        left.axvline(rows[seeds[0]][label]["t_train"], color=color, ls=":", lw=1)
+        v = [rows[s][label] for s in seeds]
+        last = np.array([r["ppl_last"] for r in v])
+        fails = sum(not r["censored"] and r["verdict"] <= 32 * r["t_train"] for r in v)
+        summary[label] = u = dict(zip(("ppl_last", "ppl_last_sem"), mean_sem(last)), fails_within_32x=fails,
+                                  verdicts=[r["verdict"] for r in v])
+        print(f"{label}: PPL last {u['ppl_last']:.3f} +- {u['ppl_last_sem']:.3f} over the seeds, fails "
+              f"within 32 x T_train on {fails} of {len(v)}")
+        if label in paired:  # over the seeds: each seed's paired difference d and its s.e.
+            d, se = np.array([(r["diff"], r["diff_sem"]) for r in v]).T
+            u.update(zip(("diff", "diff_sem"), mean_sem(d)), worst=d.max(), worst_seed=seeds[int(d.argmax())],
+                     beyond_3_sem=int((d < -3 * se).sum()))
+            print(f"  {label} - reference: {u['diff']:+.3f} +- {u['diff_sem']:.3f}, worst {u['worst']:+.3f} "
+                  f"(seed {u['worst_seed']}), below -3 s.e. on {u['beyond_3_sem']} seeds")
+            xs = np.arange(len(d)) + 0.6 * (paired.index(label) / len(paired) - 0.3)  # side by side per seed
+            right.errorbar(xs, d, se, fmt="o", ms=4, color=color, label=label)
+            right.axhspan(u["diff"] - u["diff_sem"], u["diff"] + u["diff_sem"], color=color, alpha=0.15)
+        elif not paired:  # each seed's last-bucket perplexity per run
+            right.plot([i] * len(last), last, "o", color=color, alpha=0.5)
+            right.errorbar([i], [last.mean()], [mean_sem(last)[1]], fmt="s", ms=8, capsize=4, color=color)
+    left.set(xscale="log", title="Position-wise perplexity (thin: a seed; thick, band: mean +- s.e.)",
              xlabel="context length (dotted: T_train)", ylabel="perplexity")
-    right.axhline(0, color="k", lw=0.8)
-    right.set(title="Last bucket, paired to the control (+-1 s.e.; band: over seeds)", xlabel="training seed",
-              ylabel="NLL - control NLL (nats)", xticks=range(len(seeds)), xticklabels=seeds)
-    left.legend(fontsize=8), right.legend(fontsize=8)
+    if paired:
+        right.axhline(0, color="k", lw=0.8)
+        right.set(title="Last bucket, paired to the reference (+-1 s.e.; band: over seeds)",
+                  xlabel="training seed", ylabel="NLL - reference NLL (nats)", xticks=range(len(seeds)),
+                  xticklabels=seeds)
+        right.legend(fontsize=8)
+    else:
+        right.set(title=f"Last bucket ({b[0]['lo'][-1]}, {b[0]['hi'][-1]}]: each seed, mean +- s.e.",
+                  ylabel="perplexity", xticks=range(len(labels)), xticklabels=labels)
+    left.legend(fontsize=8)
     left.figure.savefig(os.path.join(out, "seeds.png"), dpi=120)
     pathlib.Path(out, "seeds.json").write_text(json.dumps(dict(seeds=rows, summary=summary), indent=1))
     print(f"wrote {out}/seeds.json, {out}/seeds.png")
@@ -297,7 +350,9 @@ FLAGS = [
      "building the data cache) before every rank ends"),
     ("stop-at", int, None, "stop after this step as if killed (to test --resume)"),
     ("quiet", bool, False, "no progress bar"),
-    ("demo", bool, False, "failure-and-fix demo (minutes a seed; uses --out, --seed(s), --device, --quiet)"),
+    ("demo", ["fig5", "fig2", "fig3"], None, "a demo in OUT/demo[-fig2|-fig3], minutes a seed (with --out, "
+     "--seed(s), --device, --quiet): fig5 (--demo alone) the failure and the four interventions, fig2 "
+     "T_train, fig3 the training budget"),
     ("seeds", str, None, "--demo: training seeds, e.g. 0-7 or 0,5: a demo each, then the summary over seeds")]
 DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
 # Not resumed: flags of one invocation, not of the run. May change on resume: the length, divergence remedies.
@@ -310,7 +365,10 @@ def main(argv=None):
     try:
         args = get_args(argv)
         seeds = parse_seeds(args.seeds) if args.seeds else [args.seed]
-        return demo(f"{args.out}/demo", seeds, args.device, args.quiet) if args.demo else train(args)
+        if args.demo:
+            where = f"{args.out}/demo" + f"-{args.demo}" * (args.demo != "fig5")
+            return demo(where, seeds, args.device, args.quiet, args.demo)
+        return train(args)
     except (OSError, ValueError, data.TokenizerUnavailableError) as e:  # bad input: one line, no traceback
         sys.exit(f"error: {e}")
     except MemoryError:
@@ -347,6 +405,8 @@ def get_args(argv=None):
     p.error = lambda message: sys.exit(f"error: {message} (see python train.py --help)")
     for name, kind, default, help in FLAGS:
         kw = {"action": "store_true"} if kind is bool else {"choices" if type(kind) is list else "type": kind}
+        if name == "demo":  # --demo alone: fig5
+            kw.update(nargs="?", const="fig5")
         p.add_argument("--" + name, default=None, help=help + f" (default {default})" * bool(default), **kw)
     args = p.parse_args(argv)
     # '' or a name of bytes not UTF-8 (argv holds them as lone surrogates, which encode() drops)

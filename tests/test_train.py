@@ -166,16 +166,50 @@ def test_post_training_under_ddp_each_rank_reads_on_its_own_stream(tmp_path):
 def test_over_seeds_reports_each_fix_by_its_mean_sem_and_worst_seed(tmp_path):
     # each seed's last-bucket NLL - control: -0.5, -0.1, -0.3 (+- 0.1, 0.1, 0.12) on seeds 0, 4, 7
     buckets = dict(lo=[0, 16], hi=[16, 64], nll=[1.0, 2.0], ppl=[np.e, np.e ** 2])
-    run = lambda label, **diff: dict(label=label, t_train=16, verdict=dict(generalizes_to=32, censored=False),
-                                     ppl=dict(buckets=buckets), **diff)
+    run = lambda label, censored=False, **diff: dict(label=label, t_train=16, ppl=dict(buckets=buckets),
+                                                     verdict=dict(generalizes_to=32, censored=censored), **diff)
     fixes = lambda d, se: [run(fix, diff=dict(nll=[0, d], nll_sem=[0, se])) for fix in ("SP", "TBTT")]
-    reports = {seed: {"models": [run("base"), run("control"), *fixes(d, se)]}
+    reports = {seed: {"models": [run("base"), run("control", censored=seed == 4), *fixes(d, se)]}
                for seed, d, se in ((0, -0.5, 0.1), (4, -0.1, 0.1), (7, -0.3, 0.12))}
     assert train.over_seeds(reports, str(tmp_path)) == 0
-    summary = json.load(open(tmp_path / "seeds.json"))["summary"]
-    assert summary["SP - control"] == pytest.approx(dict(mean=-0.3, sem=0.2 / np.sqrt(3), worst=-0.1,
-                                                         worst_seed=4, beyond_3_sem=1))  # s.e.: ddof 1
-    assert summary["base fails within 32 x T_train"] == 3
+    seeds = json.load(open(tmp_path / "seeds.json"))
+    assert seeds["summary"]["SP"] == pytest.approx(dict(diff=-0.3, diff_sem=0.2 / np.sqrt(3), worst=-0.1,
+        worst_seed=4, beyond_3_sem=1, ppl_last=np.e ** 2, ppl_last_sem=0, fails_within_32x=3,
+        verdicts=[32] * 3))  # s.e.: ddof 1
+    assert seeds["summary"]["control"]["fails_within_32x"] == 2 and "diff" not in seeds["summary"]["control"]
+    assert seeds["seeds"]["4"]["SP"] == pytest.approx(dict(verdict=32, censored=False, ppl_last=np.e ** 2,
+                                                           ppl_within=np.e, t_train=16, diff=-0.1, diff_sem=0.1))
+
+def test_demo_fig5_post_trains_the_base_five_ways_on_two_seeds(tmp_path, capsys):
+    out = str(tmp_path / "demo")
+    assert train.demo(out, [0, 3], base_steps=2, post_steps=1, n_seqs=4, eval_len=64, quiet=True) == 0
+    report = json.load(open(os.path.join(out, "seed3", "eval.json")))
+    assert [m["label"] for m in report["models"]] == ["base", "control", "random", "fitted", "SP", "TBTT"]
+    assert ["diff" in m for m in report["models"]] == [True, False, True, True, True, True]  # - the control
+    post = {m["label"]: json.load(open(os.path.join(m["path"], "args.json"))) for m in report["models"]}
+    assert [post[k]["init_state"] for k in train.INTERVENTIONS] == list(train.INTERVENTIONS.values())
+    assert post["random"]["sigma"] == train.DEMO["sigma"] and {a["steps"] for a in post.values()} == {1, 2}
+    seeds = json.load(open(os.path.join(out, "seeds.json")))
+    sp = [seeds["seeds"][s]["SP"]["diff"] for s in ("0", "3")]  # each seed's SP - control, last bucket
+    assert sp == [next(m for m in json.load(open(os.path.join(out, f"seed{s}", "eval.json")))["models"]
+                       if m["label"] == "SP")["diff"]["nll"][-1] for s in (0, 3)]
+    assert seeds["summary"]["SP"]["diff"] == pytest.approx(np.mean(sp))
+    assert os.path.exists(os.path.join(out, "seeds.png"))
+    assert train.demo(out, [3], base_steps=2, post_steps=1, n_seqs=4, eval_len=64, quiet=True) == 0  # kept
+    assert "seed3/eval.json exists, kept" in capsys.readouterr().out
+
+def test_demo_fig2_trains_each_t_train_on_the_same_tokens_and_fig3_checkpoints_one_run(tmp_path):
+    small = dict(n_seqs=4, eval_len=128, quiet=True)
+    assert train.demo(str(tmp_path / "fig2"), [1], figure="fig2", base_steps=8, **small) == 0
+    models = json.load(open(tmp_path / "fig2" / "seed1" / "eval.json"))["models"]
+    assert [(m["label"], m["t_train"], m["step"]) for m in models] == [
+        ("T8", 8, 16), ("T16", 16, 8), ("T32", 32, 4), ("T64", 64, 2)]  # 16 x 8 x 16 tokens each
+    assert train.demo(str(tmp_path / "fig3"), [1], figure="fig3", base_steps=3, **small) == 0
+    models = json.load(open(tmp_path / "fig3" / "seed1" / "eval.json"))["models"]
+    assert [(m["label"], m["step"]) for m in models] == [("step1", 1), ("step2", 2), ("step4", 4), ("step9", 9)]
+    one_run = model.from_pretrained(str(tmp_path / "fig3" / "seed1" / "run"))  # the copies: checkpoints of it
+    torch.testing.assert_close(model.from_pretrained(models[-1]["path"]).state_dict(), one_run.state_dict())
+    assert json.load(open(tmp_path / "fig3" / "seed1" / "run" / "args.json"))["steps"] == 9
 
 def test_post_training_an_official_checkpoint_on_a_tokenizer_json_corpus(tok_json, tmp_path, monkeypatch):
     # an official directory of the tiny preset's dimensions, its vocabulary padded (300 -> 304), post-trained
@@ -229,18 +263,3 @@ def test_the_training_loop_keeps_rwkv6_decay_at_twice_the_lr(tmp_path):
                              "--out", str(tmp_path / "run")])
     moved = max((b.mixer.w0 - w).abs().max().item() for b, w in zip(lm.backbone.layers, w0))
     assert moved == pytest.approx(2e-3, rel=1e-3)
-
-def test_demo_over_two_seeds_end_to_end_small(tmp_path, capsys):
-    out = str(tmp_path / "demo")
-    assert train.demo(out, [0, 3], base_steps=2, post_steps=1, n_seqs=4, eval_len=64, quiet=True) == 0
-    report = json.load(open(os.path.join(out, "seed3", "eval.json")))
-    assert [m["label"] for m in report["models"]] == ["base", "control", "SP", "TBTT"]
-    assert ["diff" in m for m in report["models"]] == [True, False, True, True]  # paired, against the control
-    seeds = json.load(open(os.path.join(out, "seeds.json")))
-    sp = [seeds["seeds"][s]["SP"][0] for s in ("0", "3")]  # each seed's SP - control, last bucket
-    assert sp == [next(m for m in json.load(open(os.path.join(out, f"seed{s}", "eval.json")))["models"]
-                       if m["label"] == "SP")["diff"]["nll"][-1] for s in (0, 3)]
-    assert seeds["summary"]["SP - control"]["mean"] == pytest.approx(np.mean(sp))
-    assert os.path.exists(os.path.join(out, "seeds.png"))
-    assert train.demo(out, [3], base_steps=2, post_steps=1, n_seqs=4, eval_len=64, quiet=True) == 0  # kept
-    assert "seed3/eval.json exists, kept" in capsys.readouterr().out
