@@ -316,7 +316,81 @@ def _write_together(out, writes):
         for tmp in tmps.values():
             pathlib.Path(tmp).unlink(missing_ok=True)
 
-# ==== 6. Command line ====
+# ==== 6. Over training seeds: each seed's evaluation of the same runs, the spread of their effects ====
+def over_seeds(reports, out):
+    """Per seed and run: the verdict, the perplexity in the last bucket within T_train and in the last bucket,
+    and (paired runs) the last bucket's NLL - the reference's; over the seeds their mean +- s.e. and the worst
+    seed -> a table, seeds.{json,png}."""
+    runs = {seed: {m["label"]: m for m in r["models"]} for seed, r in reports.items()}
+    mean_sem = lambda a: (a.mean(0), a.std(0, ddof=1) / np.sqrt(len(a)))  # over the seeds (axis 0)
+    seeds, labels = list(runs), list(runs[next(iter(runs))])
+    paired = [k for k in labels if "diff" in runs[seeds[0]][k]]  # minus the reference (fig5: the control)
+    def row(m):  # the last bucket's values; gap: to the Bayes floor (a process that has one)
+        b, v = m["ppl"]["buckets"], m["verdict"]
+        last = {f"{k}{s}": m[k][f"nll{s}"][-1] for k in ("gap", "diff") if k in m for s in ("", "_sem")}
+        return dict(verdict=v["generalizes_to"], censored=bool(v["censored"]), ppl_last=b["ppl"][-1],
+                    ppl_within=b["ppl"][b["hi"].index(m["t_train"])], t_train=m["t_train"], **last)
+    rows = {s: {k: row(m) for k, m in r.items()} for s, r in runs.items()}
+    print("\nper seed: the verdict (Def. 3.2; +: censored, none exceeds p*), the perplexity in the last "
+          "bucket within T_train and in the last bucket; there the gap to the Bayes floor and the NLL - the "
+          "reference's (nats, paired), +- s.e. over the sequences")
+    print(f"{'seed':>5} {'run':>16} {'verdict':>8} {'PPL<=T':>8} {'PPL last':>9} {'gap':>17} {'- ref':>18}")
+    pm = lambda v, k: f"{v[k]:+.3f} +- {v[k + '_sem']:.3f}" if k in v else "-"
+    for s, r in rows.items():
+        for k, v in r.items():
+            print(f"{s:>5} {k:>16} {str(v['verdict']) + '+' * v['censored']:>8} {v['ppl_within']:>8.3f} "
+                  f"{v['ppl_last']:>9.3f} {pm(v, 'gap'):>17} {pm(v, 'diff'):>18}")
+    summary, colors = {}, matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    left, right = matplotlib.figure.Figure(figsize=(13, 4.5), layout="tight").subplots(1, 2)
+    for i, (color, label) in enumerate(zip(colors * 2, labels)):
+        b = [runs[s][label]["ppl"]["buckets"] for s in seeds]
+        x = [np.sqrt((lo + 1) * hi) for lo, hi in zip(b[0]["lo"], b[0]["hi"])]  # a bucket's geometric middle
+        nll = np.array([c["nll"] for c in b])  # [seeds, buckets]
+        mean, sem = mean_sem(nll)
+        left.plot(x, np.exp(nll.T), color=color, lw=0.5, alpha=0.4)
+        left.plot(x, np.exp(mean), color=color, lw=2, label=label)
+        left.fill_between(x, np.exp(mean - sem), np.exp(mean + sem), color=color, alpha=0.25)
+        left.axvline(rows[seeds[0]][label]["t_train"], color=color, ls=":", lw=1)
+        v = [rows[s][label] for s in seeds]
+        last = np.array([r["ppl_last"] for r in v])
+        fails = sum(not r["censored"] and r["verdict"] <= 32 * r["t_train"] for r in v)
+        summary[label] = u = dict(zip(("ppl_last", "ppl_last_sem"), mean_sem(last)), fails_within_32x=fails,
+                                  verdicts=[r["verdict"] for r in v])
+        if "gap" in v[0]:
+            u.update(zip(("gap_last", "gap_last_sem"), mean_sem(np.array([r["gap"] for r in v]))))
+        print(f"{label}: PPL last {u['ppl_last']:.3f} +- {u['ppl_last_sem']:.3f} over the seeds" + (
+              f", gap {u['gap_last']:.3f} +- {u['gap_last_sem']:.3f}" if "gap" in v[0] else "") +
+              f", fails within 32 x T_train on {fails} of {len(v)}")
+        if label in paired:  # over the seeds: each seed's paired difference d and its s.e.
+            d, se = np.array([(r["diff"], r["diff_sem"]) for r in v]).T
+            u.update(zip(("diff", "diff_sem"), mean_sem(d)), worst=d.max(), worst_seed=seeds[int(d.argmax())],
+                     beyond_3_sem=int((d < -3 * se).sum()))
+            print(f"  {label} - reference: {u['diff']:+.3f} +- {u['diff_sem']:.3f}, worst {u['worst']:+.3f} "
+                  f"(seed {u['worst_seed']}), below -3 s.e. on {u['beyond_3_sem']} seeds")
+            xs = np.arange(len(d)) + 0.6 * (paired.index(label) / len(paired) - 0.3)  # side by side per seed
+            right.errorbar(xs, d, se, fmt="o", ms=4, color=color, label=label)
+            right.axhspan(u["diff"] - u["diff_sem"], u["diff"] + u["diff_sem"], color=color, alpha=0.15)
+        elif not paired:  # each seed's last-bucket perplexity per run
+            right.plot([i] * len(last), last, "o", color=color, alpha=0.5)
+            right.errorbar([i], [last.mean()], [mean_sem(last)[1]], fmt="s", ms=8, capsize=4, color=color)
+    left.set(xscale="log", title="Position-wise perplexity (thin: a seed; thick, band: mean +- s.e.)",
+             xlabel="context length (dotted: T_train)", ylabel="perplexity")
+    if paired:
+        right.axhline(0, color="k", lw=0.8)
+        right.set(title="Last bucket, paired to the reference (+-1 s.e.; band: over seeds)",
+                  xlabel="training seed", ylabel="NLL - reference NLL (nats)", xticks=range(len(seeds)),
+                  xticklabels=seeds)
+        right.legend(fontsize=8)
+    else:
+        right.set(title=f"Last bucket ({b[0]['lo'][-1]}, {b[0]['hi'][-1]}]: each seed, mean +- s.e.",
+                  ylabel="perplexity", xticks=range(len(labels)), xticklabels=labels)
+    left.legend(fontsize=8)
+    left.figure.savefig(os.path.join(out, "seeds.png"), dpi=120)
+    pathlib.Path(out, "seeds.json").write_text(json.dumps(dict(seeds=rows, summary=summary), indent=1))
+    print(f"wrote {out}/seeds.json, {out}/seeds.png")
+    return 0
+
+# ==== 7. Command line ====
 LM_METRICS, TASK_METRICS = ("ppl", "effrem", "state"), ("passkey", "copy", "babilong")
 
 def main(argv=None):
@@ -342,6 +416,8 @@ def main(argv=None):
     a("--device", default="auto", choices=["auto", "cpu", "cuda"])
     a("--labels", nargs="+", help="one display name per checkpoint (default: the directory names)")
     a("--reference", metavar="LABEL", help="with ppl: each run's NLL minus this run's, paired per sequence")
+    a("--over-seeds", action="store_true", help="CKPTs are eval.json files (or --out folders) of this script "
+      "on the same runs trained with other seeds (--labels: the seeds): the spread -> OUT/seeds.{json,png}")
     a("--task-samples", type=positive, default=8, help="examples per passkey cell, copy length, bAbI cell")
     a("--passkey-lengths", type=_ints, default="128,256,512,1024,2048,4096", help="total lengths (tokens)")
     a("--passkey-depths", type=positive, default=10, help="evenly spaced insertion depths in [0, 1]")
@@ -351,6 +427,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: one line, below
     try:
+        if args.over_seeds:
+            return over_seeds(read_reports(args), args.out)
         show(run(args), args.out)
     except (ValueError, OSError, RuntimeError) as e:  # bad input: one line naming the problem and the fix
         print(f"error: {e}", file=sys.stderr)
@@ -360,6 +438,23 @@ def main(argv=None):
               file=sys.stderr)
         return 1
     return 0
+
+def read_reports(args):
+    """--over-seeds: {seed name: report} from the eval.json files (or folders) args.ckpts, the same runs."""
+    files = [p if p.endswith(".json") else os.path.join(p, "eval.json") for p in args.ckpts]
+    names = args.labels or [os.path.basename(os.path.dirname(os.path.abspath(f))) for f in files]
+    require(len(names) == len(set(names)) == len(files) > 1, f"--over-seeds: give 2 or more evaluations, "
+            f"each its own name (--labels), got {len(files)} named {' '.join(names)}")
+    reports = {}
+    for name, f in zip(names, files):
+        require(os.path.isfile(f), f"--over-seeds: no {f}: pass this script's --out folders (or eval.json)")
+        reports[name] = json.loads(pathlib.Path(f).read_text())
+        got, first = ([m["label"] for m in r["models"] if "ppl" in m] 
+                      for r in (reports[name], reports[names[0]]))
+        require(got == first and len(got) == len(reports[name]["models"]), f"--over-seeds: {f} evaluated "
+                f"{got}, not {first} with ppl as the first: pass evaluations of the same runs")
+    os.makedirs(args.out, exist_ok=True)
+    return reports
 
 def _ints(text, one=False, lo=1):  # an argparse type: "128,256" -> [128, 256]; one=True: "128" -> 128
     kind = ("a positive integer" if one else "comma-separated positive integers") if lo else "in [0, 2**63)"

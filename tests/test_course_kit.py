@@ -247,6 +247,7 @@ def test_graded_source_puts_back_every_other_exercises_functions():
     (["score", ROOT, "--timeout", "0"], "--timeout 0"),
     (["score", ROOT, "--report", "{tmp}/mine.csv"], "not a kit report"),
     (["score", ROOT, "--report", "{tmp}/no/r.csv"], "existing folder"),
+    (["score", ROOT, "--report", "{tmp}"], "not a file"),
 ])
 def test_bad_kit_input_gets_one_line_and_touches_nothing(args, word, tmp_path, capsys):
     (tmp_path / "mine.csv").write_text("my own grades\n")
@@ -263,6 +264,13 @@ def test_a_report_replaces_only_a_kit_report_and_json_holds_the_same_rows(tmp_pa
         kit.check_report_path(path)  # its own report: may be replaced
     assert json.load(open(tmp_path / "r.json"))["rows"] == rows
     assert list(csv.DictReader(open(tmp_path / "r.csv"))) == [{k: str(v) for k, v in rows[0].items()}]
+
+def test_answers_counts_a_heading_with_text_as_written_and_the_placeholder_or_no_heading_as_empty(tmp_path):
+    written = [n for n, e in kit.EXERCISES.items() if e[2]]
+    text = kit.answers_template().replace(kit.ANSWER_PLACEHOLDER, "p* is biased low.", 1)
+    (tmp_path / "ANSWERS.md").write_text(text[:text.index(f"## {written[-1]}.")])  # the last heading cut
+    assert kit.answers(tmp_path) == {n: "written" if n == written[0] else "empty" for n in written}
+    assert kit.answers(tmp_path / "nowhere") == {}
 
 def pitfall_bullets(n):
     """The "Pitfalls:" bullets of exercise n in docs/INSTRUCTOR.md, each as one line."""

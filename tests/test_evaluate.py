@@ -470,3 +470,31 @@ def test_an_unwritable_out_is_refused_before_any_checkpoint_is_read(tmp_path, ca
     monkeypatch.setattr(os, "access", lambda path, mode, **kw: not mode & os.W_OK and access(path, mode))
     rc, _, err = cli(capsys, ck, "--metrics", "ppl", "--out", str(tmp_path / "ro" / "ev"))
     assert rc == 2 and f"--out '{tmp_path}/ro/ev' is not a directory that can be written" in err, err
+
+def test_over_seeds_reports_each_fix_by_its_mean_sem_and_worst_seed(tmp_path, capsys):
+    # each seed's last-bucket NLL - control: -0.5, -0.1, -0.3 (+- 0.1, 0.1, 0.12) on seeds 0, 4, 7
+    buckets = dict(lo=[0, 16], hi=[16, 64], nll=[1.0, 2.0], ppl=[np.e, np.e ** 2])
+    gap = dict(nll=[0, 0.25], nll_sem=[0, 0.01])  # to the Bayes floor
+    run = lambda label, censored=False, **diff: dict(label=label, t_train=16, ppl=dict(buckets=buckets),
+        gap=gap, verdict=dict(generalizes_to=32, censored=censored), **diff)
+    fixes = lambda d, se: [run(fix, diff=dict(nll=[0, d], nll_sem=[0, se])) for fix in ("SP", "TBTT")]
+    for seed, d, se in ((0, -0.5, 0.1), (4, -0.1, 0.1), (7, -0.3, 0.12)):
+        (tmp_path / f"s{seed}").mkdir()
+        (tmp_path / f"s{seed}" / "eval.json").write_text(json.dumps(
+            {"models": [run("base"), run("control", censored=seed == 4), *fixes(d, se)]}))
+    evals = [str(tmp_path / f"s{seed}") for seed in (0, 4, 7)]
+    assert ev.main([*evals, "--over-seeds", "--labels", "0", "4", "7", "--out", str(tmp_path)]) == 0
+    seeds = json.load(open(tmp_path / "seeds.json"))
+    assert seeds["summary"]["SP"] == pytest.approx(dict(diff=-0.3, diff_sem=0.2 / np.sqrt(3), worst=-0.1,
+        worst_seed="4", beyond_3_sem=1, ppl_last=np.e ** 2, ppl_last_sem=0, fails_within_32x=3,
+        verdicts=[32] * 3, gap_last=0.25, gap_last_sem=0))  # s.e.: ddof 1
+    assert seeds["summary"]["control"]["fails_within_32x"] == 2 and "diff" not in seeds["summary"]["control"]
+    assert seeds["seeds"]["4"]["SP"] == pytest.approx(dict(verdict=32, censored=False, ppl_last=np.e ** 2,
+        ppl_within=np.e, t_train=16, diff=-0.1, diff_sem=0.1, gap=0.25, gap_sem=0.01))
+    assert "SP - reference: -0.300 +- 0.115" in capsys.readouterr().out
+    assert os.path.exists(tmp_path / "seeds.png")
+    (tmp_path / "s7" / "eval.json").write_text(json.dumps({"models": [run("base")]}))
+    for argv, word in [(evals[:1], "2 or more"), (evals, "not ['base', 'control', 'SP', 'TBTT']"),
+                       (evals[:2] + [str(tmp_path / "none")], "no " + str(tmp_path / "none" / "eval.json"))]:
+        assert ev.main([*argv, "--over-seeds", "--out", str(tmp_path / "x")]) == 2
+        assert word in capsys.readouterr().err

@@ -163,23 +163,6 @@ def test_post_training_under_ddp_each_rank_reads_on_its_own_stream(tmp_path):
         assert post.state_dict() == {"seed": rank, "step": 3}
         assert torch.equal(post.next_batch().x, sampler.next_batch().x)
 
-def test_over_seeds_reports_each_fix_by_its_mean_sem_and_worst_seed(tmp_path):
-    # each seed's last-bucket NLL - control: -0.5, -0.1, -0.3 (+- 0.1, 0.1, 0.12) on seeds 0, 4, 7
-    buckets = dict(lo=[0, 16], hi=[16, 64], nll=[1.0, 2.0], ppl=[np.e, np.e ** 2])
-    run = lambda label, censored=False, **diff: dict(label=label, t_train=16, ppl=dict(buckets=buckets),
-                                                     verdict=dict(generalizes_to=32, censored=censored), **diff)
-    fixes = lambda d, se: [run(fix, diff=dict(nll=[0, d], nll_sem=[0, se])) for fix in ("SP", "TBTT")]
-    reports = {seed: {"models": [run("base"), run("control", censored=seed == 4), *fixes(d, se)]}
-               for seed, d, se in ((0, -0.5, 0.1), (4, -0.1, 0.1), (7, -0.3, 0.12))}
-    assert train.over_seeds(reports, str(tmp_path)) == 0
-    seeds = json.load(open(tmp_path / "seeds.json"))
-    assert seeds["summary"]["SP"] == pytest.approx(dict(diff=-0.3, diff_sem=0.2 / np.sqrt(3), worst=-0.1,
-        worst_seed=4, beyond_3_sem=1, ppl_last=np.e ** 2, ppl_last_sem=0, fails_within_32x=3,
-        verdicts=[32] * 3))  # s.e.: ddof 1
-    assert seeds["summary"]["control"]["fails_within_32x"] == 2 and "diff" not in seeds["summary"]["control"]
-    assert seeds["seeds"]["4"]["SP"] == pytest.approx(dict(verdict=32, censored=False, ppl_last=np.e ** 2,
-                                                           ppl_within=np.e, t_train=16, diff=-0.1, diff_sem=0.1))
-
 def test_demo_fig5_post_trains_the_base_five_ways_on_two_seeds(tmp_path, capsys):
     out = str(tmp_path / "demo")
     assert train.demo(out, [0, 3], base_steps=2, post_steps=1, n_seqs=4, eval_len=64, quiet=True) == 0
