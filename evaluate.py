@@ -373,7 +373,7 @@ def over_seeds(reports, out):
         elif not paired:  # each seed's last-bucket perplexity per run
             right.plot([i] * len(last), last, "o", color=color, alpha=0.5)
             right.errorbar([i], [last.mean()], [mean_sem(last)[1]], fmt="s", ms=8, capsize=4, color=color)
-    left.set(xscale="log", title="Position-wise perplexity (thin: a seed; thick, band: mean +- s.e.)",
+    left.set(xscale="log", yscale="log", title="Position-wise perplexity (thin: a seed; thick: mean +- s.e.)",
              xlabel="context length (dotted: T_train)", ylabel="perplexity")
     if paired:
         right.axhline(0, color="k", lw=0.8)
@@ -383,7 +383,7 @@ def over_seeds(reports, out):
         right.legend(fontsize=8)
     else:
         right.set(title=f"Last bucket ({b[0]['lo'][-1]}, {b[0]['hi'][-1]}]: each seed, mean +- s.e.",
-                  ylabel="perplexity", xticks=range(len(labels)), xticklabels=labels)
+                  ylabel="perplexity", yscale="log", xticks=range(len(labels)), xticklabels=labels)
     left.legend(fontsize=8)
     left.figure.savefig(os.path.join(out, "seeds.png"), dpi=120)
     pathlib.Path(out, "seeds.json").write_text(json.dumps(dict(seeds=rows, summary=summary), indent=1))

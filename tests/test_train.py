@@ -165,20 +165,21 @@ def test_post_training_under_ddp_each_rank_reads_on_its_own_stream(tmp_path):
 
 def test_demo_fig5_post_trains_the_base_five_ways_on_two_seeds(tmp_path, capsys):
     out = str(tmp_path / "demo")
-    assert train.demo(out, [0, 3], base_steps=2, post_steps=1, n_seqs=4, eval_len=64, quiet=True) == 0
+    small = dict(base_steps=2, post_steps=1, n_seqs=4, eval_len=64, quiet=True)
+    assert train.demo(out, [0, 3], sigma=0.37, **small) == 0
     report = json.load(open(os.path.join(out, "seed3", "eval.json")))
     assert [m["label"] for m in report["models"]] == ["base", "control", "random", "fitted", "SP", "TBTT"]
     assert ["diff" in m for m in report["models"]] == [True, False, True, True, True, True]  # - the control
     post = {m["label"]: json.load(open(os.path.join(m["path"], "args.json"))) for m in report["models"]}
     assert [post[k]["init_state"] for k in train.INTERVENTIONS] == list(train.INTERVENTIONS.values())
-    assert post["random"]["sigma"] == train.DEMO["sigma"] and {a["steps"] for a in post.values()} == {1, 2}
+    assert post["random"]["sigma"] == 0.37 and {a["steps"] for a in post.values()} == {1, 2}
     seeds = json.load(open(os.path.join(out, "seeds.json")))
     sp = [seeds["seeds"][s]["SP"]["diff"] for s in ("0", "3")]  # each seed's SP - control, last bucket
     assert sp == [next(m for m in json.load(open(os.path.join(out, f"seed{s}", "eval.json")))["models"]
                        if m["label"] == "SP")["diff"]["nll"][-1] for s in (0, 3)]
     assert seeds["summary"]["SP"]["diff"] == pytest.approx(np.mean(sp))
     assert os.path.exists(os.path.join(out, "seeds.png"))
-    assert train.demo(out, [3], base_steps=2, post_steps=1, n_seqs=4, eval_len=64, quiet=True) == 0  # kept
+    assert train.demo(out, [3], **small) == 0  # kept
     assert "seed3/eval.json exists, kept" in capsys.readouterr().out
 
 def test_demo_fig2_trains_each_t_train_on_the_same_tokens_and_fig3_checkpoints_one_run(tmp_path):
@@ -189,7 +190,7 @@ def test_demo_fig2_trains_each_t_train_on_the_same_tokens_and_fig3_checkpoints_o
         ("T8", 8, 16), ("T16", 16, 8), ("T32", 32, 4), ("T64", 64, 2)]  # 16 x 8 x 16 tokens each
     assert train.demo(str(tmp_path / "fig3"), [1], figure="fig3", base_steps=3, **small) == 0
     models = json.load(open(tmp_path / "fig3" / "seed1" / "eval.json"))["models"]
-    assert [(m["label"], m["step"]) for m in models] == [("step1", 1), ("step2", 2), ("step4", 4), ("step9", 9)]
+    assert [(m["label"], m["step"]) for m in models] == [(f"step{k}", k) for k in (1, 2, 4, 9)]
     one_run = model.from_pretrained(str(tmp_path / "fig3" / "seed1" / "run"))  # the copies: checkpoints of it
     torch.testing.assert_close(model.from_pretrained(models[-1]["path"]).state_dict(), one_run.state_dict())
     assert json.load(open(tmp_path / "fig3" / "seed1" / "run" / "args.json"))["steps"] == 9
