@@ -183,6 +183,9 @@ def test_demo_fig5_post_trains_the_base_five_ways_on_two_seeds(tmp_path, capsys)
     assert "seed3/eval.json exists, kept" in capsys.readouterr().out
 
 def test_demo_fig2_trains_each_t_train_on_the_same_tokens_and_fig3_checkpoints_one_run(tmp_path):
+    assert [train.get_args(["--demo", *f]).demo for f in ([], ["fig2"], ["fig3"])] == ["fig5", "fig2", "fig3"]
+    with pytest.raises(SystemExit, match="invalid choice: 'fig4'"):
+        train.get_args(["--demo", "fig4"])
     small = dict(n_seqs=4, eval_len=128, quiet=True)
     assert train.demo(str(tmp_path / "fig2"), [1], figure="fig2", base_steps=8, **small) == 0
     models = json.load(open(tmp_path / "fig2" / "seed1" / "eval.json"))["models"]
