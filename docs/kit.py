@@ -178,6 +178,9 @@ def pytest_in_child(folder, xml, log, args, threads):
     sys.path[:] = [folder] + [p for p in sys.path if p not in ("", kit_dir)]
     os.environ.update(PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=str(threads))
     sys.dont_write_bytecode = True
+    with contextlib.suppress(ImportError):  # no process lock for progress bars: os._exit below would leak
+        from tqdm.std import TqdmDefaultWriteLock  # its semaphore (a warning at the kit's exit)
+        TqdmDefaultWriteLock.mp_lock = None
     import pytest
     code = pytest.main(["-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *args])
     sys.stdout.flush()
