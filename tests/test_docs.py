@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import train
 from conftest import ROOT
 
 SCRIPTS = ("train.py", "evaluate.py", "bench.py", "model.py", "data.py", "docs/kit.py")
@@ -23,40 +24,59 @@ class Parsed(Exception):
 
 def commands(doc, tmp_path):
     """-> (block number, argv) of every python command doc's ```bash blocks run (loops and variables
-    expanded by bash itself, an unset variable an error; no other program runs: PATH is empty)."""
+    expanded by bash itself; no other program runs: PATH is empty), and the blocks using an unset variable."""
     blocks = re.findall(r"```bash\n(.*?)```", open(os.path.join(ROOT, doc)).read(), re.S)
-    assert blocks, f"{doc} shows no bash block"
-    found = []
+    found, unset = [], []
     for i, block in enumerate(blocks):
         log = tmp_path / f"block{i}"
-        log.touch()
+        log.write_text("")
         bash = subprocess.run(["/bin/bash", "-c", RECORD + block], cwd=tmp_path, capture_output=True,
                               text=True, env={"PATH": "/nonexistent", "LOG": str(log), "HOME": str(tmp_path)})
-        assert "unbound variable" not in bash.stderr, f"{doc}, bash block {i + 1}: {bash.stderr}"
+        unset += [f"block {i + 1}: {bash.stderr.strip()}"] * ("unbound variable" in bash.stderr)
         found += [(i, line.split("\x1f")[:-1]) for line in log.read_text().splitlines()]
-    return found
+    return found, unset
 
-@pytest.mark.parametrize("doc", ["docs/RESULTS.md", "README.md", "docs/GPU.md"])
-def test_every_python_command_a_document_shows_parses_against_its_script(doc, tmp_path, monkeypatch, capsys):
+def problems(doc, tmp_path, monkeypatch, capsys):
+    """-> what does not hold of doc's commands: an unset variable, a script that is not there, flags that do
+    not parse (argparse's own error), a bad --seeds; [] when every command parses."""
     parse = argparse.ArgumentParser.parse_args
     def parse_only(self, args=None, namespace=None):
         self.allow_abbrev = False  # each flag spelled whole: no prefix that a new flag could make ambiguous
         raise Parsed(parse(self, args, namespace))
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_only)
     monkeypatch.chdir(ROOT)
-    checked = 0
-    for block, argv in commands(doc, tmp_path):
-        if argv[0].startswith("-"):  # python -m pytest, python -c: not a script of the repo
+    found, bad = commands(doc, tmp_path)
+    for block, argv in [(b, a) for b, a in found if not a[0].startswith("-")]:  # not python -m / -c
+        where = f"block {block + 1}: python {' '.join(argv)}"
+        if argv[0] not in SCRIPTS:
+            bad.append(f"{where}: no such script")
             continue
-        assert argv[0] in SCRIPTS, f"{doc}, bash block {block + 1}: python {' '.join(argv)}: no such script"
         monkeypatch.setattr(sys, "argv", argv)
-        with pytest.raises(Parsed) as parsed:
+        try:
+            runpy.run_path(os.path.join(ROOT, argv[0]), run_name="__main__")
+            bad.append(f"{where}: ran past its flags")
+        except SystemExit as e:  # argparse's error: an unknown flag, a missing or bad value
+            bad.append(f"{where}: {e} {capsys.readouterr().err.strip()}")
+        except Parsed as parsed:
             try:
-                runpy.run_path(os.path.join(ROOT, argv[0]), run_name="__main__")
-            except SystemExit as e:  # argparse's error: an unknown flag, a missing or bad value
-                pytest.fail(f"{doc}, block {block + 1}: python {' '.join(argv)}: {e} {capsys.readouterr().err}")
-        if argv[0] == "train.py" and parsed.value.args[0].seeds:
-            import train
-            train.parse_seeds(parsed.value.args[0].seeds)   # exits on a bad --seeds
-        checked += 1
-    assert checked, f"{doc}: no command checked"
+                _ = argv[0] == "train.py" and parsed.args[0].seeds and train.parse_seeds(parsed.args[0].seeds)
+            except SystemExit as e:
+                bad.append(f"{where}: {e}")
+    return bad if found else [f"{doc}: no command found"]
+
+@pytest.mark.parametrize("doc", ["docs/RESULTS.md", "README.md", "docs/GPU.md"])
+def test_every_python_command_a_document_shows_parses_against_its_script(doc, tmp_path, monkeypatch, capsys):
+    assert problems(doc, tmp_path, monkeypatch, capsys) == []
+
+def test_a_rotten_command_is_named_with_its_block_and_the_reason(tmp_path, monkeypatch, capsys):
+    rotten = tmp_path / "ROTTEN.md"
+    rotten.write_text("```bash\nfor S in 0 1; do python train.py --seed $S --steps 3; done\n```\n"
+                      "```bash\npython evaluate.py out --eval-length 9\npython train.py --seeds 3-1\n"
+                      "python evaluate.py out --n-seqs four\npython nowhere.py\n"
+                      "python train.py --out $D\n```\n"
+                      "```bash\npython bench.py --rep 3\n```\n")
+    bad = problems(str(rotten), tmp_path, monkeypatch, capsys)
+    assert [b.split(":")[0] for b in bad] == ["block 2"] + ["block 2"] * 4 + ["block 3"], bad
+    for word in ("D: unbound variable", "unrecognized arguments: --eval-length", "--seeds must be A-B",
+                 "--n-seqs: must be a positive integer", "nowhere.py: no such script", "--rep"):
+        assert any(word in b for b in bad), (word, bad)

@@ -475,19 +475,19 @@ def test_over_seeds_reports_each_fix_by_its_mean_sem_and_worst_seed(tmp_path, ca
     # each seed's last-bucket NLL - control: -0.5, -0.1, -0.3 (+- 0.1, 0.1, 0.12) on seeds 0, 4, 7
     buckets = dict(lo=[0, 16], hi=[16, 64], nll=[1.0, 2.0], ppl=[np.e, np.e ** 2])
     gap = dict(nll=[0, 0.25], nll_sem=[0, 0.01])  # to the Bayes floor
-    run = lambda label, censored=False, **diff: dict(label=label, t_train=16, ppl=dict(buckets=buckets),
-        gap=gap, verdict=dict(generalizes_to=32, censored=censored), **diff)
-    fixes = lambda d, se: [run(fix, diff=dict(nll=[0, d], nll_sem=[0, se])) for fix in ("SP", "TBTT")]
-    for seed, d, se in ((0, -0.5, 0.1), (4, -0.1, 0.1), (7, -0.3, 0.12)):
+    run = lambda label, censored=False, to=32, **diff: dict(label=label, t_train=16, gap=gap,
+        ppl=dict(buckets=buckets), verdict=dict(generalizes_to=to, censored=censored), **diff)
+    fixes = lambda d, se, to: [run(k, to=to, diff=dict(nll=[0, d], nll_sem=[0, se])) for k in ("SP", "TBTT")]
+    for seed, d, se, to in ((0, -0.5, 0.1, 32), (4, -0.1, 0.1, 32), (7, -0.3, 0.12, 512)):  # 512: 32 x 16
         (tmp_path / f"s{seed}").mkdir()
         (tmp_path / f"s{seed}" / "eval.json").write_text(json.dumps(
-            {"models": [run("base"), run("control", censored=seed == 4), *fixes(d, se)]}))
+            {"models": [run("base"), run("control", censored=seed == 4), *fixes(d, se, to)]}))
     evals = [str(tmp_path / f"s{seed}") for seed in (0, 4, 7)]
     assert ev.main([*evals, "--over-seeds", "--labels", "0", "4", "7", "--out", str(tmp_path)]) == 0
     seeds = json.load(open(tmp_path / "seeds.json"))
     assert seeds["summary"]["SP"] == pytest.approx(dict(diff=-0.3, diff_sem=0.2 / np.sqrt(3), worst=-0.1,
         worst_seed="4", beyond_3_sem=1, ppl_last=np.e ** 2, ppl_last_sem=0, fails_within_32x=3,
-        verdicts=[32] * 3, gap_last=0.25, gap_last_sem=0))  # s.e.: ddof 1
+        verdicts=[32, 32, 512], gap_last=0.25, gap_last_sem=0))  # s.e.: ddof 1
     assert seeds["summary"]["control"]["fails_within_32x"] == 2 and "diff" not in seeds["summary"]["control"]
     assert seeds["seeds"]["4"]["SP"] == pytest.approx(dict(verdict=32, censored=False, ppl_last=np.e ** 2,
         ppl_within=np.e, t_train=16, diff=-0.1, diff_sem=0.1, gap=0.25, gap_sem=0.01))
