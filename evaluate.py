@@ -331,9 +331,8 @@ def over_seeds(reports, out):
         return dict(verdict=v["generalizes_to"], censored=bool(v["censored"]), ppl_last=b["ppl"][-1],
                     ppl_within=b["ppl"][b["hi"].index(m["t_train"])], t_train=m["t_train"], **last)
     rows = {s: {k: row(m) for k, m in r.items()} for s, r in runs.items()}
-    print("\nper seed: the verdict (Def. 3.2; +: censored, none exceeds p*), the perplexity in the last "
-          "bucket within T_train and in the last bucket; there the gap to the Bayes floor and the NLL - the "
-          "reference's (nats, paired), +- s.e. over the sequences")
+    print("\nper seed: verdict (Def. 3.2; +: censored), PPL in the last bucket <= T_train and in the last; "
+          "there the gap to the Bayes floor and NLL - the reference's (paired), +- s.e. over sequences")
     print(f"{'seed':>5} {'run':>16} {'verdict':>8} {'PPL<=T':>8} {'PPL last':>9} {'gap':>17} {'- ref':>18}")
     pm = lambda v, k: f"{v[k]:+.3f} +- {v[k + '_sem']:.3f}" if k in v else "-"
     for s, r in rows.items():
@@ -449,9 +448,9 @@ def read_reports(args):
     for name, f in zip(names, files):
         require(os.path.isfile(f), f"--over-seeds: no {f}: pass this script's --out folders (or eval.json)")
         reports[name] = json.loads(pathlib.Path(f).read_text())
-        got, first = ([m["label"] for m in r["models"] if "ppl" in m] 
+        got, first = ([m["label"] for m in r["models"] if "ppl" in m]
                       for r in (reports[name], reports[names[0]]))
-        require(got == first and len(got) == len(reports[name]["models"]), f"--over-seeds: {f} evaluated "
+        require(got == first == [m["label"] for m in reports[name]["models"]], f"--over-seeds: {f} evaluated "
                 f"{got}, not {first} with ppl as the first: pass evaluations of the same runs")
     os.makedirs(args.out, exist_ok=True)
     return reports

@@ -180,7 +180,7 @@ def setup_model(args, device, vocab_size, sampler, path, rank, world):
 # perplexity rises (the paper's failure). Each demo is one of the paper's figures, per training seed:
 #   fig5  the base, then 10% more steps five ways: the zero state (the matched control), Random Noise
 #         (sigma: the best of a sweep on seeds 8, 9, RESULTS 0d), Fitted Noise, SP and TBTT (Sec. 4, Fig. 5)
-#   fig2  bases at T_train 8, 16, 32, 64 on the same tokens (Sec. 3.2, Fig. 2: shorter fails sooner)
+#   fig2  bases at T_train 8, 16, 32, 64 on the same tokens (Fig. 2: shorter fails sooner)
 #   fig3  one base at T_train 16, evaluated at 1/3x, 2/3x, 4/3x and 3x the fig5 base's steps (Fig. 3)
 DEMO = dict(arch="mamba1", size="tiny-slow", data="stdlib", seq_len=16, batch_size=16, base_steps=1500,
             post_steps=150, sigma=0.1, eval_len=1024, n_seqs=64)
@@ -190,21 +190,21 @@ def demo_runs(figure, d, where, train):
     """Trains one seed's runs of `figure` under `where` with train(argv) -> {label: run directory}."""
     base = ["--arch", d["arch"], "--size", d["size"], "--init-state", "zero"]
     if figure == "fig2":  # the same tokens at each T_train: base_steps * seq_len / T steps
-        runs = {f"T{t}": os.path.join(where, f"T{t}") for t in (8, 16, 32, 64)}
-        for t, (label, run) in zip((8, 16, 32, 64), runs.items()):
-            train(label, base + ["--seq-len", str(t), "--steps", str(d["base_steps"] * d["seq_len"] // t),
-                                 "--out", run])
-        return runs
+        runs = {t: os.path.join(where, f"T{t}") for t in (8, 16, 32, 64)}
+        for t, run in runs.items():
+            train(f"T{t}", base + ["--seq-len", str(t), "--steps", str(d["base_steps"] * d["seq_len"] // t),
+                                   "--out", run])
+        return {f"T{t}": run for t, run in runs.items()}
     if figure == "fig3":  # checkpoints of one run (its cosine schedule spans all 3x), copied at each budget
         every, run = d["base_steps"] // 3, os.path.join(where, "run")
-        runs = {f"step{k * every}": os.path.join(where, f"step{k * every}") for k in (1, 2, 4, 9)}
-        for budget, copy in zip((str(k * every) for k in (1, 2, 4, 9)), runs.values()):
+        runs = {k * every: os.path.join(where, f"step{k * every}") for k in (1, 2, 4, 9)}
+        for budget, copy in runs.items():
             resume = ["--resume"] * os.path.exists(os.path.join(run, "ckpt.pt"))  # interrupted: goes on
             train(f"to step {budget}", base + ["--steps", str(9 * every), "--ckpt-interval", str(every),
-                                               "--stop-at", budget, "--out", run] + resume)
+                                               "--stop-at", str(budget), "--out", run] + resume)
             os.makedirs(copy, exist_ok=True)
             shutil.copy(os.path.join(run, "ckpt.pt"), copy)
-        return runs
+        return {f"step{budget}": copy for budget, copy in runs.items()}
     runs = {"base": os.path.join(where, "base")} | {k: os.path.join(where, k) for k in INTERVENTIONS}
     train("base", base + ["--steps", str(d["base_steps"]), "--out", runs["base"]])
     for label, strategy in INTERVENTIONS.items():  # the same budget each, from the base, reading on its data
