@@ -396,20 +396,32 @@ def _tiktoken(name):
                 "same TIKTOKEN_CACHE_DIR)") from None
 
 def write_atomically(path, write):
-    """write(tmp) under a name unique to this process, then rename: a kill leaves the old file or the new."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    """write(tmp) under a name unique to this process, then rename: a kill leaves the old file or the new.
+    write a dict {name: write} of files in the folder path: all renamed at once, Ctrl-C and SIGTERM held
+    meanwhile: the folder keeps its previous files or gets all the new ones, never a mix."""
+    several = isinstance(write, dict)
+    paths = {os.path.join(path, name): w for name, w in write.items()} if several else {path: write}
+    tmps = {p: f"{p}.{os.getpid()}.tmp" for p in paths}
     try:
-        write(tmp)
-        os.replace(tmp, path)
+        for p, w in paths.items():
+            w(tmps[p])
+        held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)} if several else {}
+        try:
+            for p, tmp in tmps.items():
+                os.replace(tmp, p)
+        finally:
+            for s, handler in held.items():
+                signal.signal(s, handler)
     except BaseException as e:  # also Ctrl-C, SIGTERM: no temporary file is left
-        shutil.rmtree(tmp, ignore_errors=True)   # a directory's (a corpus's)
-        if os.path.lexists(tmp):   # (not when its folder is missing or a file)
-            os.unlink(tmp)
+        for tmp in tmps.values():
+            shutil.rmtree(tmp, ignore_errors=True)   # a directory's (a corpus's)
+            if os.path.lexists(tmp):   # (not when its folder is missing or a file)
+                os.unlink(tmp)
         if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a full disk as a RuntimeError
             raise
         why = f"{str(e).splitlines()[0]}; disk full?" if isinstance(e, RuntimeError) else e.strerror or e
-        kept = "the previous one is intact" if os.path.exists(path) else "nothing was written"
-        raise OSError(f"cannot write {path} ({why}): {kept}") from None
+        kept = "the previous one is intact" if os.path.exists(next(iter(paths))) else "nothing was written"
+        raise OSError(f"cannot write {', '.join(paths)} ({why}): {kept}") from None
 
 def _build(folder, label, files, enc, val_fraction):
     """Text files (sorted) -> folder/train.bin and val.bin, eot + the ids of each (val: a val_fraction of the

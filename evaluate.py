@@ -237,7 +237,7 @@ def _curves(m):
 
 def show(report, out):
     """Per model the verdict; each curve printed (8 columns, models together) and drawn in its PANELS PNG;
-    the report written as out/eval.json, all files together (_write_together)."""
+    the report written as out/eval.json, all files together (data.write_atomically)."""
     for m in report["models"]:
         print(f"[{m['label']}] {m['arch']}, {m['params']:,} params, t_train {m['t_train']}"
               + f", step {m['step']}" * (m.get("step") is not None))
@@ -292,29 +292,10 @@ def show(report, out):
                    ylabel="insertion depth", xticks=range(len(p["lengths"])), xticklabels=p["lengths"],
                    yticks=range(len(p["depths"])), yticklabels=[f"{d:.2f}" for d in p["depths"]])
     os.makedirs(out, exist_ok=True)
-    _write_together(out, {"eval.json": lambda tmp: pathlib.Path(tmp).write_text(json.dumps(report, indent=1)),
-                          **{file: lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=120)
-                             for file, fig in figs.items()}})
-
-def _write_together(out, writes):
-    """{file: write(tmp)}: each file written under a temporary name, then all renamed at once: a kill leaves
-    the previous files of out or the new ones, never a mix. A Ctrl-C or SIGTERM while they are renamed is
-    ignored (the run is then whole)."""
-    tmps = {file: os.path.join(out, f"{file}.{os.getpid()}.tmp") for file in writes}
-    try:
-        for file, write in writes.items():
-            write(tmps[file])
-        held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            for file, tmp in tmps.items():
-                os.replace(tmp, os.path.join(out, file))
-            print("\nwrote " + ", ".join(os.path.join(out, file) for file in writes))
-        finally:
-            for s, handler in held.items():
-                signal.signal(s, handler)
-    finally:   # after an error or an interrupt: no temporary file left
-        for tmp in tmps.values():
-            pathlib.Path(tmp).unlink(missing_ok=True)
+    writes = {"eval.json": lambda tmp: pathlib.Path(tmp).write_text(json.dumps(report, indent=1)),
+              **{file: lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=120) for file, fig in figs.items()}}
+    data.write_atomically(out, writes)   # all files at once: the previous ones or all the new
+    print("\nwrote " + ", ".join(os.path.join(out, file) for file in writes))
 
 # ==== 6. Over training seeds: each seed's evaluation of the same runs, the spread of their effects ====
 def over_seeds(reports, out):

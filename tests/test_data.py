@@ -5,6 +5,7 @@ import errno
 import io
 import json
 import os
+import pathlib
 import shutil
 import signal
 import subprocess
@@ -208,3 +209,22 @@ def test_a_corpus_of_few_files_holds_one_whole_document_out(tmp_path):
     d = data.load_data(str(tmp_path / "corpus"), cache_dir=str(tmp_path / "c"))
     train, val = split_docs(d.train), split_docs(d.val)
     assert len(val) == 1 and not train & val and train | val == {t.encode() for t in texts.values()}
+
+def test_write_atomically_replaces_all_the_files_of_a_folder_or_none(tmp_path, monkeypatch):
+    new, handler = (lambda tmp: pathlib.Path(tmp).write_text("new")), signal.getsignal(signal.SIGINT)
+    def fails(tmp):
+        pathlib.Path(tmp).write_text("half")
+        raise PermissionError(13, "Permission denied")
+    for name in "ab":
+        (tmp_path / name).write_text("old")
+    with pytest.raises(OSError, match="cannot write .*a, .*b .Permission denied.: the previous one is intact"):
+        data.write_atomically(str(tmp_path), {"a": new, "b": fails})
+    assert [p.read_text() for p in sorted(tmp_path.iterdir())] == ["old", "old"]   # no .tmp left, a unchanged
+    replace = os.replace
+    def interrupted(*args):   # a Ctrl-C between the two renames is held: both files are the new ones
+        os.kill(os.getpid(), signal.SIGINT)
+        replace(*args)
+    monkeypatch.setattr(os, "replace", interrupted)
+    data.write_atomically(str(tmp_path), {"a": new, "b": new})
+    assert [p.read_text() for p in sorted(tmp_path.iterdir())] == ["new", "new"]
+    assert signal.getsignal(signal.SIGINT) is handler   # Ctrl-C is held only while the files are renamed
