@@ -405,7 +405,7 @@ def write_atomically(path, write):
     try:
         for p, w in paths.items():
             w(tmps[p])
-        held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)} if several else {}
+        held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM) if several}
         try:
             for p, tmp in tmps.items():
                 os.replace(tmp, p)

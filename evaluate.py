@@ -293,7 +293,7 @@ def show(report, out):
                    yticks=range(len(p["depths"])), yticklabels=[f"{d:.2f}" for d in p["depths"]])
     os.makedirs(out, exist_ok=True)
     writes = {"eval.json": lambda tmp: pathlib.Path(tmp).write_text(json.dumps(report, indent=1)),
-              **{file: lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=120) for file, fig in figs.items()}}
+              **{f: lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=120) for f, fig in figs.items()}}
     data.write_atomically(out, writes)   # all files at once: the previous ones or all the new
     print("\nwrote " + ", ".join(os.path.join(out, file) for file in writes))
 
