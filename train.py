@@ -106,7 +106,9 @@ def train(args):
                 saved_step = step
     if master:
         print(f"done: step {step}, {time.time() - t0:.0f}s, checkpoint {ckpt_path}")
-    if ddp:
+    if ddp:  # the ranks leave together: none closes its connections while another still uses them
+        del fwd
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return lm
 

@@ -2,7 +2,9 @@
 # imported, hence here (test_triton_compile.py compiles them for real). Below: helpers of several test files.
 import json
 import os
+import signal
 import sys
+import threading
 from dataclasses import asdict
 
 # No network in tests: a hub id or tiktoken file not in the cache fails at once (huggingface_hub reads this
@@ -11,15 +13,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
+import tqdm
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or max(1, min(2, os.cpu_count() or 1))))
+# Under pytest-xdist the cores are shared out among the workers, and the processes a test starts inherit that
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+os.environ.setdefault("OMP_NUM_THREADS", str(max(1, min(2, (os.cpu_count() or 1) // _workers))))
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 import model  # noqa: E402
+
+tqdm.tqdm.monitor_interval = 0   # no monitor thread: a test leaves no thread behind (process_state, below)
 
 # a tiny train.py run on a Markov corpus (add --steps, --out and what the test is about)
 TRAIN = ["--data", "markov:k=4,alpha=0.5,doc_len=200,docs=40", "--seq-len", "16", "--batch-size", "4",
@@ -66,3 +74,41 @@ def logged(out, key="loss"):
         rows = [json.loads(line) for line in f]
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
     return {r["step"]: r.get(key) for r in rows}
+
+def _children():
+    """The pids of this process's live children (Linux: /proc), zombies aside."""
+    me = f"/proc/{os.getpid()}/task"
+    pids = {int(p) for task in os.listdir(me) for p in open(f"{me}/{task}/children").read().split()}
+    live = set()
+    for pid in pids:
+        try:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:   # reaped meanwhile
+            continue
+        if state != "Z":
+            live.add(pid)
+    return live
+
+@pytest.fixture(autouse=True)
+def process_state():
+    """What a test leaves in the pytest process a later test would inherit. The Ctrl-C and SIGTERM handlers
+    (the scripts' main() set SIGTERM's) are put back; a thread, a child process, a working folder or an
+    environment variable left changed fails the test that left it."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    own = ("PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR")   # pytest's, torch's (set once, on first use)
+    environ = lambda: {k: v for k, v in os.environ.items() if k not in own}
+    threads, children, cwd, env = set(threading.enumerate()), _children(), os.getcwd(), environ()
+    yield
+    for s, h in handlers.items():
+        signal.signal(s, h)
+    assert not set(threading.enumerate()) - threads, "a thread left running"
+    assert not _children() - children, f"child processes left running: {_children() - children}"
+    assert os.getcwd() == cwd, "the working folder left changed"
+    changed = {k for k in env.keys() | environ().keys() if env.get(k) != environ().get(k)}
+    assert not changed, f"environment variables left changed: {sorted(changed)}"
+
+def pytest_terminal_summary(terminalreporter, config):
+    """pytest-randomly shuffles the tests (and seeds random, numpy) anew each run: its seed replays it."""
+    if config.pluginmanager.hasplugin("randomly"):
+        seed = config.option.randomly_seed
+        terminalreporter.write_line(f"shuffled: this order again with --randomly-seed={seed}")

@@ -80,3 +80,16 @@ def test_a_rotten_command_is_named_with_its_block_and_the_reason(tmp_path, monke
     for word in ("D: unbound variable", "unrecognized arguments: --eval-length", "--seeds must be A-B",
                  "--n-seqs: must be a positive integer", "nowhere.py: no such script", "--rep"):
         assert any(word in b for b in bad), (word, bad)
+
+def test_ci_runs_the_readmes_install_line_and_test_command_in_a_new_venv():
+    readme = re.search(r"## Two commands\n\n```bash\n(.*?)```", open(f"{ROOT}/README.md").read(), re.S)
+    venv, install, test = [line.split("  #")[0].strip() for line in readme[1].splitlines()]
+    ci = open(f"{ROOT}/.ci/run").read().splitlines()
+    assert venv.startswith("python3.11 -m venv ") and 'python3.11 -m venv "$venv" && . "$venv/bin/activate"' \
+        in ci
+    demo = " && python train.py --demo"
+    assert install.endswith(demo) and install.removesuffix(demo) in ci
+    assert test in ci and ci[-1] == test   # the suite's exit status is CI's
+    pins = [line.split("#")[0].split(";")[0].strip() for line in open(f"{ROOT}/requirements.txt")]
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+==[^=<>~!]+", p) for p in pins if p), pins  # each one pinned
+    assert "torch==2.13.0" in pins and "pip install torch==2.13.0 &&" in install   # the CPU build, first

@@ -87,6 +87,7 @@ def test_a_frozen_or_killed_ddp_rank_ends_the_other_in_one_line(tmp_path, how):
     finally:
         for p in ranks:
             p.kill()   # SIGKILL: the frozen one too
+            p.wait()   # reaped: no process of this test outlives it
     message = ranks[0].stderr.read()
     assert code == 1 and message.count("\n") == 1, message
     assert ") is intact; continue with --resume" in message, message
