@@ -211,7 +211,8 @@ def test_a_corpus_of_few_files_holds_one_whole_document_out(tmp_path):
     assert len(val) == 1 and not train & val and train | val == {t.encode() for t in texts.values()}
 
 def test_write_atomically_replaces_all_the_files_of_a_folder_or_none(tmp_path, monkeypatch):
-    new, handler = (lambda tmp: pathlib.Path(tmp).write_text("new")), signal.getsignal(signal.SIGINT)
+    new, handler = (lambda tmp: pathlib.Path(tmp).write_text("new")), signal.default_int_handler
+    signal.signal(signal.SIGINT, handler)   # Ctrl-C as in a terminal, not a background job's SIG_IGN
     def fails(tmp):
         pathlib.Path(tmp).write_text("half")
         raise PermissionError(13, "Permission denied")

@@ -458,6 +458,7 @@ def test_an_interrupt_leaves_the_previous_eval_json_with_its_own_figures(tmp_pat
         os.kill(os.getpid(), signal.SIGTERM)
         replace(*args)
     monkeypatch.setattr(os, "replace", replace_after_a_sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal, not a background job's SIG_IGN
     assert cli(capsys, *argv, "1")[0] == 0 and json.load(open(out / "eval.json"))["args"]["seed"] == 1
     assert sorted(f.name for f in out.iterdir()) == sorted(before)
     assert (out / "ppl.png").read_bytes() != before["ppl.png"]
