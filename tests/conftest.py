@@ -1,5 +1,6 @@
 # Without a GPU the Triton kernels run in Triton's interpreter (as in CI): set before triton is first
 # imported, hence here (test_triton_compile.py compiles them for real). Below: helpers of several test files.
+import contextlib
 import json
 import os
 import signal
@@ -77,16 +78,14 @@ def logged(out, key="loss"):
 
 def _children():
     """The pids of this process's live children (Linux: /proc), zombies aside."""
-    me = f"/proc/{os.getpid()}/task"
-    pids = {int(p) for task in os.listdir(me) for p in open(f"{me}/{task}/children").read().split()}
-    live = set()
+    me, pids, live = f"/proc/{os.getpid()}/task", set(), set()
+    for task in os.listdir(me):
+        with contextlib.suppress(FileNotFoundError):   # a thread (torch's) ended meanwhile
+            pids |= {int(p) for p in open(f"{me}/{task}/children").read().split()}
     for pid in pids:
-        try:
-            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:   # reaped meanwhile
-            continue
-        if state != "Z":
-            live.add(pid)
+        with contextlib.suppress(FileNotFoundError):   # reaped meanwhile
+            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+                live.add(pid)
     return live
 
 @pytest.fixture(autouse=True)

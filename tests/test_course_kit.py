@@ -4,6 +4,7 @@ import ast
 import csv
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -143,7 +144,8 @@ def test_a_student_copy_fails_every_check_and_the_repo_passes_every_one(copy, tm
         refused = kit_cli("student", str(out))
         assert refused.returncode == 2 and refused.stderr.startswith("error: ") and word in refused.stderr
     assert not os.path.exists(os.path.join(ROOT, "tests", "x"))
-    run = kit_cli("score", str(copy), ROOT, "--jobs", "2", "--fail-fast", "--report", str(tmp_path / "r.csv"))
+    run = kit_cli("score", str(copy), ROOT, "--jobs", "2", "--fail-fast", "--no-sandbox", "--report",
+                  str(tmp_path / "r.csv"))   # the teacher's own code and its stubs: trusted, unsandboxed
     assert run.returncode == 0, run.stdout + run.stderr
     assert "leaked" not in run.stderr, run.stderr  # the checks' progress bars leave no semaphore behind
     rows = graded(tmp_path / "r.csv")
@@ -151,6 +153,38 @@ def test_a_student_copy_fails_every_check_and_the_repo_passes_every_one(copy, tm
         assert rows["student", n] == ("FAILED", "stubbed", "0", "empty" if written else ""), n
         assert rows[os.path.basename(ROOT), n] == ("passed", "", str(points), "none" if written else ""), n
     assert re.search(r"^total: 0/(\d+) points, 0/10 exercises passed", run.stdout, flags=re.M)
+
+def reference_lines():
+    """{line: exercise} of every line of 30+ characters in the reference's exercise bodies (below their
+    docstrings), less shared plumbing: lines that also stand in the repo's code outside every exercise
+    function, or that docs/EXERCISES.md gives."""
+    bodies, outside = {}, [open(os.path.join(ROOT, "docs", "EXERCISES.md")).read()]
+    for path in sorted({p for *_, functions, _ in kit.EXERCISES.values() for p in functions} |
+                       {p for p in kit.files_of(ROOT) if p.endswith(".py") and "/" not in p}):
+        lines = open(os.path.join(ROOT, path)).read().splitlines()
+        tree, spans = ast.parse("\n".join(lines)), []
+        for n, (*_, functions, _) in kit.EXERCISES.items():
+            for name in functions.get(path, []):
+                node = kit.find(tree, name)
+                spans.append((node.lineno - 1, node.end_lineno))
+                for line in lines[node.body[1 if ast.get_docstring(node) else 0].lineno - 1:node.end_lineno]:
+                    if len(line.strip()) >= 30 and not line.strip().startswith("#"):
+                        bodies[line.strip()] = n
+        outside += ["\n".join(line for i, line in enumerate(lines) if not any(a <= i < b for a, b in spans))]
+    return {line: n for line, n in bodies.items() if not any(line in text for text in outside)}
+
+def test_a_student_copy_holds_no_reference_code_and_its_self_check_names_the_withheld_checks(copy, tmp_path):
+    lines = reference_lines()
+    assert len(lines) > 100 and set(lines.values()) == set(kit.EXERCISES)
+    for root, _, files in os.walk(copy):
+        for name in files:
+            text = open(os.path.join(root, name), errors="replace").read()
+            assert not [line for line in lines if line in text], (name, [l for l in lines if l in text][:3])
+    assert not any((copy / path).exists() for path in kit.WITHHELD)
+    mine = kit_cli("score", "--exercises", "9,10", "--report", str(tmp_path / "s.csv"), cwd=str(copy),
+                   kit_py=str(copy / "docs" / "kit.py"))
+    assert mine.returncode == 0 and "(its tests are the instructor's: graded on submission)" in mine.stdout
+    assert [graded(tmp_path / "s.csv")["student", n][:2] for n in (9, 10)] == [("FAILED", "withheld")] * 2
 
 def kit_umask():
     umask = os.umask(0)
@@ -201,6 +235,51 @@ def test_a_class_is_graded_with_the_teachers_tests_each_check_isolated_and_time_
                                      answer), name
     assert "ANSWERS.md: 1 of 9 answered" in run.stdout and "total: 3/3 points, 2/2 exercises" in run.stdout
 
+def test_a_submission_that_cheats_or_breaks_costs_only_its_own_points(copy, tmp_path):
+    """Exercise 7 of a class in bubblewrap's sandbox: code that reads the reference from the teacher's
+    checkout, or writes into it and into another submission and leaves a process behind (an error of the
+    teacher's tests); links to the teacher's files; a report written over at exit; folders that are no
+    copy; a name that is not UTF-8. Each is that submission's row; nothing outside its folder changes."""
+    if kit.find_sandbox()[0] is None:
+        pytest.skip(kit.find_sandbox()[1])   # .ci/run installs bubblewrap
+    steal = (f"        import importlib.util\n        spec = importlib.util.spec_from_file_location('ref', "
+             f"'{ROOT}/interventions.py')\n        ref = importlib.util.module_from_spec(spec)\n"
+             f"        spec.loader.exec_module(ref)\n        ref.PassedState.observe(self, final_state)\n")
+    vandal = (OBSERVE + f"        import os, subprocess\n        for f in ('{ROOT}/tests/conftest.py', "
+              f"'{tmp_path}/done/interventions.py', '{tmp_path}/victim'):\n            try:\n"
+              f"                open(f, 'a').write('raise SystemExit(0)\\n')\n            except OSError:\n"
+              f"                pass\n        subprocess.Popen(['sleep', '37.25'], start_new_session=True)\n")
+    forge = (OBSERVE + "        import atexit\n        atexit.register(lambda: open('.kit/report.xml', 'w')"
+             ".write('<testsuites><testcase'))\n")
+    subs = [submission(copy, tmp_path / "done", (7,)), submission(copy, tmp_path / "steal", (7,),
+            [("interventions.py", OBSERVE, steal)]), submission(copy, tmp_path / "vandal", (7,),
+            [("interventions.py", OBSERVE, vandal)]), submission(copy, tmp_path / "forge", (7,),
+            [("interventions.py", OBSERVE, forge)]), submission(copy, tmp_path / "linked-file")]
+    os.remove(tmp_path / "linked-file" / "interventions.py")
+    os.symlink(os.path.join(ROOT, "interventions.py"), tmp_path / "linked-file" / "interventions.py")
+    os.symlink(ROOT, tmp_path / "linked-folder")
+    (tmp_path / "empty").mkdir()
+    odd = os.fsdecode(bytes(tmp_path / "caf") + b"\xe9")
+    shutil.copytree(tmp_path / "done", odd)
+    subs += [str(tmp_path / f) for f in ("linked-folder", "empty", "nowhere")] + [odd]
+    (tmp_path / "victim").write_text("mine\n")
+    os.symlink(tmp_path / "victim", tmp_path / "grades.csv.tmp")   # a planted temporary report
+    teacher = {f: open(os.path.join(ROOT, f), "rb").read() for f in ("tests/conftest.py", "docs/kit.py")}
+    run = kit_cli("score", *subs, "--exercises", "7", "--timeout", "60", "--jobs", "2", "--report",
+                  str(tmp_path / "grades.csv"))
+    assert run.returncode == 0 and "warning" not in run.stderr, run.stdout + run.stderr
+    rows = {k[0]: v[:3] for k, v in graded(tmp_path / "grades.csv").items()}
+    assert rows == {"done": ("passed", "", "2"), "steal": ("FAILED", "failed", "0"),
+                    "vandal": ("FAILED", "error", "0"), "forge": ("FAILED", "bad report", "0"),
+                    "linked-file": ("FAILED", "symlink: interventions.py", "0"),
+                    "linked-folder": ("FAILED", "symlink", "0"), "empty": ("FAILED", "not a copy", "0"),
+                    "nowhere": ("FAILED", "no such folder", "0"), "caf\\xe9": ("passed", "", "2")}, rows
+    assert teacher == {f: open(os.path.join(ROOT, f), "rb").read() for f in teacher}
+    assert (tmp_path / "victim").read_text() == "mine\n" and "SystemExit" not in (
+        tmp_path / "done" / "interventions.py").read_text()
+    cmdlines = [pathlib.Path(f"/proc/{p}/cmdline").read_bytes() for p in os.listdir("/proc") if p.isdigit()]
+    assert not [c for c in cmdlines if b"37.25" in c], "a process the check started outlived it"
+
 def test_the_kit_grades_with_a_python_whose_packages_live_in_the_graded_folder(copy, tmp_path):
     """The venv inside the clone: every package of this Python linked into graded/.venv. A Python without
     torch is a set-up problem, named, not a grade."""
@@ -243,8 +322,8 @@ def test_graded_source_puts_back_every_other_exercises_functions():
 @pytest.mark.parametrize("args, word", [
     (["student", "{tmp}/s", "--exercises", "0,3"], "--exercises 0,3"),
     (["student", "{tmp}/s", "--exercises", "3,3"], "--exercises 3,3"),
-    (["score", "{tmp}/nowhere"], "no such folder"),
-    (["score", "{tmp}"], "none of the exercises' files"),
+    (["score", ROOT, ROOT + "/"], "given twice"),
+    (["score", ROOT, "--report", "{tmp}/link"], "is a link"),
     (["score", ROOT, "--timeout", "0"], "--timeout 0"),
     (["score", ROOT, "--report", "{tmp}/mine.csv"], "not a kit report"),
     (["score", ROOT, "--report", "{tmp}/no/r.csv"], "existing folder"),
@@ -252,6 +331,7 @@ def test_graded_source_puts_back_every_other_exercises_functions():
 ])
 def test_bad_kit_input_gets_one_line_and_touches_nothing(args, word, tmp_path, capsys):
     (tmp_path / "mine.csv").write_text("my own grades\n")
+    (tmp_path / "link").symlink_to(tmp_path / "mine.csv")
     assert kit.main([a.format(tmp=tmp_path) for a in args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and word in err, err
@@ -298,8 +378,8 @@ def test_every_pitfall_instructor_md_lists_fails_its_exercises_check(n, tmp_path
         folder.mkdir(parents=True)
         (folder / os.path.basename(path)).write_text(text.replace(old, new))
         subs.append(str(tmp_path / f"pitfall{k}"))
-    run = kit_cli("score", *subs, "--exercises", str(n), "--jobs", "2", "--fail-fast", "--report",
-                  str(tmp_path / "r.csv"))
+    run = kit_cli("score", *subs, "--exercises", str(n), "--jobs", "2", "--fail-fast", "--no-sandbox",
+                  "--report", str(tmp_path / "r.csv"))
     assert run.returncode == 0, run.stdout + run.stderr
     rows = graded(tmp_path / "r.csv")
     assert [rows[f"pitfall{k}", n][:2] for k in range(len(mine))] == [("FAILED", "failed")] * len(mine), [
