@@ -18,6 +18,7 @@ import argparse
 import ast
 import contextlib
 import csv
+import glob
 import importlib.util
 import io
 import json
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -230,14 +232,13 @@ def run_check(sandbox, folder, log, args, n, timeout, threads):
     to log, which a sandboxed check cannot reach."""
     xml = os.path.join(folder, ".kit", "report.xml")
     os.makedirs(os.path.dirname(xml), exist_ok=True)
-    env = dict(PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=str(threads), HOME=os.path.dirname(xml),
-               TMPDIR=os.path.dirname(xml))
-    if callable(sandbox):
+    env = dict(PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=str(threads))
+    if callable(sandbox):   # (its one writable place is folder: temporary files go there)
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *args]
         with open(log, "w") as out:
             p = subprocess.Popen(sandbox(folder) + cmd, cwd=folder, stdout=out, stderr=subprocess.STDOUT,
-                                 env=dict(os.environ, PYTHONPATH=folder, **env), stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
+                                 env=dict(os.environ, PYTHONPATH=folder, TMPDIR=os.path.dirname(xml), **env),
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout)
         code = p.poll()
@@ -377,7 +378,7 @@ def score(submissions, numbers, timeout=120, jobs=1, fail_fast=False, sandbox=Tr
                 futures[s, n] = pool.submit(grade, sandbox, s, n, workdir, timeout, threads, fail_fast) \
                     if not not_a_copy(s) else None
         rows = []
-        for s in submissions:
+        for i, s in enumerate(submissions):
             written = answers(s) if not not_a_copy(s) else {}
             answered = sum(v == "written" for v in written.values())
             summary = f"{answered} of {len(written)} answered" if written else "none"
@@ -393,21 +394,35 @@ def score(submissions, numbers, timeout=120, jobs=1, fail_fast=False, sandbox=Tr
                     hint = "   (its tests are the instructor's: graded on submission)"
                 print(f"exercise {n:2d}  {title:<34} {got}/{points} pts {passed:3d}/{total:<3d} tests  "
                       f"{status}{f' ({reason})' if reason else ''}{hint}")
+                logs = sorted(glob.glob(os.path.join(tmp, f"{i}-{n}", "check*.log")))
+                output = "".join(open(log, errors="replace").read() for log in logs)
                 rows.append(dict(student=shown(s), exercise=n, points=got, of=points, status=status,
                                  reason=reason, tests=f"{passed}/{total}",
-                                 answer=written.get(n, "none") if w else ""))
+                                 answer=written.get(n, "none") if w else "", output=output[-20000:]))
             mine = rows[-len(numbers):]
             print(f"total: {sum(r['points'] for r in mine)}/{sum(r['of'] for r in mine)} points, "
                   f"{sum(r['status'] == 'passed' for r in mine)}/{len(mine)} exercises passed")
     return rows
 
-def write_report(rows, path):
-    """rows as CSV, or as JSON when path ends in .json; written beside, then renamed into place."""
-    if path.endswith(".json"):
-        text = json.dumps({"kit": "docs/kit.py score", "rows": rows}, indent=1) + "\n"
+def gradescope_results(rows):
+    """rows as Gradescope's results.json: a test per exercise, its points, and its checks' output."""
+    tests = []
+    for r in rows:
+        outcome_line = r["status"] + (f" ({r['reason']})" if r["reason"] else "") + f", {r['tests']} tests"
+        tests.append(dict(name=f"exercise {r['exercise']}: {EXERCISES[r['exercise']][0]}", score=r["points"],
+                          max_score=r["of"], status="passed" if r["status"] == "passed" else "failed",
+                          output=f"{outcome_line}\n\n{r['output']}"))
+    return {"score": sum(r["points"] for r in rows), "tests": tests}
+
+def write_report(rows, path, gradescope=False):
+    """rows as CSV, as JSON when path ends in .json, or as Gradescope's results.json; written beside,
+    then renamed into place."""
+    if gradescope or path.endswith(".json"):
+        report = gradescope_results(rows) if gradescope else {"kit": "docs/kit.py score", "rows": rows}
+        text = json.dumps(report, indent=1) + "\n"
     else:
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, REPORT_FIELDS, lineterminator="\n")
+        writer = csv.DictWriter(buf, REPORT_FIELDS, lineterminator="\n", extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
         text = buf.getvalue()
@@ -429,7 +444,7 @@ def check_report_path(path):
     if os.path.exists(path):
         with open(path, errors="replace") as f:
             head = f.read(64)
-        if not head.startswith((",".join(REPORT_FIELDS), '{\n "kit": "docs/kit.py score"')):
+        if not head.startswith((",".join(REPORT_FIELDS), '{\n "kit": "docs/kit.py score"', '{\n "score": ')):
             raise KitError(f"--report {path}: the file exists and is not a kit report: pass a new path")
 
 def exercise_numbers(text):
@@ -437,6 +452,49 @@ def exercise_numbers(text):
     if not numbers or len(numbers) != len(text.split(",")) or len(set(numbers)) != len(numbers):
         raise KitError(f"--exercises {text}: use distinct numbers from 1 to {len(EXERCISES)}, e.g. 1,3")
     return numbers
+
+SETUP_SH = """#!/usr/bin/env bash
+# Gradescope runs this once, as root, when it builds the autograder's image: Python 3.11, bubblewrap (the
+# checks' sandbox, where the container allows it) and the repo's pinned packages.
+set -euo pipefail
+apt-get update
+apt-get install -y software-properties-common bubblewrap
+add-apt-repository -y ppa:deadsnakes/ppa && apt-get update && apt-get install -y python3.11 python3.11-venv
+python3.11 -m venv /autograder/venv
+/autograder/venv/bin/pip install torch==2.13.0
+/autograder/venv/bin/pip install -r /autograder/source/repo/requirements.txt
+"""
+RUN_AUTOGRADER = """#!/usr/bin/env bash
+# Gradescope runs this for each submission, in a container of its own: the student's copy (uploaded as a
+# zip of the folder) in /autograder/submission, the grades to /autograder/results/results.json.
+root=${{AUTOGRADER:-/autograder}}
+mkdir -p "$root/results"
+exec "${{KIT_PYTHON:-$root/venv/bin/python}}" "$root/source/repo/docs/kit.py" score "$root/submission" \\
+    --exercises {exercises} --jobs 1 --report "$root/results/results.json" --gradescope
+"""
+
+def autograder(path, numbers):
+    """Writes the zip of a Gradescope autograder: setup.sh and run_autograder at its root, this checkout's
+    files (the withheld tests included) and their list under repo/."""
+    if not path.endswith(".zip") or os.path.exists(path):
+        raise KitError(f"{path}: pass a new path ending in .zip")
+    files = [p for p in files_of(ROOT) if p != MANIFEST]
+    fd, tmp = tempfile.mkstemp(prefix=".kit-", suffix=".zip", dir=os.path.dirname(os.path.abspath(path)))
+    os.close(fd)
+    try:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+            for name, text in [("setup.sh", SETUP_SH), ("run_autograder", RUN_AUTOGRADER.format(
+                    exercises=",".join(map(str, numbers))))]:
+                info = zipfile.ZipInfo(name)
+                info.external_attr = 0o755 << 16   # executable
+                z.writestr(info, text)
+            for f in files:
+                z.write(os.path.join(ROOT, f), f"repo/{f}")
+            z.writestr(f"repo/{MANIFEST}", "".join(f + "\n" for f in files + [MANIFEST]))
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -458,6 +516,11 @@ def main(argv=None):
                    "you trust (your checkout, the reference's variants); default: in bubblewrap if installed")
     g.add_argument("--report", default="grades.csv",
                    help="the machine-readable report: CSV, or JSON for a .json name (default: grades.csv)")
+    g.add_argument("--gradescope", action="store_true", help="write --report as Gradescope's results.json")
+    a = sub.add_parser("gradescope", help="write ZIP, a Gradescope autograder: setup.sh, run_autograder and "
+                       "this checkout, grading as score does")
+    a.add_argument("zip", metavar="ZIP")
+    a.add_argument("--exercises", default=everything, help="the exercises assigned (default: all)")
     args = ap.parse_args(argv)
     try:
         numbers = exercise_numbers(args.exercises)
@@ -465,6 +528,10 @@ def main(argv=None):
             student(args.out, numbers)
             print(f"wrote {args.out}: exercises {','.join(map(str, numbers))} stubbed, ANSWERS.md to fill; "
                   f"check: python docs/kit.py score {args.out}")
+            return 0
+        if args.what == "gradescope":
+            autograder(args.zip, numbers)
+            print(f"wrote {args.zip}: upload it as the assignment's autograder (students upload their copy)")
             return 0
         if args.timeout <= 0 or args.jobs < 1:
             raise KitError(f"--timeout {args.timeout:g} --jobs {args.jobs}: pass a time > 0 and >= 1 job")
@@ -479,7 +546,7 @@ def main(argv=None):
         check_report_path(args.report)
         start = time.time()
         rows = score(args.submissions, numbers, args.timeout, args.jobs, args.fail_fast, not args.no_sandbox)
-        write_report(rows, args.report)
+        write_report(rows, args.report, args.gradescope)
         print(f"\nwrote {args.report} ({len(rows)} rows) in {time.time() - start:.0f} s")
     except (KitError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -197,6 +197,11 @@ PITFALLS = [
     (4, "a tensor or a numpy integer instead of a Python int", "evaluate.py",
      "t_star = int(ppl[:t_train].argmin())",
      "t_star = ppl[:t_train].argmin()"),
+    (5, "Calling the batched `effective_remembrance`", "evaluate.py",
+     """    x = tokens[:, :T].to(_device(lm))
+""",
+     """    return effective_remembrance(lm, tokens, T, cuts, distance)
+"""),
     (5, "Running the suffix from the full context's state", "evaluate.py",
      "lm(x[:, t:])[0]",
      "lm(x[:, t:], lm(x)[1])[0]"),
@@ -276,6 +281,11 @@ PITFALLS = [
      "        if self.passed is None:  # the first batch: the zero state\n"
      "            return None\n"
      "        keep = ~batch.new_doc if self.by_document else drawn"),
+    (8, "Leaving out the input check", "data.py",
+     """    require(x.dim() == 2 and x.shape[1] >= 2 and not ((x < 0) | (x > k)).any() and not (x[:, 1:] == k).any(),
+""",
+     """    require(True,
+"""),
     (8, "Counting the (eot, first token) pair as a bigram of the chain", "data.py",
      "counts[rows, prev, nxt] += (~at_start).double()",
      "counts[rows, prev, nxt] += 1"),

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -279,6 +280,33 @@ def test_a_submission_that_cheats_or_breaks_costs_only_its_own_points(copy, tmp_
         tmp_path / "done" / "interventions.py").read_text()
     cmdlines = [pathlib.Path(f"/proc/{p}/cmdline").read_bytes() for p in os.listdir("/proc") if p.isdigit()]
     assert not [c for c in cmdlines if b"37.25" in c], "a process the check started outlived it"
+
+def test_the_gradescope_autograder_grades_a_submission_as_score_does(copy, tmp_path):
+    """The zip laid out as Gradescope lays it out (source/, submission/, results/), run_autograder run there
+    on a submission that passes exercise 7 and fails exercise 4."""
+    sub = submission(copy, tmp_path / "mine", (7,))
+    assert kit_cli("gradescope", str(tmp_path / "ag.zip"), "--exercises", "4,7").returncode == 0
+    assert kit_cli("gradescope", str(tmp_path / "ag.zip")).stderr.startswith("error: ")   # never replaced
+    root = tmp_path / "autograder"
+    zipfile.ZipFile(tmp_path / "ag.zip").extractall(root / "source")
+    shutil.copytree(sub, root / "submission")
+    assert zipfile.ZipFile(tmp_path / "ag.zip").getinfo("run_autograder").external_attr >> 16 == 0o755
+    os.chmod(root / "source" / "run_autograder", 0o755)   # (extractall drops the mode the zip keeps)
+    setup = (root / "source" / "setup.sh").read_text()
+    assert "bubblewrap" in setup and "/autograder/source/repo/requirements.txt" in setup
+    assert all((root / "source" / "repo" / f).is_file() for f in kit.files_of(ROOT))   # withheld ones too
+    env = dict(os.environ, AUTOGRADER=str(root), KIT_PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    run = subprocess.run([str(root / "source" / "run_autograder")], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    results = json.loads((root / "results" / "results.json").read_text())
+    assert results["score"] == 2 and [(t["name"], t["score"], t["max_score"], t["status"]) for t in
+        results["tests"]] == [("exercise 4: Definition 3.2", 0, 1, "failed"),
+                              ("exercise 7: State Passing and TBTT", 2, 2, "passed")], results
+    assert results["tests"][0]["output"].startswith("FAILED (stubbed), 0/")
+    assert "NotImplementedError: exercise 4" in results["tests"][0]["output"]   # the check's own output
+    assert kit_cli("score", sub, "--exercises", "4,7", "--report", str(tmp_path / "g.csv")).returncode == 0
+    assert [v[:3] for v in graded(tmp_path / "g.csv").values()] == [("FAILED", "stubbed", "0"),
+                                                                   ("passed", "", "2")]   # as score grades
 
 def test_the_kit_grades_with_a_python_whose_packages_live_in_the_graded_folder(copy, tmp_path):
     """The venv inside the clone: every package of this Python linked into graded/.venv. A Python without

@@ -253,6 +253,12 @@ def test_effrem_naive_reads_float32_logits_in_float64_and_clamps_each_row(monkey
     assert want[0] == 0 and 0 < want[1] < 1
     got = ev.effective_remembrance_naive(lm, x, T, cuts, "wide")
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    seen, forward = [], lm.forward   # the definition: a forward of x[:, :T] and of each suffix x[:, t:T]
+    monkeypatch.setattr(lm, "forward", lambda idx, *a, **kw: seen.append(idx.shape) or forward(idx, *a, **kw))
+    ev.effective_remembrance_naive(lm, x, T, cuts, "tv")
+    lengths = {n for _, n in seen}   # (the batched form's calls are other lengths)
+    assert lengths <= {T - t for t in cuts} and {T - t for t in cuts if t} <= lengths, seen
+    assert {b for b, _ in seen} == {len(x)}, seen
 
 def test_state_statistics_of_a_linearly_growing_state():
     # a = 1, one token everywhere: h_t = (t + 1) U in every row, so std and RMS grow as t + 1
@@ -458,7 +464,7 @@ def test_an_interrupt_leaves_the_previous_eval_json_with_its_own_figures(tmp_pat
         os.kill(os.getpid(), signal.SIGTERM)
         replace(*args)
     monkeypatch.setattr(os, "replace", replace_after_a_sigterm)
-    signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal, not a background job's SIG_IGN
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # as in a terminal (a background job: SIG_IGN)
     assert cli(capsys, *argv, "1")[0] == 0 and json.load(open(out / "eval.json"))["args"]["seed"] == 1
     assert sorted(f.name for f in out.iterdir()) == sorted(before)
     assert (out / "ppl.png").read_bytes() != before["ppl.png"]

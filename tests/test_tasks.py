@@ -126,6 +126,9 @@ def test_markov_floor_by_hand_by_brute_force_in_context_and_shared():
     nll = data.markov_bayes_nll(np.array([[2, 0, 1, 0, 0], [1, 1, 0, 1, 1]]), k=2, alpha=0.3,
                                 prior=[[1, 3], [2, 2]])
     np.testing.assert_allclose(nll, -np.log([[1 / 2, 3 / 4, 2 / 4, 1 / 5], [2 / 4, 2 / 5, 3 / 4, 3 / 6]]))
+    for bad in [0, 1, 0], [[0]], [[0, 3]], [[0, -1]], [[2, 0, 2, 1]]:   # shapes, ids (k = 2: 0-2), eot inside
+        with pytest.raises(data.DataError):
+            data.markov_bayes_nll(np.array(bad), k=2, alpha=0.3)
     k, alpha = 4, 0.5
     d = data.load_data(f"markov:k={k},alpha={alpha},doc_len=60,docs=4,val_docs=6")
     w = data.eval_windows(d.val, n=6, length=61, seed=0, eot_token=d.eot_token)
