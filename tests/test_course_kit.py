@@ -210,8 +210,8 @@ CRASH = "        import os\n        os.kill(os.getpid(), 11)\n"
 EXIT = "        import os\n        os._exit(0)\n"
 
 def test_a_class_is_graded_with_the_teachers_tests_each_check_isolated_and_time_limited(copy, tmp_path):
-    """Exercises 4 and 7 of six students: done, stubbed, tests edited, a hang and a crash, a skip and an
-    os._exit, a pitfall. Every other exercise is stubbed in all of them."""
+    """Exercises 4 and 7 of six students, unsandboxed: done, stubbed, tests edited, a hang and a crash, a
+    skip and an os._exit, a pitfall. Every other exercise is stubbed in all of them."""
     heading = "## 4. Definition 3.2\n\n"
     answer = ("ANSWERS.md", heading + "(your answer)", heading + "p* is biased low.")
     students = {"done": [answer], "stubbed": None, "edited-tests": None,
@@ -221,8 +221,8 @@ def test_a_class_is_graded_with_the_teachers_tests_each_check_isolated_and_time_
     subs = [submission(copy, tmp_path / name, (4, 7) if edits else (), edits or ())
             for name, edits in students.items()]
     no_tests(tmp_path / "edited-tests")
-    run = kit_cli("score", *subs, "--exercises", "4,7", "--timeout", "30", "--jobs", "2", "--report",
-                  str(tmp_path / "grades.csv"))
+    run = kit_cli("score", *subs, "--exercises", "4,7", "--timeout", "15", "--jobs", "2", "--no-sandbox",
+                  "--report", str(tmp_path / "grades.csv"))   # (sandboxed: the next test)
     assert run.returncode == 0, run.stdout + run.stderr  # grades are data, not errors
     want = {"done": ("passed", "passed"), "stubbed": ("stubbed", "stubbed"),
             "edited-tests": ("stubbed", "stubbed"), "hang-crash": ("timeout", "crashed"),
@@ -240,7 +240,8 @@ def test_a_submission_that_cheats_or_breaks_costs_only_its_own_points(copy, tmp_
     """Exercise 7 of a class in bubblewrap's sandbox: code that reads the reference from the teacher's
     checkout, or writes into it and into another submission and leaves a process behind (an error of the
     teacher's tests); links to the teacher's files; a report written over at exit; folders that are no
-    copy; a name that is not UTF-8. Each is that submission's row; nothing outside its folder changes."""
+    copy; a name that is not UTF-8; a hang and a crash. Each is that submission's row; nothing outside
+    its folder changes."""
     if kit.find_sandbox()[0] is None:
         pytest.skip(kit.find_sandbox()[1])   # .ci/run installs bubblewrap
     steal = (f"        import importlib.util\n        spec = importlib.util.spec_from_file_location('ref', "
@@ -255,7 +256,10 @@ def test_a_submission_that_cheats_or_breaks_costs_only_its_own_points(copy, tmp_
     subs = [submission(copy, tmp_path / "done", (7,)), submission(copy, tmp_path / "steal", (7,),
             [("interventions.py", OBSERVE, steal)]), submission(copy, tmp_path / "vandal", (7,),
             [("interventions.py", OBSERVE, vandal)]), submission(copy, tmp_path / "forge", (7,),
-            [("interventions.py", OBSERVE, forge)]), submission(copy, tmp_path / "linked-file")]
+            [("interventions.py", OBSERVE, forge)]), submission(copy, tmp_path / "linked-file"),
+            submission(copy, tmp_path / "hang", (7,), [("interventions.py", OBSERVE, "        while True:\n"
+                                                        "            pass\n")]),
+            submission(copy, tmp_path / "crash", (7,), [("interventions.py", OBSERVE, CRASH)])]
     os.remove(tmp_path / "linked-file" / "interventions.py")
     os.symlink(os.path.join(ROOT, "interventions.py"), tmp_path / "linked-file" / "interventions.py")
     os.symlink(ROOT, tmp_path / "linked-folder")
@@ -266,7 +270,7 @@ def test_a_submission_that_cheats_or_breaks_costs_only_its_own_points(copy, tmp_
     (tmp_path / "victim").write_text("mine\n")
     os.symlink(tmp_path / "victim", tmp_path / "grades.csv.tmp")   # a planted temporary report
     teacher = {f: open(os.path.join(ROOT, f), "rb").read() for f in ("tests/conftest.py", "docs/kit.py")}
-    run = kit_cli("score", *subs, "--exercises", "7", "--timeout", "60", "--jobs", "2", "--report",
+    run = kit_cli("score", *subs, "--exercises", "7", "--timeout", "12", "--jobs", "2", "--report",
                   str(tmp_path / "grades.csv"))
     assert run.returncode == 0 and "warning" not in run.stderr, run.stdout + run.stderr
     rows = {k[0]: v[:3] for k, v in graded(tmp_path / "grades.csv").items()}
@@ -274,12 +278,32 @@ def test_a_submission_that_cheats_or_breaks_costs_only_its_own_points(copy, tmp_
                     "vandal": ("FAILED", "error", "0"), "forge": ("FAILED", "bad report", "0"),
                     "linked-file": ("FAILED", "symlink: interventions.py", "0"),
                     "linked-folder": ("FAILED", "symlink", "0"), "empty": ("FAILED", "not a copy", "0"),
-                    "nowhere": ("FAILED", "no such folder", "0"), "caf\\xe9": ("passed", "", "2")}, rows
+                    "nowhere": ("FAILED", "no such folder", "0"), "caf\\xe9": ("passed", "", "2"),
+                    "hang": ("FAILED", "timeout", "0"), "crash": ("FAILED", "crashed", "0")}, rows
     assert teacher == {f: open(os.path.join(ROOT, f), "rb").read() for f in teacher}
     assert (tmp_path / "victim").read_text() == "mine\n" and "SystemExit" not in (
         tmp_path / "done" / "interventions.py").read_text()
     cmdlines = [pathlib.Path(f"/proc/{p}/cmdline").read_bytes() for p in os.listdir("/proc") if p.isdigit()]
     assert not [c for c in cmdlines if b"37.25" in c], "a process the check started outlived it"
+
+def test_a_kit_error_in_one_exercise_is_that_rows_reason(monkeypatch, tmp_path):
+    def broken(*args):
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+    monkeypatch.setattr(kit, "grade_in", broken)
+    (tmp_path / "tree").mkdir()
+    status, reason, *_ = kit.grade(None, str(tmp_path), 7, str(tmp_path), 1, 1, False)
+    assert status == "FAILED" and reason.startswith("kit error: UnicodeDecodeError: ") and "\n" not in reason
+    assert not (tmp_path / "tree").exists()   # its grading folder is removed all the same
+
+def test_without_bubblewrap_the_kit_says_in_one_line_what_grading_leaves_open(monkeypatch, tmp_path):
+    monkeypatch.setattr(kit.shutil, "which", lambda name: None)
+    bwrap, warning = kit.find_sandbox()
+    assert bwrap is None and warning.count("\n") == 0 and "apt install bubblewrap" in warning
+    assert "read your checkout and the other submissions" in warning and "outlive it" in warning
+    monkeypatch.setattr(kit.shutil, "which", lambda name: str(tmp_path / "bwrap"))   # one that cannot run
+    (tmp_path / "bwrap").write_text("#!/bin/sh\nexit 1\n")
+    os.chmod(tmp_path / "bwrap", 0o755)
+    assert kit.find_sandbox()[0] is None and "cannot make namespaces here" in kit.find_sandbox()[1]
 
 def test_the_gradescope_autograder_grades_a_submission_as_score_does(copy, tmp_path):
     """The zip laid out as Gradescope lays it out (source/, submission/, results/), run_autograder run there
