@@ -252,6 +252,9 @@ def run_check(sandbox, folder, log, args, n, timeout, threads):
     p.wait() if callable(sandbox) else p.join()
     if code is None:
         return "FAILED", "timeout", 0, 0
+    if code < 0 or code > 128:   # killed by a signal (under bwrap: 128 + its number), said in its output
+        with open(log, "a") as f:
+            f.write(f"\n(the check's process ended on signal {-code if code < 0 else code - 128})\n")
     with open(log, errors="replace") as f:
         return outcome(code, xml, f.read(), n)
 
