@@ -247,10 +247,10 @@ def run_check(sandbox, folder, log, args, n, timeout, threads):
         p.start()
         p.join(timeout)
         code = p.exitcode
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(p.pid, signal.SIGKILL)   # what it started, in its group (in the sandbox: all of it)
-    p.wait() if callable(sandbox) else p.join()
-    if code is None:
+    if code is None:   # a time-out: the check and what it started, its group (in the sandbox: all of it)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait() if callable(sandbox) else p.join()
         return "FAILED", "timeout", 0, 0
     if code < 0 or code > 128:   # killed by a signal (under bwrap: 128 + its number), said in its output
         with open(log, "a") as f:
