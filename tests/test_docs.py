@@ -93,3 +93,26 @@ def test_ci_runs_the_readmes_install_line_and_test_command_in_a_new_venv():
     pins = [line.split("#")[0].split(";")[0].strip() for line in open(f"{ROOT}/requirements.txt")]
     assert all(re.fullmatch(r"[A-Za-z0-9_.-]+==[^=<>~!]+", p) for p in pins if p), pins  # each one pinned
     assert "torch==2.13.0" in pins and "pip install torch==2.13.0 &&" in install   # the CPU build, first
+
+LEAKS = """import os, signal, subprocess, threading, time
+def test_thread():
+    threading.Thread(target=time.sleep, args=(3,), daemon=True).start()
+def test_env():
+    os.environ["LEFT_BEHIND"] = "1"
+def test_child():
+    subprocess.Popen(["sleep", "3"])
+def test_handler():
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+def test_handler_put_back():
+    assert signal.getsignal(signal.SIGTERM) is not signal.default_int_handler
+"""
+
+def test_a_test_that_leaves_process_state_behind_fails_and_handlers_are_put_back(tmp_path):
+    (tmp_path / "test_leaks.py").write_text(LEAKS)   # beside a copy of the suite's conftest.py
+    (tmp_path / "conftest.py").write_text(open(os.path.join(ROOT, "tests", "conftest.py")).read())
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+                        str(tmp_path)], capture_output=True, text=True, cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    errors = re.findall(r"^ERROR \S+::(test_\w+)", r.stdout, re.M)
+    assert errors == ["test_thread", "test_env", "test_child"], r.stdout[-3000:]
+    assert "5 passed, 3 errors" in r.stdout, r.stdout[-3000:]   # (an error at teardown: passed and an error)
