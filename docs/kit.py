@@ -252,16 +252,20 @@ def run_check(sandbox, folder, log, args, n, timeout, threads):
             os.killpg(p.pid, signal.SIGKILL)
         p.wait() if callable(sandbox) else p.join()
         return "FAILED", "timeout", 0, 0
-    if code < 0 or code > 128:   # killed by a signal (under bwrap: 128 + its number), said in its output
+    if signal_of(code):
         with open(log, "a") as f:
-            f.write(f"\n(the check's process ended on signal {-code if code < 0 else code - 128})\n")
+            f.write(f"\n(the check's process ended on signal {signal_of(code)})\n")
     with open(log, errors="replace") as f:
         return outcome(code, xml, f.read(), n)
+
+def signal_of(returncode):
+    """The signal that ended a check's process, or None: Python says -N, bwrap exits with 128 + N."""
+    return -returncode if returncode < 0 else returncode - 128 if returncode > 128 else None
 
 def outcome(returncode, xml, out, n):
     """(status, reason, tests passed, tests selected) of a pytest process that ended with returncode, its
     junit XML report at xml (absent if pytest never finished) and its output out, checking exercise n."""
-    if returncode < 0 or returncode > 128:  # a signal (bwrap exits with 128 + its number)
+    if signal_of(returncode):
         return "FAILED", "crashed", 0, 0
     if not os.path.exists(xml):  # pytest never finished: os._exit, or a kill from inside
         return "FAILED", "exited", 0, 0
@@ -300,12 +304,10 @@ def read_exercise_file(submission, path):
     mine = os.path.join(submission, path)
     if os.path.realpath(mine) != os.path.join(os.path.realpath(submission), path):
         raise KitError("symlink")
-    try:
-        fd = os.open(mine, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
+    if not os.path.isfile(mine):   # (nor a folder, nor a FIFO that would never be written)
         return None
-    with open(fd, errors="replace") as f:
-        return f.read() if os.path.isfile(mine) else None
+    with open(mine, errors="replace") as f:
+        return f.read()
 
 def grade_in(sandbox, submission, n, workdir, timeout, threads, fail_fast):
     folder = os.path.join(workdir, "tree")
