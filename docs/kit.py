@@ -2,6 +2,7 @@
 
     python docs/kit.py student OUT [--exercises 1,3]    # the exercises' functions stubbed, ANSWERS.md to fill
     python docs/kit.py score [SUBMISSION ...] [--exercises 1,3] [--report grades.csv]   # default: this repo
+    python docs/kit.py gradescope autograder.zip [--exercises 1,3]   # the same grading on Gradescope
 
 A student copy holds the files of this checkout (git's, or those its docs/kit-files.txt lists), without the
 history and without WITHHELD. Each exercise's functions keep their signature and docstring; the body becomes
@@ -12,8 +13,9 @@ score grades exercise N of a submission in a fresh folder: this checkout's files
 never the submission's), with the submission's files of exercise N, in which every other exercise's
 functions are put back from this checkout. Each check is one pytest process with a time limit, in
 bubblewrap's namespaces where it is installed: it sees its folder and a read-only system, not this checkout
-nor the other submissions, and what it starts ends with it. A submission whatever it holds or does costs
-only its own rows. EXERCISES below is the one table of exercises; docs/EXERCISES.md prints it."""
+nor the other submissions, and what it starts ends with it (without bubblewrap, --as-user runs it as a user
+without your rights). A submission whatever it holds or does costs only its own rows. EXERCISES below is
+the one table of exercises; docs/EXERCISES.md prints it."""
 import argparse
 import ast
 import contextlib
@@ -24,6 +26,7 @@ import io
 import json
 import multiprocessing
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -33,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 import xml.etree.ElementTree as ET
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -200,12 +204,17 @@ def sandboxed(bwrap, folder, hidden):
         cmd += ["--ro-bind", path, path]
     return cmd + ["--bind", folder, folder, "--chdir", folder]
 
-def pytest_in_child(folder, xml, log, args, env):
-    """An unsandboxed check, in a process forked from processes()' server: pytest in folder, output to log."""
+def pytest_in_child(folder, xml, log, args, env, user):
+    """An unsandboxed check, in a process forked from processes()' server: pytest in folder, output to log,
+    as `user` (a pwd entry) if one is given."""
     os.setsid()  # its own process group: a time-out kills whatever the check started too
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
+    if user:  # the log is open; from here on the check has the user's rights, not the kit's
+        os.setgroups([])
+        os.setgid(user.pw_gid)
+        os.setuid(user.pw_uid)
     os.chdir(folder)
     kit_dir = os.path.dirname(os.path.abspath(__file__))  # on the path of the kit, not of the check
     sys.path[:] = [folder] + [p for p in sys.path if p not in ("", kit_dir)]
@@ -219,12 +228,49 @@ def pytest_in_child(folder, xml, log, args, env):
     sys.stdout.flush()
     os._exit(int(code))
 
-def processes():
+def processes(user=None):
     """Without a sandbox each check's process is forked from one server process that imported torch, numpy
-    and pytest once: seconds saved per check, and nothing of the kit's own process is shared."""
+    and pytest once: seconds saved per check, and nothing of the kit's own process is shared. user: a pwd
+    entry the checks run as (--as-user), or None."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(NEEDED) + ["matplotlib.figure"])  # what most checks import, if there
-    return context
+    return types.SimpleNamespace(Process=context.Process, user=user)
+
+def as_user(name, jobs):
+    """The pwd entry of --as-user `name`."""
+    try:
+        user = pwd.getpwnam(name)
+    except KeyError:
+        raise KitError(f"--as-user {name}: no such user: pass one that exists, e.g. nobody") from None
+    if os.geteuid() != 0 or jobs != 1:
+        raise KitError(f"--as-user {name}: needs root and --jobs 1 (its processes are killed after each "
+                       "check): run the kit as root with --jobs 1")
+    return user
+
+def can_run_checks(user):
+    """Whether `user` can run this Python with what every check imports."""
+    try:
+        return subprocess.run([sys.executable, "-c", "import " + ", ".join(NEEDED)], user=user.pw_uid,
+                              group=user.pw_gid, extra_groups=[], cwd="/", capture_output=True).returncode == 0
+    except PermissionError:   # a folder on the way to the Python itself
+        return False
+
+def kill_all_of(uid):
+    """Ends every process of uid: what a check as that user left running (setsid, double fork)."""
+    for _ in range(10):   # a process may fork while the others are killed: look again
+        mine = [int(p) for p in os.listdir("/proc") if p.isdigit() and owner(f"/proc/{p}") == uid]
+        if not mine:
+            return
+        for pid in mine:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+def owner(path):
+    try:
+        return os.stat(path).st_uid
+    except OSError:   # a process that just ended
+        return None
 
 def run_check(sandbox, folder, log, args, n, timeout, threads):
     """One check with a time limit: (status, reason, tests passed, tests selected). sandbox: a function of
@@ -243,10 +289,16 @@ def run_check(sandbox, folder, log, args, n, timeout, threads):
             p.wait(timeout)
         code = p.poll()
     else:
-        p = sandbox.Process(target=pytest_in_child, args=(folder, xml, log, args, env))
+        if sandbox.user:  # the folder becomes the user's, the one place it can write
+            env.update(HOME=os.path.dirname(xml), TMPDIR=os.path.dirname(xml), MPLCONFIGDIR=os.path.dirname(xml))
+            for path in [folder] + [os.path.join(d, f) for d, dirs, files in os.walk(folder) for f in dirs + files]:
+                os.chown(path, sandbox.user.pw_uid, sandbox.user.pw_gid)
+        p = sandbox.Process(target=pytest_in_child, args=(folder, xml, log, args, env, sandbox.user))
         p.start()
         p.join(timeout)
         code = p.exitcode
+        if sandbox.user:
+            kill_all_of(sandbox.user.pw_uid)
     if code is None:   # a time-out: the check and what it started, its group (in the sandbox: all of it)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
@@ -365,21 +417,31 @@ def shown(name):
     """A folder name as text for the report and the table, whatever bytes it holds."""
     return name.encode(errors="surrogateescape").decode(errors="backslashreplace")
 
-def score(submissions, numbers, timeout=120, jobs=1, fail_fast=False, sandbox=True):
+def score(submissions, numbers, timeout=120, jobs=1, fail_fast=False, sandbox=True, user=None):
     """Grades each submission's exercises `numbers`, jobs checks at a time, each in the sandbox if there is
-    one and `sandbox`; prints the table and returns the report's rows (dicts of REPORT_FIELDS)."""
+    one and `sandbox`, else as `user` (a pwd entry) if given; prints the table and returns the report's
+    rows (dicts of REPORT_FIELDS)."""
     threads = 1 if jobs > 1 else max(1, min(2, os.cpu_count() or 1))
     bwrap, warning = find_sandbox() if sandbox else (None, "warning: --no-sandbox: " + NO_SANDBOX)
+    if user and not bwrap and not can_run_checks(user):
+        raise KitError(f"--as-user {user.pw_name} cannot run {sys.executable} with {', '.join(NEEDED)}: make "
+                       "its folders readable to others")
+    if warning and user:
+        warning = warning.replace(NO_SANDBOX, f"each check runs as {user.pw_name}: it can read what others may "
+                                  "read (your checkout and the submissions, unless only you may), and what it "
+                                  "starts is killed after it")
     if warning:
         print(warning, file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="kit-score-") as tmp, ThreadPoolExecutor(jobs) as pool:
         hidden = sorted({os.path.realpath(p) for p in [ROOT, tmp, *submissions] if os.path.isdir(p)})
-        sandbox = (lambda folder: sandboxed(bwrap, folder, hidden)) if bwrap else processes()
+        sandbox = (lambda folder: sandboxed(bwrap, folder, hidden)) if bwrap else processes(user)
+        if user and not bwrap:
+            os.chmod(tmp, 0o711)   # the user passes through to its check's folder, and lists nothing here
         futures = {}
         for i, s in enumerate(submissions):
             for n in numbers:
                 workdir = os.path.join(tmp, f"{i}-{n}")
-                os.mkdir(workdir)
+                os.mkdir(workdir, 0o711)   # (--as-user: its check passes through to its folder; logs are 0600)
                 futures[s, n] = pool.submit(grade, sandbox, s, n, workdir, timeout, threads, fail_fast) \
                     if not not_a_copy(s) else None
         rows = []
@@ -409,21 +471,25 @@ def score(submissions, numbers, timeout=120, jobs=1, fail_fast=False, sandbox=Tr
                   f"{sum(r['status'] == 'passed' for r in mine)}/{len(mine)} exercises passed")
     return rows
 
-def gradescope_results(rows):
-    """rows as Gradescope's results.json: a test per exercise, its points, and its checks' output."""
+VISIBILITY = ["visible", "after_due_date", "after_published", "hidden"]   # Gradescope's words
+
+def gradescope_results(rows, visibility="visible"):
+    """rows as Gradescope's results.json: a test per exercise, its points, and its checks' output, shown to
+    the student as `visibility` says."""
     tests = []
     for r in rows:
         outcome_line = r["status"] + (f" ({r['reason']})" if r["reason"] else "") + f", {r['tests']} tests"
         tests.append(dict(name=f"exercise {r['exercise']}: {EXERCISES[r['exercise']][0]}", score=r["points"],
                           max_score=r["of"], status="passed" if r["status"] == "passed" else "failed",
                           output=f"{outcome_line}\n\n{r['output']}"))
-    return {"score": sum(r["points"] for r in rows), "tests": tests}
+    return {"score": sum(r["points"] for r in rows), "visibility": visibility, "tests": tests}
 
-def write_report(rows, path, gradescope=False):
-    """rows as CSV, as JSON when path ends in .json, or as Gradescope's results.json; written beside,
-    then renamed into place."""
+def write_report(rows, path, gradescope=None):
+    """rows as CSV, as JSON when path ends in .json, or as Gradescope's results.json (gradescope: its
+    visibility); written beside, then renamed into place."""
     if gradescope or path.endswith(".json"):
-        report = gradescope_results(rows) if gradescope else {"kit": "docs/kit.py score", "rows": rows}
+        report = gradescope_results(rows, gradescope) if gradescope else {"kit": "docs/kit.py score",
+                                                                           "rows": rows}
         text = json.dumps(report, indent=1) + "\n"
     else:
         buf = io.StringIO()
@@ -474,11 +540,14 @@ RUN_AUTOGRADER = """#!/usr/bin/env bash
 # zip of the folder) in /autograder/submission, the grades to /autograder/results/results.json.
 root=${{AUTOGRADER:-/autograder}}
 mkdir -p "$root/results"
+# Where its container denies bubblewrap's namespaces, each check runs as nobody, who cannot read source/
+chmod -R go-rwx "$root/source"
+as_user=$([ "$(id -u)" = 0 ] && echo "--as-user nobody")
 exec "${{KIT_PYTHON:-$root/venv/bin/python}}" "$root/source/repo/docs/kit.py" score "$root/submission" \\
-    --exercises {exercises} --jobs 1 --report "$root/results/results.json" --gradescope
+    --exercises {exercises} --jobs 1 --report "$root/results/results.json" --gradescope {visibility} $as_user
 """
 
-def autograder(path, numbers):
+def autograder(path, numbers, visibility):
     """Writes the zip of a Gradescope autograder: setup.sh and run_autograder at its root, this checkout's
     files (the withheld tests included) and their list under repo/."""
     if not path.endswith(".zip") or os.path.exists(path):
@@ -489,7 +558,7 @@ def autograder(path, numbers):
     try:
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
             for name, text in [("setup.sh", SETUP_SH), ("run_autograder", RUN_AUTOGRADER.format(
-                    exercises=",".join(map(str, numbers))))]:
+                    exercises=",".join(map(str, numbers)), visibility=visibility))]:
                 info = zipfile.ZipInfo(name)
                 info.external_attr = 0o755 << 16   # executable
                 z.writestr(info, text)
@@ -521,11 +590,18 @@ def main(argv=None):
                    "you trust (your checkout, the reference's variants); default: in bubblewrap if installed")
     g.add_argument("--report", default="grades.csv",
                    help="the machine-readable report: CSV, or JSON for a .json name (default: grades.csv)")
-    g.add_argument("--gradescope", action="store_true", help="write --report as Gradescope's results.json")
+    g.add_argument("--as-user", metavar="USER", help="without bubblewrap, run each check as USER (root "
+                   "only, --jobs 1; a user that runs nothing else: its processes are killed after each check), "
+                   "e.g. nobody in a container that denies namespaces")
+    g.add_argument("--gradescope", metavar="VISIBILITY", choices=VISIBILITY, help="write --report as "
+                   f"Gradescope's results.json, its tests shown to students: {', '.join(VISIBILITY)}")
     a = sub.add_parser("gradescope", help="write ZIP, a Gradescope autograder: setup.sh, run_autograder and "
                        "this checkout, grading as score does")
     a.add_argument("zip", metavar="ZIP")
     a.add_argument("--exercises", default=everything, help="the exercises assigned (default: all)")
+    a.add_argument("--visibility", choices=VISIBILITY, default="visible", help="when students see each "
+                   "exercise's points and its checks' output (which can carry any file of the check's folder: "
+                   "your tests, the reference for the other exercises); default: visible")
     args = ap.parse_args(argv)
     try:
         numbers = exercise_numbers(args.exercises)
@@ -535,7 +611,7 @@ def main(argv=None):
                   f"check: python docs/kit.py score {args.out}")
             return 0
         if args.what == "gradescope":
-            autograder(args.zip, numbers)
+            autograder(args.zip, numbers, args.visibility)
             print(f"wrote {args.zip}: upload it as the assignment's autograder (students upload their copy)")
             return 0
         if args.timeout <= 0 or args.jobs < 1:
@@ -549,8 +625,10 @@ def main(argv=None):
             raise KitError(f"{sys.executable} lacks {', '.join(missing)}: install the README's requirements "
                            "for it, or run the kit with the Python that has them")
         check_report_path(args.report)
+        user = as_user(args.as_user, args.jobs) if args.as_user else None
         start = time.time()
-        rows = score(args.submissions, numbers, args.timeout, args.jobs, args.fail_fast, not args.no_sandbox)
+        rows = score(args.submissions, numbers, args.timeout, args.jobs, args.fail_fast, not args.no_sandbox,
+                     user)
         write_report(rows, args.report, args.gradescope)
         print(f"\nwrote {args.report} ({len(rows)} rows) in {time.time() - start:.0f} s")
     except (KitError, OSError) as e:

@@ -182,6 +182,9 @@ PITFALLS = [
     (3, "Exp before the mean", "evaluate.py",
      "return sequence_nll(lm, tokens, chunk_len, batch_size).double().mean(0)",
      "return sequence_nll(lm, tokens, chunk_len, batch_size).double().exp().mean(0).log()"),
+    (3, "Scoring each block of rows in one call", "evaluate.py",
+     "            logits, state = lm(x[:, a:-1][:, :chunk_len], state)",
+     "            logits, state = lm(x[:, :-1], None)[0][:, a:][:, :chunk_len], None"),
     (4, "`>=` instead of `>`", "evaluate.py",
      "(ppl[t_star:] > ppl[t_star])",
      "(ppl[t_star:] >= ppl[t_star])"),
@@ -259,6 +262,9 @@ PITFALLS = [
      'layer["h"] = (mu.view(shape) + var.sqrt().view(shape) * noise).to(h.device)\n'
      '            for k in [k for k in ("shift", "ffn_shift") if k in layer]:\n'
      '                layer[k] = var.mean().sqrt() * torch.randn(layer[k].shape, generator=self.gen)'),
+    (6, "Fitting random noise too", "interventions.py",
+     "        if not self.fit:\n            return\n",
+     ""),
     (7, "Not detaching", "interventions.py",
      "{k: v.detach().float() for k, v in layer.items()}",
      "{k: v.float() for k, v in layer.items()}"),
@@ -281,6 +287,9 @@ PITFALLS = [
      "        if self.passed is None:  # the first batch: the zero state\n"
      "            return None\n"
      "        keep = ~batch.new_doc if self.by_document else drawn"),
+    (7, "Keeping the model's dtype", "interventions.py",
+     "{k: v.detach().float() for k, v in layer.items()}",
+     "{k: v.detach() for k, v in layer.items()}"),
     (8, "Leaving out the input check", "data.py",
      """    require(x.dim() == 2 and x.shape[1] >= 2 and not ((x < 0) | (x > k)).any() and not (x[:, 1:] == k).any(),
 """,

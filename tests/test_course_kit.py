@@ -308,11 +308,27 @@ def test_without_bubblewrap_the_kit_says_in_one_line_what_grading_leaves_open(mo
     os.chmod(tmp_path / "bwrap", 0o755)
     assert kit.find_sandbox()[0] is None and "cannot make namespaces here" in kit.find_sandbox()[1]
 
-def test_the_gradescope_autograder_grades_a_submission_as_score_does(copy, tmp_path):
+def nobody_can_run_this_python():
+    return os.geteuid() == 0 and kit.can_run_checks(kit.pwd.getpwnam("nobody"))
+
+@pytest.mark.parametrize("namespaces", [True, False], ids=["bubblewrap", "denied"])
+def test_the_gradescope_autograder_grades_a_submission_as_score_does(copy, tmp_path, namespaces):
     """The zip laid out as Gradescope lays it out (source/, submission/, results/), run_autograder run there
-    on a submission that passes exercise 7 and fails exercise 4: the points and reasons score gives."""
-    sub = submission(copy, tmp_path / "mine", (7,))
-    assert kit_cli("gradescope", str(tmp_path / "ag.zip"), "--exercises", "4,7").returncode == 0
+    on a submission that passes exercise 7 and fails exercise 4: the points and reasons score gives. Where
+    the container denies namespaces (a bwrap that fails), each check runs as nobody: exercise 4's code
+    cannot read the reference in source/ nor write the results, and the process it leaves is killed."""
+    if not namespaces and not nobody_can_run_this_python():
+        pytest.skip("run as root, with a Python that the user nobody can run (.ci/run's venv is)")
+    leave = ("    import subprocess\n    subprocess.Popen(['sleep', '41.25'], start_new_session=True)\n"
+             f"    open('{tmp_path}/autograder/results/results.json', 'w').write('{{}}')\n")
+    steal = (leave + "    import importlib.util\n    spec = importlib.util.spec_from_file_location('ref', "
+             f"'{tmp_path}/autograder/source/repo/evaluate.py')\n"
+             "    ref = importlib.util.module_from_spec(spec)\n    spec.loader.exec_module(ref)\n"
+             "    return ref.length_generalization_naive(ppl, t_train)\n")
+    stub = '    raise NotImplementedError("exercise 4")\n'
+    sub = submission(copy, tmp_path / "mine", (7,), [] if namespaces else [("evaluate.py", stub, steal)])
+    assert kit_cli("gradescope", str(tmp_path / "ag.zip"), "--exercises", "4,7", "--visibility",
+                   "after_due_date").returncode == 0
     assert kit_cli("gradescope", str(tmp_path / "ag.zip")).stderr.startswith("error: ")   # never replaced
     root = tmp_path / "autograder"
     zipfile.ZipFile(tmp_path / "ag.zip").extractall(root / "source")
@@ -323,14 +339,23 @@ def test_the_gradescope_autograder_grades_a_submission_as_score_does(copy, tmp_p
     assert "bubblewrap" in setup and "/autograder/source/repo/requirements.txt" in setup
     assert all((root / "source" / "repo" / f).is_file() for f in kit.files_of(ROOT))   # withheld ones too
     env = dict(os.environ, AUTOGRADER=str(root), KIT_PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    if not namespaces:   # a bubblewrap that cannot make namespaces, as in an unprivileged container
+        (tmp_path / "bin").mkdir()
+        (tmp_path / "bin" / "bwrap").write_text("#!/bin/sh\nexit 1\n")
+        os.chmod(tmp_path / "bin" / "bwrap", 0o755)
+        env["PATH"] = f"{tmp_path / 'bin'}:{env['PATH']}"
     run = subprocess.run([str(root / "source" / "run_autograder")], capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
+    assert ("each check runs as nobody" in run.stderr) != namespaces, run.stderr
     results = json.loads((root / "results" / "results.json").read_text())
+    assert results["visibility"] == "after_due_date"
     assert results["score"] == 2 and [(t["name"], t["score"], t["max_score"], t["status"]) for t in
         results["tests"]] == [("exercise 4: Definition 3.2", 0, 1, "failed"),
                               ("exercise 7: State Passing and TBTT", 2, 2, "passed")], results
-    assert results["tests"][0]["output"].startswith("FAILED (stubbed), 0/")
-    assert "NotImplementedError: exercise 4" in results["tests"][0]["output"]   # the check's own output
+    assert results["tests"][0]["output"].startswith("FAILED (stubbed), 0/" if namespaces else "FAILED (error)")
+    assert ("NotImplementedError: exercise 4" if namespaces else "PermissionError") in results["tests"][0]["output"]
+    cmdlines = [pathlib.Path(f"/proc/{p}/cmdline").read_bytes() for p in os.listdir("/proc") if p.isdigit()]
+    assert not [c for c in cmdlines if b"41.25" in c], "a process the check started outlived it"
 
 def test_the_kit_grades_with_a_python_whose_packages_live_in_the_graded_folder(copy, tmp_path):
     """The venv inside the clone: every package of this Python linked into graded/.venv. A Python without

@@ -129,10 +129,18 @@ def test_position_nll_of_a_counting_model_equals_its_closed_form():
     lm, x = CountLM(), tokens(4, 11, vocab=5)
     want = count_nll(x)
     torch.testing.assert_close(ev.position_nll_naive(lm, x), want.float(), atol=1e-5, rtol=1e-5)
+    forward, calls = lm.forward, []
+    lm.forward = lambda idx, state=None, last_only=False: calls.append(idx.shape) or forward(idx, state)
     for chunk_len, batch_size in [(3, 2), (4, 1), (1, 3), (64, 4)]:
+        calls.clear()
         got = ev.sequence_nll(lm, x, chunk_len, batch_size)
         torch.testing.assert_close(got, want.float(), atol=1e-5, rtol=1e-5,
                                    msg=lambda m: f"chunk_len {chunk_len}, batch_size {batch_size}: {m}")
+        # streamed: no call reads more rows or positions than asked (memory does not grow with the length)
+        assert max(b for b, _ in calls) <= batch_size and max(t for _, t in calls) <= chunk_len, calls
+        assert sum(b * t for b, t in calls) == x.numel() - len(x)  # each input token read once
+    lm.forward = forward
+    assert not ev.position_nll_naive(lm, x).requires_grad   # under inference_mode: no graph kept
     # the mean over the sequences per position, in float64: log of the mean of exp(NLL) is larger (Jensen)
     torch.testing.assert_close(ev.position_nll(lm, x, 3, 2), want.mean(0), atol=1e-5, rtol=1e-5)
 

@@ -21,6 +21,11 @@ def test_random_has_the_asked_sigma_and_zero_conv_or_shift(arch):
     for layer in state:
         assert abs(layer["h"].std().item() - 0.37) < 0.01 and abs(layer["h"].mean().item()) < 0.01
         assert all(v.abs().sum() == 0 for k, v in layer.items() if k != "h"), "conv / token shift stay zero"
+    # random noise fits nothing: what the model reaches leaves its mean 0 and variance sigma^2 as they were
+    s = interventions.make_strategy("random", tiny_lm(arch), 4, sigma=0.37, seed=1)
+    s.observe([{k: torch.randn_like(v) + 5 for k, v in layer.items()} for layer in tiny_lm(arch).zero_state(4)])
+    for mu, var in zip(s.mu, s.var):
+        assert mu.abs().sum() == 0 and torch.allclose(var, torch.tensor(0.37 ** 2))
 
 def test_fitted_follows_the_ema_rule_and_samples_its_moments():
     lm = tiny_lm()   # Mamba-2: "h" [b, 8 heads, 16, 16]: N = 2 rows x 256 = 512 values per head below
@@ -30,11 +35,12 @@ def test_fitted_follows_the_ema_rule_and_samples_its_moments():
     # head j of layer i: i + j +- 1 (rows) +- 1 (state dim): mean i + j, population variance 1 + 1 = 2 over
     # the batch and the state dims (1 over the batch alone, per element); then 2j +- 2: mean 2j, variance 4
     s.observe(known_states(lm, 2, lambda i, j, shape: (i + j + pair + sign).expand(shape)))
-    s.observe(known_states(lm, 2, lambda i, j, shape: (2.0 * j + 2 * pair).expand(shape)))
+    s.observe(known_states(lm, 2, lambda i, j, shape: (2.0 * j + 2 * pair).expand(shape).requires_grad_()))
     j = torch.arange(len(s.mu[0]), dtype=s.mu[0].dtype)
     for i in range(2):   # from mu = var = 0: first 0.9 (i + j) and 0.9 x 2, then 0.9 x the new + 10% of those
         torch.testing.assert_close(s.mu[i], 0.9 * 2 * j + 0.1 * 0.9 * (i + j))
         torch.testing.assert_close(s.var[i], torch.full_like(j, 0.9 * 4 + 0.1 * 0.9 * 2))   # 3.78
+        assert not s.mu[i].requires_grad and not s.var[i].requires_grad   # fitted from detached states
     s = interventions.make_strategy("fitted", lm, 256, seed=3)
     first = s.initial_state(None)   # mu = var = 0: the zero state, its noise drawn all the same
     assert all(v.abs().sum() == 0 for layer in first for v in layer.values())
@@ -72,11 +78,15 @@ def test_sp_passes_the_previous_final_state_except_reset_rows():
 def test_tbtt_row_starting_a_new_document_starts_from_zero_the_others_continue():
     lm = tiny_lm("rwkv6")
     s = interventions.make_strategy("tbtt", lm, 3)
-    s.observe([{k: torch.randn_like(v) + 5 for k, v in layer.items()} for layer in lm.zero_state(3)])
-    init = s.initial_state(data.Batch(None, None, new_doc=torch.tensor([False, True, False])))
-    for layer in init:
-        for v in layer.values():
-            assert v[1].abs().sum() == 0 and (v[[0, 2]] != 0).all()
+    assert s.initial_state(data.Batch(None, None, new_doc=torch.ones(3, dtype=torch.bool))) is None
+    final = [{k: (torch.randn_like(v) + 5).double() for k, v in layer.items()} for layer in lm.zero_state(3)]
+    s.observe(final)   # kept in float32, whatever the model's dtype
+    for new_doc in ([False, True, False], [True, False, False]):   # the passed state left as it was
+        new_doc = torch.tensor(new_doc)
+        for layer, fin in zip(s.initial_state(data.Batch(None, None, new_doc=new_doc)), final):
+            for k, v in layer.items():
+                assert v.dtype == torch.float32 and v[new_doc].abs().sum() == 0
+                torch.testing.assert_close(v[~new_doc], fin[k][~new_doc].float())
     # two documents read in chunks of 9 (data.DocumentStreams): with TBTT's carried state, the chunks' logits
     # equal those of each row's chunks run at once (Mamba-1: its state holds "h" and the conv window)
     lm = tiny_lm("mamba1").eval()
