@@ -88,6 +88,7 @@ def command(args):
     """The shell command of one check, as docs/EXERCISES.md prints it."""
     return "python -m pytest -q " + shlex.join(args)
 
+# ==== the student copy ====
 def find(tree, name):
     """The function `name` ("f" or "Class.method") at the top of a module's ast, or None."""
     *owner, name = name.split(".")
@@ -181,6 +182,7 @@ def graded_source(text, reference, path, n):
         lines[start:end] = replacement
     return "".join(lines)
 
+# ==== one check: its sandbox, its process, its outcome ====
 def find_sandbox():
     """bubblewrap (Linux namespaces), if it is installed and can make them here: (its path, None), else
     (None, the line that says why and what that leaves open)."""
@@ -340,6 +342,7 @@ def outcome(returncode, xml, out, n):
         return "FAILED", "skipped", passed, len(cases)
     return "passed", "", passed, len(cases)
 
+# ==== one submission's exercise, then a class ====
 def grade(sandbox, submission, n, workdir, timeout, threads, fail_fast):
     """Exercise n of one submission: (status, reason, tests passed, tests selected). fail_fast: each check
     stops at its first failure (pytest -x), and an exercise at its first failed check. Whatever the
@@ -471,6 +474,7 @@ def score(submissions, numbers, timeout=120, jobs=1, fail_fast=False, sandbox=Tr
                   f"{sum(r['status'] == 'passed' for r in mine)}/{len(mine)} exercises passed")
     return rows
 
+# ==== the report, and Gradescope's autograder ====
 VISIBILITY = ["visible", "after_due_date", "after_published", "hidden"]   # Gradescope's words
 
 def gradescope_results(rows, visibility="visible"):
@@ -570,6 +574,7 @@ def autograder(path, numbers, visibility):
         os.unlink(tmp)
         raise
 
+# ==== the command line ====
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.error = lambda message: ap.exit(2, f"error: {message}\n")
