@@ -24,6 +24,7 @@ import glob
 import importlib.util
 import io
 import json
+import math
 import multiprocessing
 import os
 import pwd
@@ -35,6 +36,7 @@ import site
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
 import xml.etree.ElementTree as ET
@@ -76,6 +78,8 @@ EXERCISES = {
 }
 ANSWER_PLACEHOLDER = "(your answer)"
 REPORT_FIELDS = ["student", "exercise", "points", "of", "status", "reason", "tests", "answer"]
+PYTEST = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly"]   # a check's tests in file order: -x stops alike
+RUNNING, STOPPING = set(), threading.Event()   # the process groups of the checks running; set: start none
 NEEDED = ("torch", "numpy", "pytest")  # what every check imports: missing, nothing can be graded
 
 NO_SANDBOX = ("each check runs as you: it can read your checkout and the other submissions, write wherever "
@@ -226,7 +230,7 @@ def pytest_in_child(folder, xml, log, args, env, user):
         from tqdm.std import TqdmDefaultWriteLock  # its semaphore (a warning at the kit's exit)
         TqdmDefaultWriteLock.mp_lock = None
     import pytest
-    code = pytest.main(["-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *args])
+    code = pytest.main([*PYTEST, f"--junitxml={xml}", *args])
     sys.stdout.flush()
     os._exit(int(code))
 
@@ -278,26 +282,30 @@ def run_check(sandbox, folder, log, args, n, timeout, threads):
     """One check with a time limit: (status, reason, tests passed, tests selected). sandbox: a function of
     the folder that gives bwrap's command line, or multiprocessing's context (no sandbox). The output goes
     to log, which a sandboxed check cannot reach."""
+    if STOPPING.is_set():   # the kit was interrupted
+        return "FAILED", "interrupted", 0, 0
     xml = os.path.join(folder, ".kit", "report.xml")
     os.makedirs(os.path.dirname(xml), exist_ok=True)
     env = dict(PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=str(threads))
     if callable(sandbox):   # (its one writable place is folder: temporary files go there)
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *args]
+        cmd = [sys.executable, "-m", "pytest", *PYTEST, f"--junitxml={xml}", *args]
         with open(log, "w") as out:
             p = subprocess.Popen(sandbox(folder) + cmd, cwd=folder, stdout=out, stderr=subprocess.STDOUT,
                                  env=dict(os.environ, PYTHONPATH=folder, TMPDIR=os.path.dirname(xml), **env),
                                  stdin=subprocess.DEVNULL, start_new_session=True)
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        with running(p.pid), contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(timeout)
         code = p.poll()
     else:
         if sandbox.user:  # the folder becomes the user's, the one place it can write
-            env.update(HOME=os.path.dirname(xml), TMPDIR=os.path.dirname(xml), MPLCONFIGDIR=os.path.dirname(xml))
-            for path in [folder] + [os.path.join(d, f) for d, dirs, files in os.walk(folder) for f in dirs + files]:
-                os.chown(path, sandbox.user.pw_uid, sandbox.user.pw_gid)
+            env.update(dict.fromkeys(["HOME", "TMPDIR", "MPLCONFIGDIR"], os.path.dirname(xml)))
+            for d, dirs, files in os.walk(folder):
+                for path in [d] + [os.path.join(d, f) for f in files]:
+                    os.chown(path, sandbox.user.pw_uid, sandbox.user.pw_gid)
         p = sandbox.Process(target=pytest_in_child, args=(folder, xml, log, args, env, sandbox.user))
         p.start()
-        p.join(timeout)
+        with running(p.pid):
+            p.join(timeout)
         code = p.exitcode
         if sandbox.user:
             kill_all_of(sandbox.user.pw_uid)
@@ -311,6 +319,17 @@ def run_check(sandbox, folder, log, args, n, timeout, threads):
             f.write(f"\n(the check's process ended on signal {signal_of(code)})\n")
     with open(log, errors="replace") as f:
         return outcome(code, xml, f.read(), n)
+
+@contextlib.contextmanager
+def running(pid):
+    """Marks the check whose process group is pid as running, for score's interrupt to end it."""
+    RUNNING.add(pid)
+    try:
+        if STOPPING.is_set():   # interrupted as it started
+            os.killpg(pid, signal.SIGKILL)
+        yield
+    finally:
+        RUNNING.discard(pid)
 
 def signal_of(returncode):
     """The signal that ended a check's process, or None: Python says -N, bwrap exits with 128 + N."""
@@ -447,31 +466,43 @@ def score(submissions, numbers, timeout=120, jobs=1, fail_fast=False, sandbox=Tr
                 os.mkdir(workdir, 0o711)   # (--as-user: its check passes through to its folder; logs are 0600)
                 futures[s, n] = pool.submit(grade, sandbox, s, n, workdir, timeout, threads, fail_fast) \
                     if not not_a_copy(s) else None
-        rows = []
-        for i, s in enumerate(submissions):
-            written = answers(s) if not not_a_copy(s) else {}
-            answered = sum(v == "written" for v in written.values())
-            summary = f"{answered} of {len(written)} answered" if written else "none"
-            print(f"\n{shown(s)}   ANSWERS.md: {summary}")
-            for n in numbers:
-                title, points, w, _, checks = EXERCISES[n]
-                status, reason, passed, total = futures[s, n].result() if futures[s, n] else \
-                    ("FAILED", not_a_copy(s), 0, 0)
-                got = points if status == "passed" else 0
-                alone = reason and len(submissions) == 1  # a self-check: how to rerun the check
-                hint = f"   {' && '.join(command(a) for a in checks)}" if alone else ""
-                if reason == "withheld":
-                    hint = "   (its tests are the instructor's: graded on submission)"
-                print(f"exercise {n:2d}  {title:<34} {got}/{points} pts {passed:3d}/{total:<3d} tests  "
-                      f"{status}{f' ({reason})' if reason else ''}{hint}")
-                logs = sorted(glob.glob(os.path.join(tmp, f"{i}-{n}", "check*.log")))
-                output = "".join(open(log, errors="replace").read() for log in logs)
-                rows.append(dict(student=shown(s), exercise=n, points=got, of=points, status=status,
-                                 reason=reason, tests=f"{passed}/{total}",
-                                 answer=written.get(n, "none") if w else "", output=output[-20000:]))
-            mine = rows[-len(numbers):]
-            print(f"total: {sum(r['points'] for r in mine)}/{sum(r['of'] for r in mine)} points, "
-                  f"{sum(r['status'] == 'passed' for r in mine)}/{len(mine)} exercises passed")
+        try:
+            return [row for i, s in enumerate(submissions) for row in
+                    submission_rows(s, numbers, futures, os.path.join(tmp, f"{i}-"), len(submissions) == 1)]
+        except BaseException:   # Ctrl-C or SIGTERM: no check is waited for, and the folders go
+            STOPPING.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            for pid in list(RUNNING):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+            if user:
+                kill_all_of(user.pw_uid)
+            raise
+
+def submission_rows(s, numbers, futures, workdirs, alone):
+    """Prints one submission's table (waiting for its checks) and returns its rows. alone: a self-check,
+    whose failed rows say how to rerun the check."""
+    written = answers(s) if not not_a_copy(s) else {}
+    answered = sum(v == "written" for v in written.values())
+    print(f"\n{shown(s)}   ANSWERS.md: {f'{answered} of {len(written)} answered' if written else 'none'}")
+    rows = []
+    for n in numbers:
+        title, points, w, _, checks = EXERCISES[n]
+        status, reason, passed, total = futures[s, n].result() if futures[s, n] else \
+            ("FAILED", not_a_copy(s), 0, 0)
+        got = points if status == "passed" else 0
+        hint = f"   {' && '.join(command(a) for a in checks)}" if reason and alone else ""
+        if reason == "withheld":
+            hint = "   (its tests are the instructor's: graded on submission)"
+        print(f"exercise {n:2d}  {title:<34} {got}/{points} pts {passed:3d}/{total:<3d} tests  "
+              f"{status}{f' ({reason})' if reason else ''}{hint}")
+        logs = sorted(glob.glob(os.path.join(workdirs + str(n), "check*.log")))
+        output = "".join(open(log, errors="replace").read() for log in logs)
+        rows.append(dict(student=shown(s), exercise=n, points=got, of=points, status=status, reason=reason,
+                         tests=f"{passed}/{total}", answer=written.get(n, "none") if w else "",
+                         output=output[-20000:]))
+    print(f"total: {sum(r['points'] for r in rows)}/{sum(r['of'] for r in rows)} points, "
+          f"{sum(r['status'] == 'passed' for r in rows)}/{len(rows)} exercises passed")
     return rows
 
 # ==== the report, and Gradescope's autograder ====
@@ -511,11 +542,21 @@ def write_report(rows, path, gradescope=None):
         raise
 
 def check_report_path(path):
-    """A report may replace only a report the kit wrote: anything else at path is the user's."""
+    """A report may replace only a report the kit wrote: anything else at path is the user's. Checked
+    before the grading, which a report that cannot be written would lose."""
     if os.path.islink(path):
         raise KitError(f"--report {path} is a link: pass the report's own path")
-    if os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise KitError(f"--report {path}: not a file in an existing folder: pass e.g. --report grades.csv")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not path or path.endswith(os.sep) or os.path.isdir(path) or not os.path.isdir(folder):
+        raise KitError(f"--report {path!r}: not a file in an existing folder: pass e.g. --report grades.csv")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise KitError(f"--report {path}: not a regular file (a FIFO, a device): pass a new path")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".kit-report-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise KitError(f"--report {path}: cannot write in {folder} ({e.strerror}): pass a path you can write")
     if os.path.exists(path):
         with open(path, errors="replace") as f:
             head = f.read(64)
@@ -608,6 +649,8 @@ def main(argv=None):
                    "exercise's points and its checks' output (which can carry any file of the check's folder: "
                    "your tests, the reference for the other exercises); default: visible")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
     try:
         numbers = exercise_numbers(args.exercises)
         if args.what == "student":
@@ -619,7 +662,7 @@ def main(argv=None):
             autograder(args.zip, numbers, args.visibility)
             print(f"wrote {args.zip}: upload it as the assignment's autograder (students upload their copy)")
             return 0
-        if args.timeout <= 0 or args.jobs < 1:
+        if not 0 < args.timeout < math.inf or args.jobs < 1:
             raise KitError(f"--timeout {args.timeout:g} --jobs {args.jobs}: pass a time > 0 and >= 1 job")
         same = [p for i, p in enumerate(args.submissions) if os.path.realpath(p) in
                 {os.path.realpath(q) for q in args.submissions[:i]}]
@@ -634,12 +677,28 @@ def main(argv=None):
         start = time.time()
         rows = score(args.submissions, numbers, args.timeout, args.jobs, args.fail_fast, not args.no_sandbox,
                      user)
-        write_report(rows, args.report, args.gradescope)
+        try:
+            write_report(rows, args.report, args.gradescope)
+        except OSError as e:   # (a full disk): the grading is not lost
+            fd, kept = tempfile.mkstemp(prefix="kit-report-", suffix=os.path.splitext(args.report)[1])
+            os.close(fd)
+            write_report(rows, kept, args.gradescope)
+            raise KitError(f"--report {args.report}: {e.strerror or e}; the report is in {kept}") from None
         print(f"\nwrote {args.report} ({len(rows)} rows) in {time.time() - start:.0f} s")
     except (KitError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted: nothing written (each report, copy and zip is written whole or not at all)",
+              file=sys.stderr)
+        return 130
     return 0
+
+def interrupted(signum, frame):
+    """Ctrl-C and SIGTERM, the first one: the work stops and cleans up, undisturbed by another."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,13 +2,16 @@
 class graded with the teacher's tests, each check isolated and time-limited, INSTRUCTOR's pitfalls caught."""
 import ast
 import csv
+import glob
 import json
 import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 
 import pytest
@@ -239,6 +242,21 @@ def test_a_class_is_graded_with_the_teachers_tests_each_check_isolated_and_time_
                                      answer), name
     assert "ANSWERS.md: 1 of 9 answered" in run.stdout and "total: 3/3 points, 2/2 exercises" in run.stdout
 
+def test_a_failed_exercise_gets_no_points_however_many_tests_pass_and_fail_fast_stops_at_the_first(copy,
+                                                                                                 tmp_path):
+    """Exercise 6 with its weights swapped: the random-noise tests pass, the fitted ones fail (in file order).
+    A self-check prints how to rerun the check; a class's table does not."""
+    swapped = next(p for p in PITFALLS if p[1] == "Swapping the weights")
+    sub = submission(copy, tmp_path / "swapped", (6,), [swapped[2:]])
+    rerun = kit.command(kit.EXERCISES[6][4][0])
+    for how, tests in [([], "2/4"), (["--fail-fast"], "2/3")]:
+        run = kit_cli("score", sub, "--exercises", "6", "--no-sandbox", *how, "--report", str(tmp_path / "r.csv"))
+        (row,) = csv.DictReader(open(tmp_path / "r.csv"))
+        assert (row["status"], row["reason"], row["points"], row["tests"]) == ("FAILED", "failed", "0", tests), how
+        assert rerun in run.stdout, run.stdout
+    run = kit_cli("score", sub, ROOT, "--exercises", "6", "--no-sandbox", "--report", str(tmp_path / "r.csv"))
+    assert run.returncode == 0 and "FAILED (failed)" in run.stdout and rerun not in run.stdout, run.stdout
+
 def test_a_submission_that_cheats_or_breaks_costs_only_its_own_points(copy, tmp_path):
     """Exercise 7 of a class in bubblewrap's sandbox: code that reads the reference from the teacher's
     checkout, or writes into it and into another submission and leaves a process behind (an error of the
@@ -405,14 +423,71 @@ def test_graded_source_puts_back_every_other_exercises_functions():
     (["score", ROOT, "--report", "{tmp}/mine.csv"], "not a kit report"),
     (["score", ROOT, "--report", "{tmp}/no/r.csv"], "existing folder"),
     (["score", ROOT, "--report", "{tmp}"], "not a file"),
+    (["score", ROOT, "--report", ""], "not a file"),
+    (["score", ROOT, "--report", "{tmp}/fifo"], "not a regular file"),   # opened, it would block
+    (["score", ROOT, "--report", "/proc/r.csv"], "cannot write in /proc"),   # before any grading
+    (["score", ROOT, "--timeout", "nan"], "--timeout nan"),
+    (["score", ROOT, "--timeout", "inf"], "--timeout inf"),
+    (["score", ROOT, "--as-user", "no-such-user", "--report", "{tmp}/r.csv"], "no such user"),
+    (["score", ROOT, "--as-user", "nobody", "--jobs", "2", "--report", "{tmp}/r.csv"], "--jobs 1"),
 ])
 def test_bad_kit_input_gets_one_line_and_touches_nothing(args, word, tmp_path, capsys):
     (tmp_path / "mine.csv").write_text("my own grades\n")
     (tmp_path / "link").symlink_to(tmp_path / "mine.csv")
+    os.mkfifo(tmp_path / "fifo")
     assert kit.main([a.format(tmp=tmp_path) for a in args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and word in err, err
     assert (tmp_path / "mine.csv").read_text() == "my own grades\n" and not (tmp_path / "s").exists()
+
+def test_a_report_that_cannot_be_written_after_the_grading_is_kept_elsewhere(tmp_path):
+    full_disk = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import kit\nwrite, calls = kit.write_report, []\n"
+                 "def once_full(rows, path, gradescope=None):\n    calls.append(path)\n    if len(calls) == 1:\n"
+                 "        raise OSError(28, 'No space left on device')\n    write(rows, path, gradescope)\n"
+                 "kit.write_report = once_full\nsys.exit(kit.main())\n")
+    run = subprocess.run([sys.executable, "-c", full_disk, os.path.join(ROOT, "docs"), "score", ROOT,
+                          "--exercises", "4", "--no-sandbox", "--report", str(tmp_path / "g.csv")],
+                         capture_output=True, text=True, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    last = run.stderr.splitlines()[-1]
+    assert run.returncode == 2 and "No space left" in last and "the report is in " in last, run.stderr
+    kept = last.split("the report is in ")[1]
+    assert kept.startswith(str(tmp_path / "kit-report-")) and kept.endswith(".csv")
+    assert [r["status"] for r in csv.DictReader(open(kept))] == ["passed"]
+    assert not (tmp_path / "g.csv").exists()
+
+@pytest.mark.parametrize("signum, how", [(signal.SIGINT, []), (signal.SIGTERM, ["--no-sandbox"])])
+def test_an_interrupted_score_ends_its_checks_at_once_and_leaves_nothing(copy, tmp_path, signum, how):
+    """A check that would run for its whole time-out (120 s): Ctrl-C (in the sandbox) or SIGTERM (without)
+    once it runs ends the kit with one line, the check's processes and the grading folders gone."""
+    sub = submission(copy, tmp_path / "hang", (4,), [("evaluate.py", T_STAR, HANG)])
+    (tmp_path / "t").mkdir()
+    kit_py = os.path.join(ROOT, "docs", "kit.py")
+    p = subprocess.Popen([sys.executable, kit_py, "score", sub, *how, "--exercises", "4", "--report",
+                          str(tmp_path / "g.csv")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=dict(os.environ, TMPDIR=str(tmp_path / "t"), OMP_NUM_THREADS="1"))
+    log = None
+    while log is None and p.poll() is None:   # the check has started once its log exists
+        log = next(iter(glob.glob(str(tmp_path / "t" / "kit-score-*" / "0-4" / "check0.log"))), None)
+        time.sleep(0.2)
+    time.sleep(1)
+    p.send_signal(signum)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err.splitlines()[-1].startswith("interrupted: nothing written"), err
+    assert "Traceback" not in err and not (tmp_path / "g.csv").exists()
+    assert os.listdir(tmp_path / "t") == []
+    cmdlines = [pathlib.Path(f"/proc/{p}/cmdline").read_bytes() for p in os.listdir("/proc") if p.isdigit()]
+    assert not [c for c in cmdlines if os.fsencode(tmp_path / "t") in c], "a check outlived the kit"
+
+def test_an_interrupted_student_copy_leaves_no_partial_copy(monkeypatch, tmp_path, capsys):
+    copy2, copied = kit.shutil.copy2, []
+    def until_ctrl_c(src, dst):
+        copied.append(dst)
+        if len(copied) == 5:
+            raise KeyboardInterrupt
+        copy2(src, dst)
+    monkeypatch.setattr(kit.shutil, "copy2", until_ctrl_c)
+    assert kit.main(["student", str(tmp_path / "course")]) == 130
+    assert os.listdir(tmp_path) == [] and capsys.readouterr().err.startswith("interrupted: nothing written")
 
 def test_a_report_replaces_only_a_kit_report_and_json_holds_the_same_rows(tmp_path):
     rows = [dict(student="a", exercise=4, points=1, of=1, status="passed", reason="", tests="1/1", answer="")]
