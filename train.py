@@ -22,6 +22,8 @@ import sys
 import time
 from contextlib import contextmanager, nullcontext
 
+if __name__ == "__main__":   # Ctrl-C while torch loads (seconds): a line, not a traceback
+    signal.signal(signal.SIGINT, lambda *_: sys.exit("interrupted"))
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -105,7 +107,8 @@ def train(args):
                 save_checkpoint(ckpt_path, lm, optimizer, step, args, sampler, strategy, rank, world)
                 saved_step = step
     if master:
-        print(f"done: step {step}, {time.time() - t0:.0f}s, checkpoint {ckpt_path}")
+        print(f"done: step {step}, {time.time() - t0:.0f}s, " + (f"checkpoint {ckpt_path} (step {saved_step})"
+              if saved_step else "no checkpoint (--stop-at before the first --ckpt-interval)"))
     if ddp:  # the ranks leave together: none closes its connections while another still uses them
         del fwd
         torch.distributed.barrier()
@@ -188,30 +191,36 @@ DEMO = dict(arch="mamba1", size="tiny-slow", data="stdlib", seq_len=16, batch_si
             post_steps=150, sigma=0.1, eval_len=1024, n_seqs=64)
 INTERVENTIONS = {"control": "zero", "random": "random", "fitted": "fitted", "SP": "sp", "TBTT": "tbtt"}
 
-def demo_runs(figure, d, where, train):
-    """Trains one seed's runs of `figure` under `where` with train(argv) -> {label: run directory}."""
+def demo_runs(figure, d, where, train_run):
+    """Trains one seed's runs of `figure` under `where` with train_run(label, argv) -> {label: run dir}."""
     base = ["--arch", d["arch"], "--size", d["size"], "--init-state", "zero"]
     if figure == "fig2":  # the same tokens at each T_train: base_steps * seq_len / T steps
         runs = {t: os.path.join(where, f"T{t}") for t in (8, 16, 32, 64)}
         for t, run in runs.items():
-            train(f"T{t}", base + ["--seq-len", str(t), "--steps", str(d["base_steps"] * d["seq_len"] // t),
-                                   "--out", run])
+            steps = d["base_steps"] * d["seq_len"] // t
+            train_run(f"T{t}", base + ["--seq-len", str(t), "--steps", str(steps), "--out", run])
         return {f"T{t}": run for t, run in runs.items()}
     if figure == "fig3":  # checkpoints of one run (its cosine schedule spans all 3x), copied at each budget
         every, run = d["base_steps"] // 3, os.path.join(where, "run")
         runs = {k * every: os.path.join(where, f"step{k * every}") for k in (1, 2, 4, 9)}
         for budget, copy in runs.items():
-            resume = ["--resume"] * os.path.exists(os.path.join(run, "ckpt.pt"))  # interrupted: goes on
-            train(f"to step {budget}", base + ["--steps", str(9 * every), "--ckpt-interval", str(every),
-                                               "--stop-at", str(budget), "--out", run] + resume)
+            if checkpoint_step(copy) == budget:   # kept from a run of the demo that was interrupted later
+                continue
+            train_run(f"to step {budget}", base + ["--steps", str(9 * every), "--ckpt-interval", str(every),
+                                               "--stop-at", str(budget), "--out", run])
+            step = checkpoint_step(run)
+            data.require(step == budget, f"{run} is at step {step}, past {budget}, and {copy} is gone: "
+                         f"remove {where} and run the demo again")
             os.makedirs(copy, exist_ok=True)
-            shutil.copy(os.path.join(run, "ckpt.pt"), copy)
+            data.write_atomically(os.path.join(copy, "ckpt.pt"),
+                                  lambda tmp: shutil.copy(os.path.join(run, "ckpt.pt"), tmp))
         return {f"step{budget}": copy for budget, copy in runs.items()}
     runs = {"base": os.path.join(where, "base")} | {k: os.path.join(where, k) for k in INTERVENTIONS}
-    train("base", base + ["--steps", str(d["base_steps"]), "--out", runs["base"]])
+    train_run("base", base + ["--steps", str(d["base_steps"]), "--out", runs["base"]])
     for label, strategy in INTERVENTIONS.items():  # the same budget each, from the base, reading on its data
-        train(label, ["--init-from", runs["base"], "--steps", str(d["post_steps"]), "--init-state", strategy,
-                      "--out", runs[label]] + ["--sigma", str(d["sigma"])] * (strategy == "random"))
+        sigma = ["--sigma", str(d["sigma"])] if strategy == "random" else []
+        train_run(label, ["--init-from", runs["base"], "--steps", str(d["post_steps"]), "--init-state",
+                          strategy, "--out", runs[label], *sigma])
     return runs
 
 def demo(out, seeds=(0,), device="auto", quiet=False, figure="fig5", **overrides):
@@ -226,10 +235,16 @@ def demo(out, seeds=(0,), device="auto", quiet=False, figure="fig5", **overrides
             continue
         common = ["--data", d["data"], "--seq-len", str(d["seq_len"]), "--batch-size", str(d["batch_size"]),
                   "--seed", str(seed), "--device", device, "--eval-interval", "100000"] + ["--quiet"] * quiet
-        def train(label, argv):
+        def train_run(label, argv):   # a finished run is kept, an interrupted one resumed: a rerun goes on
+            out, steps = argv[argv.index("--out") + 1], int(argv[argv.index("--steps") + 1])
+            until = int(argv[argv.index("--stop-at") + 1]) if "--stop-at" in argv else steps
+            step = checkpoint_step(out)
+            if step is not None and step >= until:
+                return print(f"demo {figure} seed {seed}: {label}: {out} is at step {step}, kept")
+            argv += ["--resume"] * (step is not None)
             print(f"demo {figure} seed {seed}: {label}: python train.py {' '.join(argv)}")
-            main(common + argv)
-        runs = demo_runs(figure, d, where, train)
+            train(get_args(common + argv))
+        runs = demo_runs(figure, d, where, train_run)
         metrics = ["ppl,state", "--reference", "control"] if figure == "fig5" else ["ppl"]
         if code := evaluate.main([*runs.values(), "--labels", *runs, "--metrics", *metrics, "--eval-len",
                                   str(d["eval_len"]), "--n-seqs", str(d["n_seqs"]), "--device", device,
@@ -237,6 +252,11 @@ def demo(out, seeds=(0,), device="auto", quiet=False, figure="fig5", **overrides
             return code
     reports = {seed: json.loads(pathlib.Path(out, f"seed{seed}", "eval.json").read_text()) for seed in seeds}
     return evaluate.over_seeds(reports, out) if len(seeds) > 1 else 0
+
+def checkpoint_step(run):
+    """The step of run's ckpt.pt, or None without one."""
+    ckpt = os.path.join(run, "ckpt.pt")
+    return model.read_checkpoint(ckpt, "cpu", mmap=True).get("step") if os.path.isfile(ckpt) else None
 
 # --- flags, run files and helpers --------------------------------------------------------------------------
 # Peak learning rates from scratch: the paper's Table 2 for its sizes; tiny tuned for the CPU demos.
@@ -287,10 +307,12 @@ FLAGS = [
 DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
 # Not resumed: flags of one invocation, not of the run. May change on resume: the length, divergence remedies.
 PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo", "seeds", "cache_dir", "dist_timeout")
+DEMO_FLAGS = ("demo", "out", "seed", "seeds", "device", "quiet")   # what --demo takes
 MAY_CHANGE = ("steps", "ckpt_interval", "eval_interval", "lr", "grad_clip")
 
 def main(argv=None):
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: temporary files removed
+    for s in (signal.SIGINT, signal.SIGTERM):   # SIGTERM as Ctrl-C: temporary files removed
+        signal.signal(s, interrupted)
     args = None
     try:
         args = get_args(argv)
@@ -301,9 +323,10 @@ def main(argv=None):
         return train(args)
     except (OSError, ValueError, data.TokenizerUnavailableError) as e:  # bad input: one line, no traceback
         sys.exit(f"error: {e}")
-    except MemoryError:
-        sys.exit("error: out of memory: lower --batch-size (and raise --grad-accum) or --seq-len")
-    except RuntimeError as e:  # torchrun: gloo's timed-out or broken collective is a plain RuntimeError
+    except (MemoryError, RuntimeError) as e:  # the CPU allocator's out of memory is a plain RuntimeError, as
+        # are gloo's timed-out or broken collectives under torchrun
+        if isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e):
+            sys.exit("error: out of memory: lower --batch-size (and raise --grad-accum) or --seq-len")
         distributed = "gloo" in str(e) or isinstance(e, torch.distributed.DistError)
         if not (distributed and torch.distributed.is_initialized()):
             raise
@@ -312,20 +335,27 @@ def main(argv=None):
                  f"was busy longer than --dist-timeout {args.dist_timeout:g} s (building a large data cache: "
                  f"raise it); {last_checkpoint(args)}")
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM; under torchrun once a collective returns (--dist-timeout)
-        sys.exit(f"interrupted: {last_checkpoint(args)}")
+        sys.exit("interrupted: " + ("rerun the same command to go on: finished runs are kept, the one "
+                                    "interrupted resumes" if args and args.demo else last_checkpoint(args)))
+
+def interrupted(signum, frame):
+    """The first Ctrl-C or SIGTERM stops the run; more, during its clean-up, are ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 def last_checkpoint(args):
     """What a stopped run leaves: its last checkpoint (each file is replaced whole: write_atomically)."""
-    ckpt = args and os.path.join(args.out, "ckpt.pt")
-    step = ckpt and os.path.isfile(ckpt) and model.read_checkpoint(ckpt, "cpu", mmap=True).get("step")
-    return f"the last checkpoint {ckpt} (step {step}) is intact; continue with --resume" if step else \
-        "no checkpoint was saved: nothing to resume"
+    step = args and checkpoint_step(args.out)
+    return f"the last checkpoint {args.out}/ckpt.pt (step {step}) is intact; continue with --resume" if step \
+        else "no checkpoint was saved: nothing to resume"
 
 def parse_seeds(text):
     """"0-7" -> [0, ..., 7]; "0,5" -> [0, 5]."""
     lo, dash, hi = text.partition("-")
-    if not re.fullmatch(r"\d+-\d+|\d+(,\d+)*", text) or dash and int(lo) > int(hi):
-        sys.exit(f"error: --seeds must be A-B or A,B,... (integers >= 0), got {text!r}")
+    if not re.fullmatch(r"\d+-\d+|\d+(,\d+)*", text) or dash and int(lo) > int(hi) or \
+            len(set(text.split(","))) < len(text.split(",")):
+        sys.exit(f"error: --seeds must be A-B or A,B,... (distinct integers >= 0), got {text!r}")
     return list(range(int(lo), int(hi) + 1)) if dash else [int(v) for v in text.split(",")]
 
 def get_args(argv=None):
@@ -344,6 +374,14 @@ def get_args(argv=None):
         sys.exit(f"error: --out must be a non-empty UTF-8 path (torch reads no checkpoint back from another "
                  f"name), got {args.out!r}")
     given = {k for k, v in vars(args).items() if v is not None}
+    alone = " ".join(f"--{a.replace('_', '-')}" for a in sorted(given - set(DEMO_FLAGS)))
+    for bad, message in [
+            (args.demo and alone, f"--demo sets its training flags itself (a rerun goes on): drop {alone}"),
+            (args.seeds and not args.demo, "--seeds is for --demo: a training run takes one --seed"),
+            ({"seed", "seeds"} <= given, "--seed and --seeds both: pass one"),
+            ({"steps", "tokens"} <= given, "--steps and --tokens both set the length: pass one")]:
+        if bad:
+            sys.exit(f"error: {message}")
     out = args.out or DEFAULTS["out"]
     if args.resume and not args.demo:
         saved = model.train_config(os.path.join(out, "ckpt.pt")) or sys.exit(
@@ -363,6 +401,7 @@ def get_args(argv=None):
                        if getattr(args, k) is None})
     if args.data_seed is None:  # post-training reads on in its parent's stream (read_on)
         args.data_seed = parent.get("data_seed", parent.get("seed", args.seed))
+    args.run_id = getattr(args, "run_id", None) or os.urandom(6).hex()   # (resumed: the checkpoint's)
     if args.resume:
         return args
     if args.init_from and os.path.isfile(os.path.join(args.init_from, "config.json")):
@@ -391,14 +430,14 @@ def exit_on_bad_flags(args):
         *[must(k, 0 <= value[k] < 2**63, "in [0, 2**63)") for k in ("seed", "data_seed", "split_seed")],
         must("device", re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device), "auto, cpu, cuda or cuda:N"),
         must("tokens", args.tokens is None or fin(args.tokens) and args.tokens > 0, "a finite number > 0"),
-        must("lr", fin(args.lr) and args.lr > 0, "finite and > 0"),
+        must("lr", 0 < args.lr <= 1e3, "in (0, 1e3]"),
         must("min_lr", 0 <= args.min_lr <= args.lr, f"in [0, --lr] = [0, {args.lr:g}]"),
         must("warmup", 0 <= args.warmup < 1, "a fraction of the steps in [0, 1)"),
         must("weight_decay", fin(args.weight_decay) and args.weight_decay >= 0, "finite and >= 0"),
         must("grad_clip", args.grad_clip > 0, "> 0 (inf: no clipping)"),
-        must("sigma", fin(args.sigma) and args.sigma > 0, "finite and > 0"),
+        must("sigma", 0 < args.sigma <= 1e3, "in (0, 1e3] (its variance in float32)"),
         must("p_reset", 0 <= args.p_reset <= 1, "a probability in [0, 1]"),
-        must("dist_timeout", fin(args.dist_timeout) and args.dist_timeout > 0, "finite and > 0 (seconds)"),
+        must("dist_timeout", 1 <= args.dist_timeout <= 1e7, "in [1, 1e7] seconds"),
         (not args.init_from and args.size not in model.PRESETS[args.arch], f"unknown --size {args.size!r} "
          f"for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}"),
         (args.init_from and not exists(args.init_from), f"--init-from {args.init_from} does not exist"),
@@ -492,11 +531,15 @@ def open_run(args, step):
             sys.exit(f"error: {args.out} holds a run: --resume it, or use another --out" if not step else
                      f"error: {ckpt} is at step {saved}, not {step} as read: another train.py wrote it "
                      "meanwhile; --resume again")
-        path = os.path.join(args.out, "metrics.jsonl")
-        rows = open(path).readlines() if os.path.exists(path) else []
+        path, written = os.path.join(args.out, "metrics.jsonl"), os.path.join(args.out, "args.json")
+        theirs = step and os.path.isfile(written) and model._read_json(written, "move it away").get("run_id")
+        if theirs and theirs != args.run_id:
+            sys.exit(f"error: {path} and args.json are another run's than {ckpt}: move them away, or resume "
+                     "the run that wrote the checkpoint")
         try:  # a row cut short by a kill has no "}\n": dropped
+            rows = open(path).readlines() if os.path.exists(path) else []
             kept = "".join(r for r in rows if r.endswith("}\n") and json.loads(r)["step"] <= step)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):   # (not UTF-8: a ValueError)
             sys.exit(f"error: {path} holds a row that is not train.py's (JSON with a step): move it away")
         for name, text in (("args.json", json.dumps(vars(args), indent=1)), ("metrics.jsonl", kept)):
             data.write_atomically(os.path.join(args.out, name), lambda t: pathlib.Path(t).write_text(text))

@@ -32,9 +32,13 @@ def user(tmp_path_factory, tok_json):
     train.main(TRAIN + ["--init-state", "zero", "--steps", "2", "--out", str(d / "run")])
     ck = torch.load(shutil.copytree(d / "run", d / "two-ranks") / "ckpt.pt", weights_only=True)
     torch.save(dict(ck, sampler=ck["sampler"] * 2, strategy=ck["strategy"] * 2), d / "two-ranks/ckpt.pt")
-    for name, row in (("no-step", '{"loss": 1}\n'), ("not-json", "garbage}\n")):  # metrics.jsonl rows
-        with open(shutil.copytree(d / "run", d / name) / "metrics.jsonl", "a") as f:
+    rows = {"no-step": b'{"loss": 1}\n', "not-json": b"garbage}\n", "not-utf8": b'{"s": "\xff"}\n'}
+    for name, row in rows.items():   # metrics.jsonl rows
+        with open(shutil.copytree(d / "run", d / name) / "metrics.jsonl", "ab") as f:
             f.write(row)
+    shutil.copytree(d / "run", d / "other-run")   # a checkpoint copied over another run's files
+    train.main(TRAIN + ["--init-state", "zero", "--steps", "2", "--out", str(d / "other")])
+    shutil.copy(d / "other" / "ckpt.pt", d / "other-run" / "ckpt.pt")
     shutil.copy(tok_json, d / "bpe.json")
     (d / "short.txt").write_text("tiny text\n")
     np.arange(65, 97, dtype=np.uint32).repeat(8).tofile(d / "u32.bin")   # uint32 ids, no meta.json
@@ -151,7 +155,10 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--init-from {u}/run --arch gla", "come from --init-from"),
     ("--init-from {u}/run --size 45m", "come from --init-from"),
     ("--resume --out {u}/run --steps 1", "below"), ("--resume --out {u}/no-step --steps 5", "metrics.jsonl"),
-    ("--resume --out {u}/not-json --steps 5", "metrics.jsonl"), ("--data {u}/fifo", "not a regular file"),
+    ("--resume --out {u}/not-json --steps 5", "metrics.jsonl"),
+    ("--resume --out {u}/not-utf8 --steps 5", "not-utf8/metrics.jsonl"),
+    ("--resume --out {u}/other-run --steps 5", "another run's than"),
+    ("--data {u}/fifo", "not a regular file"),
     *[(f"--device={d}", "--device") for d in ("garbage", "mps", "meta", "")],
     *[(f"--{k} {2**70}", f"--{k}") for k in ("seed", "data-seed", "split-seed")],
     ("--batch-size 1e12", "--batch-size"), (f"--batch-size {10**12}", "--batch-size"),
@@ -167,7 +174,13 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     (lambda u: model.from_pretrained(f"{u}/cut-short.pt"), "copy it again whole"),
     ("--init-from {u}/config-only", "config.json but no pytorch_model.bin"),
     # an --out no checkpoint could be read back from; how long a DDP rank waits for the others
-    ("--dist-timeout 0", "--dist-timeout"), ("--dist-timeout inf", "--dist-timeout"),
+    *[(f"--dist-timeout {v}", "--dist-timeout") for v in ("0", "inf", "1e-9", "1e10", "1e15")],
+    # a value a flag check accepts must be one the run can use; no flag is ignored
+    ("--lr 1e300", "--lr"), ("--stop-at 0", "--stop-at"), ("--stop-at -3", "--stop-at"), ("--init-state random --sigma 1e300", "--sigma"),
+    ("--tokens 12800", "--steps and --tokens both"), ("--seeds 0-3", "--seeds is for --demo"),
+    ("--demo --arch gla", "drop --arch --batch-size"), ("--demo fig3 --resume", "--resume"),
+    (lambda u: train.main(["--demo", "--seed", "1", "--seeds", "0-2", "--out", f"{u}/d"]), "and --seeds"),
+    (lambda u: train.main(["--demo", "--seeds", "0,3,0", "--out", f"{u}/d"]), "distinct"),
     ("--resume --out {u}/run --dist-timeout 60 --steps 1", "below"),   # may differ on resume: not "differ"
     (lambda u: train.main(TRAIN + ["--steps=1", "--out", ""]), "--out must be"),
     (lambda u: train.main(TRAIN + ["--steps=1", "--out", os.fsdecode(os.fsencode(u) + b"/r\xff")]), "UTF-8"),

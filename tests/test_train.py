@@ -199,6 +199,45 @@ def test_demo_fig2_trains_each_t_train_on_the_same_tokens_and_fig3_checkpoints_o
     torch.testing.assert_close(model.from_pretrained(models[-1]["path"]).state_dict(), one_run.state_dict())
     assert json.load(open(tmp_path / "fig3" / "seed1" / "run" / "args.json"))["steps"] == 9
 
+def numbers(where):
+    """What a demo's eval.json says of its models, without where they lie."""
+    return [(m["label"], m["ppl"], m.get("diff")) for m in json.load(open(os.path.join(where, "eval.json")))["models"]]
+
+@pytest.mark.parametrize("figure, cut", [("fig5", "sp"), ("fig3", 4)])
+def test_a_demo_interrupted_goes_on_from_what_it_kept_to_the_same_numbers(tmp_path, monkeypatch, capsys, figure,
+                                                                           cut):
+    """fig5 stopped inside SP's post-training (a checkpoint at step 1 of 2), fig3 inside its stage to step 4
+    (checkpoints every step; at step 3): the rerun resumes it, keeps every finished run and copy, and ends
+    with the numbers of an uninterrupted demo. A rerun of a finished one (eval.json removed) trains nothing."""
+    small = dict(figure=figure, base_steps=3, post_steps=2, n_seqs=4, eval_len=64, quiet=True)
+    assert train.demo(str(tmp_path / "whole"), [0], **small) == 0
+    real = train.train
+    def killed(args):   # as if killed right after a checkpoint, halfway through the run
+        if cut in (args.init_state, args.stop_at):
+            args.stop_at, args.ckpt_interval = args.stop_at - 1 if figure == "fig3" else 1, 1
+            real(args)
+            raise KeyboardInterrupt
+        return real(args)
+    monkeypatch.setattr(train, "train", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train.demo(str(tmp_path / "cut"), [0], **small)
+    seed = tmp_path / "cut" / "seed0"
+    kept = {p: p.read_bytes() for p in seed.glob("*/ckpt.pt") if p.parent.name not in ("SP", "run")}
+    assert len(kept) == (4 if figure == "fig5" else 2)   # base, control, random, fitted; step1, step2
+    monkeypatch.setattr(train, "train", real)
+    assert train.demo(str(tmp_path / "cut"), [0], **small) == 0
+    out = capsys.readouterr().out
+    assert all(p.read_bytes() == b for p, b in kept.items()) and out.count(", kept") == len(kept) - 2 * (
+        figure == "fig3"), out   # (fig3's kept copies are skipped without training)
+    assert ("--resume" in out.split("SP:" if figure == "fig5" else "to step 4:")[-1].splitlines()[0]), out
+    assert numbers(seed) == numbers(tmp_path / "whole" / "seed0")
+    os.remove(seed / "eval.json")
+    copies = {p: p.read_bytes() for p in seed.glob("*/ckpt.pt")}
+    assert train.demo(str(tmp_path / "cut"), [0], **small) == 0
+    assert "python train.py" not in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in seed.glob("*/ckpt.pt")} == copies and numbers(seed) == numbers(
+        tmp_path / "whole" / "seed0")
+
 def test_post_training_an_official_checkpoint_on_a_tokenizer_json_corpus(tok_json, tmp_path, monkeypatch):
     # an official directory of the tiny preset's dimensions, its vocabulary padded (300 -> 304), post-trained
     # on a corpus read with a Hugging Face tokenizer.json: a tenth of that preset's peak lr; both evaluate
@@ -251,3 +290,41 @@ def test_the_training_loop_keeps_rwkv6_decay_at_twice_the_lr(tmp_path):
                              "--out", str(tmp_path / "run")])
     moved = max((b.mixer.w0 - w).abs().max().item() for b, w in zip(lm.backbone.layers, w0))
     assert moved == pytest.approx(2e-3, rel=1e-3)
+
+@pytest.mark.parametrize("error, word", [
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                  "you tried to allocate 1099511627776 bytes."), "out of memory"),
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "out of memory"),
+    (MemoryError(), "out of memory"), (KeyboardInterrupt(), "interrupted: no checkpoint was saved")])
+def test_a_run_that_fails_or_is_stopped_ends_in_one_line(monkeypatch, tmp_path, error, word):
+    def fails(args):
+        raise error
+    monkeypatch.setattr(train, "train", fails)
+    with pytest.raises(SystemExit) as stop:
+        train.main(TRAIN + ["--out", str(tmp_path / "run")])
+    assert word in str(stop.value) and "\n" not in str(stop.value)
+
+def test_a_runtime_error_outside_torchrun_is_not_taken_for_a_lost_rank(monkeypatch, tmp_path):
+    def fails(args):
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Read error: a bug, not a lost rank")
+    monkeypatch.setattr(train, "train", fails)
+    with pytest.raises(RuntimeError, match="a bug"):   # a traceback: nothing to advise
+        train.main(TRAIN + ["--out", str(tmp_path / "run")])
+
+def test_stopped_before_any_checkpoint_the_last_line_names_none(tmp_path, capsys):
+    train.main(TRAIN + ["--steps", "10", "--stop-at", "2", "--out", str(tmp_path / "run")])
+    assert capsys.readouterr().out.splitlines()[-1].endswith("no checkpoint (--stop-at before the first "
+                                                             "--ckpt-interval)")
+    assert not os.path.exists(tmp_path / "run" / "ckpt.pt")
+    train.main(TRAIN + ["--steps", "10", "--stop-at", "3", "--ckpt-interval", "2", "--out", str(tmp_path / "two")])
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"checkpoint {tmp_path / 'two' / 'ckpt.pt'} (step 2)")
+
+def test_a_second_ctrl_c_during_the_clean_up_is_ignored_and_one_during_import_torch_is_one_line(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        train.interrupted(signal.SIGINT, None)
+    assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    (tmp_path / "torch.py").write_text("import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\n"
+                                       "time.sleep(5)\n")   # torch, as if Ctrl-C came while it loads
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "train.py")], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(tmp_path)), timeout=60)
+    assert (r.returncode, r.stderr) == (1, "interrupted\n")
