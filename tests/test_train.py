@@ -1,6 +1,7 @@
 """train.py: exact resume (also under DDP), post-training, gradient accumulation, the optimizer, the demo."""
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -201,14 +202,15 @@ def test_demo_fig2_trains_each_t_train_on_the_same_tokens_and_fig3_checkpoints_o
 
 def numbers(where):
     """What a demo's eval.json says of its models, without where they lie."""
-    return [(m["label"], m["ppl"], m.get("diff")) for m in json.load(open(os.path.join(where, "eval.json")))["models"]]
+    report = json.load(open(os.path.join(where, "eval.json")))
+    return [(m["label"], m["ppl"], m.get("diff")) for m in report["models"]]
 
 @pytest.mark.parametrize("figure, cut", [("fig5", "sp"), ("fig3", 4)])
-def test_a_demo_interrupted_goes_on_from_what_it_kept_to_the_same_numbers(tmp_path, monkeypatch, capsys, figure,
-                                                                           cut):
+def test_a_demo_interrupted_goes_on_from_what_it_kept_to_the_same_numbers(tmp_path, monkeypatch, capsys,
+                                                                           figure, cut):
     """fig5 stopped inside SP's post-training (a checkpoint at step 1 of 2), fig3 inside its stage to step 4
     (checkpoints every step; at step 3): the rerun resumes it, keeps every finished run and copy, and ends
-    with the numbers of an uninterrupted demo. A rerun of a finished one (eval.json removed) trains nothing."""
+    with the numbers of an uninterrupted demo. Rerun finished (eval.json removed), it trains nothing."""
     small = dict(figure=figure, base_steps=3, post_steps=2, n_seqs=4, eval_len=64, quiet=True)
     assert train.demo(str(tmp_path / "whole"), [0], **small) == 0
     real = train.train
@@ -304,6 +306,21 @@ def test_a_run_that_fails_or_is_stopped_ends_in_one_line(monkeypatch, tmp_path, 
         train.main(TRAIN + ["--out", str(tmp_path / "run")])
     assert word in str(stop.value) and "\n" not in str(stop.value)
 
+def test_the_demo_takes_its_own_flags_and_seeds(tmp_path):
+    args = train.get_args(["--demo", "fig2", "--seeds", "0-2", "--device", "cpu", "--quiet", "--out", "o"])
+    assert (args.demo, args.device, args.quiet) == ("fig2", "cpu", True)
+    assert train.parse_seeds(args.seeds) == [0, 1, 2]
+    assert train.parse_seeds("4,1") == [4, 1] and train.get_args(["--demo", "--seed", "3"]).seed == 3
+    assert train.get_args(["--tokens", "6400", "--seq-len", "8", "--batch-size", "8"]).steps == 100
+
+def test_a_fig3_demo_whose_copy_is_gone_past_its_step_says_so(tmp_path):
+    small = dict(figure="fig3", base_steps=3, n_seqs=4, eval_len=64, quiet=True)
+    assert train.demo(str(tmp_path), [0], **small) == 0
+    os.remove(tmp_path / "seed0" / "eval.json")
+    shutil.rmtree(tmp_path / "seed0" / "step2")
+    with pytest.raises(ValueError, match=r"run is at step 9, past 2, and .*step2 is gone: remove"):
+        train.demo(str(tmp_path), [0], **small)
+
 def test_a_runtime_error_outside_torchrun_is_not_taken_for_a_lost_rank(monkeypatch, tmp_path):
     def fails(args):
         raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Read error: a bug, not a lost rank")
@@ -312,12 +329,16 @@ def test_a_runtime_error_outside_torchrun_is_not_taken_for_a_lost_rank(monkeypat
         train.main(TRAIN + ["--out", str(tmp_path / "run")])
 
 def test_stopped_before_any_checkpoint_the_last_line_names_none(tmp_path, capsys):
-    train.main(TRAIN + ["--steps", "10", "--stop-at", "2", "--out", str(tmp_path / "run")])
-    assert capsys.readouterr().out.splitlines()[-1].endswith("no checkpoint (--stop-at before the first "
-                                                             "--ckpt-interval)")
-    assert not os.path.exists(tmp_path / "run" / "ckpt.pt")
-    train.main(TRAIN + ["--steps", "10", "--stop-at", "3", "--ckpt-interval", "2", "--out", str(tmp_path / "two")])
-    assert capsys.readouterr().out.splitlines()[-1].endswith(f"checkpoint {tmp_path / 'two' / 'ckpt.pt'} (step 2)")
+    for _ in range(2):   # the folder of a run stopped before its first checkpoint takes a new run
+        train.main(TRAIN + ["--steps", "10", "--stop-at", "2", "--out", str(tmp_path / "run")])
+        assert capsys.readouterr().out.splitlines()[-1].endswith("no checkpoint (--stop-at before the first "
+                                                                 "--ckpt-interval)")
+        assert not os.path.exists(tmp_path / "run" / "ckpt.pt")
+    two = tmp_path / "two"
+    train.main(TRAIN + ["--steps", "10", "--stop-at", "3", "--ckpt-interval", "2", "--out", str(two)])
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"checkpoint {two / 'ckpt.pt'} (step 2)")
+    assert train.last_checkpoint(types.SimpleNamespace(out=str(tmp_path / "two"))) == (
+        f"the last checkpoint {tmp_path / 'two'}/ckpt.pt (step 2) is intact; continue with --resume")
 
 def test_a_second_ctrl_c_during_the_clean_up_is_ignored_and_one_during_import_torch_is_one_line(tmp_path):
     with pytest.raises(KeyboardInterrupt):
