@@ -250,9 +250,10 @@ def test_a_failed_exercise_gets_no_points_however_many_tests_pass_and_fail_fast_
     sub = submission(copy, tmp_path / "swapped", (6,), [swapped[2:]])
     rerun = kit.command(kit.EXERCISES[6][4][0])
     for how, tests in [([], "2/4"), (["--fail-fast"], "2/3")]:
-        run = kit_cli("score", sub, "--exercises", "6", "--no-sandbox", *how, "--report", str(tmp_path / "r.csv"))
-        (row,) = csv.DictReader(open(tmp_path / "r.csv"))
-        assert (row["status"], row["reason"], row["points"], row["tests"]) == ("FAILED", "failed", "0", tests), how
+        report = str(tmp_path / "r.csv")
+        run = kit_cli("score", sub, "--exercises", "6", "--no-sandbox", *how, "--report", report)
+        (row,) = csv.DictReader(open(report))
+        assert (row["status"], row["reason"], row["points"], row["tests"]) == ("FAILED", "failed", "0", tests)
         assert rerun in run.stdout, run.stdout
     run = kit_cli("score", sub, ROOT, "--exercises", "6", "--no-sandbox", "--report", str(tmp_path / "r.csv"))
     assert run.returncode == 0 and "FAILED (failed)" in run.stdout and rerun not in run.stdout, run.stdout
@@ -272,6 +273,8 @@ def test_a_submission_that_cheats_or_breaks_costs_only_its_own_points(copy, tmp_
               f"'{tmp_path}/done/interventions.py', '{tmp_path}/victim'):\n            try:\n"
               f"                open(f, 'a').write('raise SystemExit(0)\\n')\n            except OSError:\n"
               f"                pass\n        subprocess.Popen(['sleep', '37.25'], start_new_session=True)\n")
+    peek = (OBSERVE + "        import os\n        if len(os.listdir('../..')) > 1:\n"   # others' folders
+            "            raise RuntimeError('other checks are in sight')\n")
     forge = (OBSERVE + "        import atexit\n        atexit.register(lambda: open('.kit/report.xml', 'w')"
              ".write('<testsuites><testcase'))\n")
     subs = [submission(copy, tmp_path / "done", (7,)), submission(copy, tmp_path / "steal", (7,),
@@ -280,7 +283,8 @@ def test_a_submission_that_cheats_or_breaks_costs_only_its_own_points(copy, tmp_
             [("interventions.py", OBSERVE, forge)]), submission(copy, tmp_path / "linked-file"),
             submission(copy, tmp_path / "hang", (7,), [("interventions.py", OBSERVE, "        while True:\n"
                                                         "            pass\n")]),
-            submission(copy, tmp_path / "crash", (7,), [("interventions.py", OBSERVE, CRASH)])]
+            submission(copy, tmp_path / "crash", (7,), [("interventions.py", OBSERVE, CRASH)]),
+            submission(copy, tmp_path / "peek", (7,), [("interventions.py", OBSERVE, peek)])]
     os.remove(tmp_path / "linked-file" / "interventions.py")
     os.symlink(os.path.join(ROOT, "interventions.py"), tmp_path / "linked-file" / "interventions.py")
     os.symlink(ROOT, tmp_path / "linked-folder")
@@ -300,12 +304,33 @@ def test_a_submission_that_cheats_or_breaks_costs_only_its_own_points(copy, tmp_
                     "linked-file": ("FAILED", "symlink: interventions.py", "0"),
                     "linked-folder": ("FAILED", "symlink", "0"), "empty": ("FAILED", "not a copy", "0"),
                     "nowhere": ("FAILED", "no such folder", "0"), "caf\\xe9": ("passed", "", "2"),
-                    "hang": ("FAILED", "timeout", "0"), "crash": ("FAILED", "crashed", "0")}, rows
+                    "hang": ("FAILED", "timeout", "0"), "crash": ("FAILED", "crashed", "0"),
+                    "peek": ("passed", "", "2")}, rows
     assert teacher == {f: open(os.path.join(ROOT, f), "rb").read() for f in teacher}
     assert (tmp_path / "victim").read_text() == "mine\n" and "SystemExit" not in (
         tmp_path / "done" / "interventions.py").read_text()
     cmdlines = [pathlib.Path(f"/proc/{p}/cmdline").read_bytes() for p in os.listdir("/proc") if p.isdigit()]
     assert not [c for c in cmdlines if b"37.25" in c], "a process the check started outlived it"
+
+def test_an_exercise_file_is_read_only_as_a_regular_file_of_the_submission_and_a_copy_holds_one(tmp_path):
+    sub, other = tmp_path / "sub", tmp_path / "teacher"
+    (other / "docs").mkdir(parents=True)
+    (other / "docs" / "course.py").write_text("the reference\n")
+    sub.mkdir()
+    (sub / "docs").symlink_to(other / "docs")   # a folder on the way is a link
+    with pytest.raises(kit.KitError, match="symlink"):
+        kit.read_exercise_file(str(sub), "docs/course.py")
+    (sub / "docs").unlink()
+    (sub / "docs").mkdir()
+    (sub / "docs" / "course.py").mkdir()   # a folder where the file should be; a FIFO would block
+    os.mkfifo(sub / "ssm.py")
+    assert kit.read_exercise_file(str(sub), "docs/course.py") is None
+    assert kit.read_exercise_file(str(sub), "ssm.py") is None
+    assert kit.not_a_copy(str(sub)) == "not a copy"   # files, but none of the exercises'
+    (sub / "gla.py").write_text("mine\n")
+    assert kit.not_a_copy(str(sub)) is None and kit.read_exercise_file(str(sub), "gla.py") == "mine\n"
+    (tmp_path / "link").symlink_to(sub)
+    assert kit.not_a_copy(str(tmp_path / "link") + "/") == "symlink"
 
 def test_a_kit_error_in_one_exercise_is_that_rows_reason(monkeypatch, tmp_path):
     def broken(*args):
@@ -370,8 +395,9 @@ def test_the_gradescope_autograder_grades_a_submission_as_score_does(copy, tmp_p
     assert results["score"] == 2 and [(t["name"], t["score"], t["max_score"], t["status"]) for t in
         results["tests"]] == [("exercise 4: Definition 3.2", 0, 1, "failed"),
                               ("exercise 7: State Passing and TBTT", 2, 2, "passed")], results
-    assert results["tests"][0]["output"].startswith("FAILED (stubbed), 0/" if namespaces else "FAILED (error)")
-    assert ("NotImplementedError: exercise 4" if namespaces else "PermissionError") in results["tests"][0]["output"]
+    output = results["tests"][0]["output"]
+    assert output.startswith("FAILED (stubbed), 0/" if namespaces else "FAILED (error)")
+    assert ("NotImplementedError: exercise 4" if namespaces else "PermissionError") in output
     cmdlines = [pathlib.Path(f"/proc/{p}/cmdline").read_bytes() for p in os.listdir("/proc") if p.isdigit()]
     assert not [c for c in cmdlines if b"41.25" in c], "a process the check started outlived it"
 
@@ -441,8 +467,9 @@ def test_bad_kit_input_gets_one_line_and_touches_nothing(args, word, tmp_path, c
     assert (tmp_path / "mine.csv").read_text() == "my own grades\n" and not (tmp_path / "s").exists()
 
 def test_a_report_that_cannot_be_written_after_the_grading_is_kept_elsewhere(tmp_path):
-    full_disk = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import kit\nwrite, calls = kit.write_report, []\n"
-                 "def once_full(rows, path, gradescope=None):\n    calls.append(path)\n    if len(calls) == 1:\n"
+    full_disk = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import kit\n"
+                 "write, calls = kit.write_report, []\ndef once_full(rows, path, gradescope=None):\n"
+                 "    calls.append(path)\n    if len(calls) == 1:\n"
                  "        raise OSError(28, 'No space left on device')\n    write(rows, path, gradescope)\n"
                  "kit.write_report = once_full\nsys.exit(kit.main())\n")
     run = subprocess.run([sys.executable, "-c", full_disk, os.path.join(ROOT, "docs"), "score", ROOT,
@@ -455,19 +482,22 @@ def test_a_report_that_cannot_be_written_after_the_grading_is_kept_elsewhere(tmp
     assert [r["status"] for r in csv.DictReader(open(kept))] == ["passed"]
     assert not (tmp_path / "g.csv").exists()
 
-@pytest.mark.parametrize("signum, how", [(signal.SIGINT, []), (signal.SIGTERM, ["--no-sandbox"])])
+@pytest.mark.parametrize("signum, how", [(signal.SIGINT, ["--exercises", "4"]),
+                                         (signal.SIGTERM, ["--exercises", "4", "--no-sandbox"]),
+                                         (signal.SIGINT, ["--exercises", "2,4", "--jobs", "1"])])
 def test_an_interrupted_score_ends_its_checks_at_once_and_leaves_nothing(copy, tmp_path, signum, how):
     """A check that would run for its whole time-out (120 s): Ctrl-C (in the sandbox) or SIGTERM (without)
     once it runs ends the kit with one line, the check's processes and the grading folders gone."""
-    sub = submission(copy, tmp_path / "hang", (4,), [("evaluate.py", T_STAR, HANG)])
+    stub2 = '    raise NotImplementedError("exercise 2")\n'
+    sub = submission(copy, tmp_path / "hang", (4,), [("evaluate.py", T_STAR, HANG), ("gla.py", stub2, HANG)])
     (tmp_path / "t").mkdir()
     kit_py = os.path.join(ROOT, "docs", "kit.py")
-    p = subprocess.Popen([sys.executable, kit_py, "score", sub, *how, "--exercises", "4", "--report",
+    p = subprocess.Popen([sys.executable, kit_py, "score", sub, *how, "--report",
                           str(tmp_path / "g.csv")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=dict(os.environ, TMPDIR=str(tmp_path / "t"), OMP_NUM_THREADS="1"))
     log = None
     while log is None and p.poll() is None:   # the check has started once its log exists
-        log = next(iter(glob.glob(str(tmp_path / "t" / "kit-score-*" / "0-4" / "check0.log"))), None)
+        log = next(iter(glob.glob(str(tmp_path / "t" / "kit-score-*" / "0-*" / "check0.log"))), None)
         time.sleep(0.2)
     time.sleep(1)
     p.send_signal(signum)
