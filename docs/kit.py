@@ -646,6 +646,8 @@ def main(argv=None):
     a.add_argument("--visibility", choices=VISIBILITY, default="visible", help="when students see each "
                    "exercise's points and its checks' output (which can carry any file of the check's folder: "
                    "your tests, the reference for the other exercises); default: visible")
+    for parser in (s, g, a):   # a bad value of a subcommand's flag: one line too
+        parser.error = ap.error
     args = ap.parse_args(argv)
     signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGTERM, interrupted)
@@ -661,7 +663,7 @@ def main(argv=None):
             print(f"wrote {args.zip}: upload it as the assignment's autograder (students upload their copy)")
             return 0
         if not 0 < args.timeout < math.inf or args.jobs < 1:
-            raise KitError(f"--timeout {args.timeout:g} --jobs {args.jobs}: pass a time > 0 and >= 1 job")
+            raise KitError(f"--timeout {args.timeout:g} --jobs {args.jobs}: pass a finite time > 0 and >= 1 job")
         same = [p for i, p in enumerate(args.submissions) if os.path.realpath(p) in
                 {os.path.realpath(q) for q in args.submissions[:i]}]
         if same:

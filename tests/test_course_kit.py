@@ -466,6 +466,11 @@ def test_bad_kit_input_gets_one_line_and_touches_nothing(args, word, tmp_path, c
     assert err.startswith("error: ") and err.count("\n") == 1 and word in err, err
     assert (tmp_path / "mine.csv").read_text() == "my own grades\n" and not (tmp_path / "s").exists()
 
+def test_a_bad_value_of_a_subcommands_flag_is_one_line():
+    for args in (["score", "--timeout", "abc"], ["student"], ["gradescope", "a.zip", "--visibility", "now"]):
+        run = kit_cli(*args)
+        assert run.returncode == 2 and run.stderr.startswith("error: ") and run.stderr.count("\n") == 1, run.stderr
+
 def test_a_report_that_cannot_be_written_after_the_grading_is_kept_elsewhere(tmp_path):
     full_disk = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import kit\n"
                  "write, calls = kit.write_report, []\ndef once_full(rows, path, gradescope=None):\n"
