@@ -1,4 +1,4 @@
-"""The one training script: from scratch, or post-training a checkpoint, with a chosen initial state.
+r"""The one training script: from scratch, or post-training a checkpoint, with a chosen initial state.
 
     python train.py --init-state sp                      # the CPU default: tiny Mamba-2, stdlib bytes
     python train.py --init-from out/base --init-state sp --steps 300   # post-training (lr = peak/10)
