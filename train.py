@@ -217,7 +217,7 @@ def demo_runs(figure, d, where, train_run):
         return {f"step{budget}": copy for budget, copy in runs.items()}
     runs = {"base": os.path.join(where, "base")} | {k: os.path.join(where, k) for k in INTERVENTIONS}
     train_run("base", base + ["--steps", str(d["base_steps"]), "--out", runs["base"]])
-    for label, strategy in INTERVENTIONS.items():  # the same budget each, from the base, reading on its data
+    for label, strategy in INTERVENTIONS.items():  # the same budget each, from the base (read_on: its windows)
         sigma = ["--sigma", str(d["sigma"])] if strategy == "random" else []
         train_run(label, ["--init-from", runs["base"], "--steps", str(d["post_steps"]), "--init-state",
                           strategy, "--out", runs[label], *sigma])
