@@ -169,6 +169,7 @@ def effective_remembrance(lm, tokens, T, cuts, distance="tv", batch_size=2, chun
 
 def default_cuts(T, n_cuts=32):
     """0, log-spaced from the start (a failing model jumps at once) and toward T (a healthy one rises)."""
+    n_cuts = min(n_cuts, T)   # there are T cuts in [0, T - 1]: more asked are repeats (and could fill memory)
     half, top = max(1, (n_cuts - 1) // 2), math.log10(max(1, T // 2))
     early = torch.logspace(0, top, half).round().long()
     late = T - torch.logspace(0, top, max(0, n_cuts - 1 - half)).round().long()
@@ -295,9 +296,20 @@ def show(report, out):
     writes = {"eval.json": lambda tmp: pathlib.Path(tmp).write_text(json.dumps(report, indent=1)),
               **{f: lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=120) for f, fig in figs.items()}}
     data.write_atomically(out, writes)   # all files at once: the previous ones or all the new
-    print("\nwrote " + ", ".join(os.path.join(out, file) for file in writes))
+    old = [os.path.join(out, f) for f in sorted({p[0] for p in PANELS.values() if p[0]} | {"passkey.png"})
+           if f not in writes and os.path.isfile(os.path.join(out, f))]   # of the eval.json just replaced
+    for f in old:
+        os.unlink(f)
+    print("\nwrote " + ", ".join(os.path.join(out, file) for file in writes)
+          + f"; removed the previous evaluation's {', '.join(old)}" * bool(old))
 
 # ==== 6. Over training seeds: each seed's evaluation of the same runs, the spread of their effects ====
+def _seed_row(m):  # a run's values in its last bucket; gap: to the Bayes floor (a process that has one)
+    b, v = m["ppl"]["buckets"], m["verdict"]
+    last = {f"{k}{s}": m[k][f"nll{s}"][-1] for k in ("gap", "diff") if k in m for s in ("", "_sem")}
+    return dict(verdict=v["generalizes_to"], censored=bool(v["censored"]), ppl_last=b["ppl"][-1],
+                ppl_within=b["ppl"][b["hi"].index(m["t_train"])], t_train=m["t_train"], **last)
+
 def over_seeds(reports, out):
     """Per seed and run: the verdict, the perplexity in the last bucket within T_train and in the last bucket,
     and (paired runs) the last bucket's NLL - the reference's; over the seeds their mean +- s.e. and the worst
@@ -306,12 +318,7 @@ def over_seeds(reports, out):
     mean_sem = lambda a: (a.mean(0), a.std(0, ddof=1) / np.sqrt(len(a)))  # over the seeds (axis 0)
     seeds, labels = list(runs), list(runs[next(iter(runs))])
     paired = [k for k in labels if "diff" in runs[seeds[0]][k]]  # minus the reference (fig5: the control)
-    def row(m):  # the last bucket's values; gap: to the Bayes floor (a process that has one)
-        b, v = m["ppl"]["buckets"], m["verdict"]
-        last = {f"{k}{s}": m[k][f"nll{s}"][-1] for k in ("gap", "diff") if k in m for s in ("", "_sem")}
-        return dict(verdict=v["generalizes_to"], censored=bool(v["censored"]), ppl_last=b["ppl"][-1],
-                    ppl_within=b["ppl"][b["hi"].index(m["t_train"])], t_train=m["t_train"], **last)
-    rows = {s: {k: row(m) for k, m in r.items()} for s, r in runs.items()}
+    rows = {s: {k: _seed_row(m) for k, m in r.items()} for s, r in runs.items()}
     print("\nper seed: verdict (Def. 3.2; +: censored), PPL in the last bucket <= T_train and in the last; "
           "there the gap to the Bayes floor and NLL - the reference's (paired), +- s.e. over sequences")
     print(f"{'seed':>5} {'run':>16} {'verdict':>8} {'PPL<=T':>8} {'PPL last':>9} {'gap':>17} {'- ref':>18}")
@@ -325,7 +332,7 @@ def over_seeds(reports, out):
     for i, (color, label) in enumerate(zip(colors * 2, labels)):
         b = [runs[s][label]["ppl"]["buckets"] for s in seeds]
         x = [np.sqrt((lo + 1) * hi) for lo, hi in zip(b[0]["lo"], b[0]["hi"])]  # a bucket's geometric middle
-        nll = np.array([c["nll"] for c in b])  # [seeds, buckets]
+        nll = np.array([c["nll"] for c in b], dtype=float)  # [seeds, buckets]; null (NaN) -> a gap
         mean, sem = mean_sem(nll)
         left.plot(x, np.exp(nll.T), color=color, lw=0.5, alpha=0.4)
         left.plot(x, np.exp(mean), color=color, lw=2, label=label)
@@ -365,8 +372,10 @@ def over_seeds(reports, out):
         right.set(title=f"Last bucket ({b[0]['lo'][-1]}, {b[0]['hi'][-1]}]: each seed, mean +- s.e.",
                   ylabel="perplexity", yscale="log", xticks=range(len(labels)), xticklabels=labels)
     left.legend(fontsize=8)
-    left.figure.savefig(os.path.join(out, "seeds.png"), dpi=120)
-    pathlib.Path(out, "seeds.json").write_text(json.dumps(dict(seeds=rows, summary=summary), indent=1))
+    text = json.dumps(dict(seeds=rows, summary=summary), indent=1)
+    os.makedirs(out, exist_ok=True)   # only now: a refused or failed call leaves no folder behind
+    data.write_atomically(out, {"seeds.json": lambda tmp: pathlib.Path(tmp).write_text(text),
+                                "seeds.png": lambda tmp: left.figure.savefig(tmp, format="png", dpi=120)})
     print(f"wrote {out}/seeds.json, {out}/seeds.png")
     return 0
 
@@ -407,58 +416,89 @@ def main(argv=None):
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: one line, below
     try:
+        empty = ["CKPT" if k == "ckpts" else "--" + k.replace("_", "-") for k, v in vars(args).items()
+                 if "" in (v if isinstance(v, list) else [v])]
+        require(not empty, f"{' '.join(empty)} '': pass a value, or leave the flag out")
+        parent = os.path.abspath(args.out)   # --out or the folder it goes in: now, not after the metrics
+        while not os.path.lexists(parent):
+            parent = os.path.dirname(parent)
+        require(os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK),
+                f"--out {args.out!r} is not a directory that can be written: pass another")
         if args.over_seeds:
             return over_seeds(read_reports(args), args.out)
         show(run(args), args.out)
     except (ValueError, OSError, RuntimeError) as e:  # bad input: one line naming the problem and the fix
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except MemoryError as e:   # work sized by the flags
+        print(f"error: out of memory ({str(e) or 'MemoryError'}): lower --n-seqs, --eval-len, --batch-size, "
+              "--task-samples, --passkey-depths or the task lengths", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
-        print(f"interrupted: {args.out}/eval.json and its figures not written (any previous ones are intact)",
-              file=sys.stderr)
+        print(f"interrupted: {args.out}/{'seeds' if args.over_seeds else 'eval'}.json and its figures not "
+              "written (any previous ones are intact)", file=sys.stderr)
         return 1
     return 0
 
 def read_reports(args):
-    """--over-seeds: {seed name: report} from the eval.json files (or folders) args.ckpts, the same runs."""
+    """--over-seeds: {seed name: report} from the eval.json files (or folders) args.ckpts: the same runs made
+    with the same flags, each seed's checkpoints its own; checked before anything is written."""
     files = [p if p.endswith(".json") else os.path.join(p, "eval.json") for p in args.ckpts]
     names = args.labels or [os.path.basename(os.path.dirname(os.path.abspath(f))) for f in files]
-    require(len(names) == len(set(names)) == len(files) > 1, f"--over-seeds: give 2 or more evaluations, "
-            f"each its own name (--labels), got {len(files)} named {' '.join(names)}")
-    reports = {}
+    require(len(names) == len(set(names)) == len(set(map(os.path.realpath, files))) == len(files) > 1,
+            f"--over-seeds: give 2 or more evaluations, each once and its own name (--labels), got "
+            f"{len(files)} named {' '.join(names)}")
+    reports, flags, seen = {}, {}, {}   # seen: (path, step, training seed) of a checkpoint -> its file
     for name, f in zip(names, files):
         require(os.path.isfile(f), f"--over-seeds: no {f}: pass this script's --out folders (or eval.json)")
-        reports[name] = json.loads(pathlib.Path(f).read_text())
-        got, first = ([m["label"] for m in r["models"] if "ppl" in m]
-                      for r in (reports[name], reports[names[0]]))
-        require(got == first == [m["label"] for m in reports[name]["models"]], f"--over-seeds: {f} evaluated "
-                f"{got}, not {first} with ppl as the first: pass evaluations of the same runs")
-    os.makedirs(args.out, exist_ok=True)
+        try:   # all that over_seeds reads of it
+            r = reports[name] = json.loads(pathlib.Path(f).read_text())
+            labels = [m["label"] for m in r["models"]]
+            runs = {m["label"]: m for m in r["models"] if "ppl" in m}
+            nulls = [f"{k}'s {key}" for k, m in runs.items() for key, v in _seed_row(m).items() if v is None]
+            ids = {(m["path"], m.get("step"), m.get("train_seed")): 0 for m in runs.values() if "path" in m}
+            flags[name] = {k: {"--t-train": m["t_train"], "edges (--eval-len)": m["ppl"]["buckets"]["hi"],
+                               "--reference (a diff)": "diff" in m, "--data (a Bayes gap)": "gap" in m}
+                           for k, m in runs.items()}
+        except (ValueError, LookupError, TypeError, AttributeError) as e:   # empty, cut short, a list, ...
+            raise ValueError(f"--over-seeds: {f} is not an eval.json of this script ({type(e).__name__}: "
+                             f"{e}): pass the --out folders of evaluate.py --metrics ppl") from None
+        first = list(flags[names[0]])
+        require(labels and list(runs) == labels == first, f"--over-seeds: {f} evaluated {labels} ("
+                f"{list(runs)} with ppl), {files[0]} {first}: pass ppl evaluations of the same runs")
+        require(not nulls, f"--over-seeds: {f} has no {', '.join(nulls)} (null: not finite, or the s.e. of "
+                           "one sequence): leave this evaluation out")
+        bad = [f"{k}'s {w}: {v} in {f}, {flags[names[0]][k][w]} in {files[0]}"
+               for k in runs for w, v in flags[name][k].items() if v != flags[names[0]][k][w]]
+        require(not bad, f"--over-seeds: evaluations made with different flags, {''.join(bad[:1])}: pass "
+                         "evaluations made with the same flags")
+        for i in ids:   # the training seed (where recorded) tells apart runs at one relative path
+            require(seen.setdefault(i, f) == f, f"--over-seeds: {seen[i]} and {f} both evaluated {i[0]} at "
+                    f"step {i[1]}: a checkpoint is one seed: pass each seed's evaluation once")
     return reports
 
 def _ints(text, one=False, lo=1):  # an argparse type: "128,256" -> [128, 256]; one=True: "128" -> 128
-    kind = ("a positive integer" if one else "comma-separated positive integers") if lo else "in [0, 2**63)"
-    if not all(v.isdigit() and lo <= int(v) < 2**63 for v in text.split(",")) or one and "," in text:
+    kind = "a positive integer" if one else "comma-separated distinct positive integers"
+    kind = kind if lo else "in [0, 2**63)"
+    values = [int(v) if v.isdecimal() else -1 for v in text.split(",")]
+    if not all(lo <= v < 2**63 for v in values) or len(set(values)) < len(values) or one and "," in text:
         raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}")
-    return int(text) if one else [int(v) for v in text.split(",")]
+    return values[0] if one else values
 
 def run(args):
     """Checks the flags (defaults: train_config), measures each checkpoint on the same data -> the report
-    (eval.json: per model its label, path, checkpoint step and metrics)."""
+    (eval.json: per model its label, path, checkpoint step, training seed and metrics)."""
     require(not args.labels or len(args.ckpts) == len(args.labels) == len(set(args.labels)), f"--labels "
             f"{' '.join(args.labels or [])}: give each of the {len(args.ckpts)} checkpoints its own name")
-    parent = os.path.abspath(args.out or ".")   # --out or the folder it goes in: now, not after the metrics
-    while not os.path.lexists(parent):
-        parent = os.path.dirname(parent)
-    require(args.out and os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK),
-            f"--out {args.out!r} is not a directory that can be written: pass another")
     for p in args.ckpts:
         require(os.path.exists(data.hub_path(p)), f"no checkpoint at {p}: check the path (OUT/ckpt.pt)")
+    files = [os.path.realpath(model.weights_file(p)[0]) for p in args.ckpts]   # a run's folder is its ckpt.pt
+    require(len(set(files)) == len(files), f"{' '.join(args.ckpts)}: one checkpoint twice: pass each once")
     cfgs = [model.train_config(p) for p in args.ckpts]  # a corrupt checkpoint is reported as corrupt
     args.metrics, known = args.metrics.split(","), LM_METRICS + TASK_METRICS
     lm_metrics, task_metrics = (bool(set(args.metrics) & set(m)) for m in (LM_METRICS, TASK_METRICS))
-    require(set(args.metrics) <= set(known), f"unknown metric in --metrics {','.join(args.metrics)}: "
-                                             f"use a subset of {','.join(known)}")
+    require(len(set(args.metrics) & set(known)) == len(args.metrics), f"unknown or repeated metric in "
+            f"--metrics {','.join(args.metrics)}: use a subset of {','.join(known)}")
     require(args.device != "cuda" or torch.cuda.is_available(), "no CUDA device: use --device cpu")
     args.device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     t_trains = [args.t_train or c.get("seq_len") for c in cfgs]
@@ -466,8 +506,9 @@ def run(args):
         require(all(t_trains), f"{', '.join(p for p, t in zip(args.ckpts, t_trains) if not t)}: no "
                 "train_config seq_len (an official checkpoint?): pass --t-train N (official Mamba-2: 2048)")
         args.eval_len = args.eval_len or 16 * max(t_trains)
-        require(args.eval_len > max(t_trains), f"--eval-len {args.eval_len} must be larger than t_train "
-                                             f"({max(t_trains)}): try --eval-len {16 * max(t_trains)}")
+        need = max(t + max(1, t // 2) for t in t_trains)   # a piece of short_context_nll from t_train / 2 on
+        require(args.eval_len >= need, f"--eval-len {args.eval_len} must be at least {need} (1.5 x t_train "
+                                       f"{max(t_trains)}): try --eval-len {16 * max(t_trains)}")
         require(not args.effrem_len or 1 < args.effrem_len <= args.eval_len, f"--effrem-len "
                 f"{args.effrem_len} must lie in [2, --eval-len {args.eval_len}]: lower it or raise that")
     ids = {c["tokenizer_id"] for c in cfgs if c.get("tokenizer_id")}   # the runs' tokenizers (train.py)
@@ -478,13 +519,15 @@ def run(args):
                                f"{''.join(ids)}: pass the tokenizer.json they were trained with")
     _ = task_metrics and tasks.task_tokenizer(args.tokenizer)  # it spells the tasks
     _ = "passkey" in args.metrics and tasks.passkey_sample(args.tokenizer, min(args.passkey_lengths))  # fits
+    require("passkey" not in args.metrics or args.passkey_depths <= min(args.passkey_lengths), f"--passkey-"
+            f"depths {args.passkey_depths} > {min(args.passkey_lengths)}, the shortest of --passkey-lengths")
     seeds = {c.get("split_seed", c.get("seed")) for c in cfgs if str(c.get("data"))[:6] == "markov"} - {None}
     require(len(seeds) <= 1, f"the checkpoints were trained with --split-seed {sorted(seeds)}, drawing their "
                              "Markov corpora differently: evaluate them separately")
     args.split_seed = seeds.pop() if seeds else 0
     args.babi_tasks = (_agree(args, cfgs, "babi_tasks", False) or ",".join(tasks.BABI_TASKS)).split(",")
-    require(set(args.babi_tasks) <= set(tasks.BABI_TASKS),
-            f"unknown --babi-tasks {','.join(args.babi_tasks)}: use a subset of {','.join(tasks.BABI_TASKS)}")
+    require(len(set(args.babi_tasks) & set(tasks.BABI_TASKS)) == len(args.babi_tasks), f"unknown or repeated "
+            f"--babi-tasks {','.join(args.babi_tasks)}: use a subset of {','.join(tasks.BABI_TASKS)}")
     args.labels = args.labels or [os.path.basename(os.path.dirname(p) if p.endswith(".pt") else p.rstrip("/"))
                                   for p in args.ckpts]
     require(not args.reference or args.reference in args.labels and "ppl" in args.metrics,
@@ -521,13 +564,14 @@ def run(args):
             tasks.babi_mixture(args.tokenizer, min(args.babi_lengths), [args.seed], (t,), args.filler)
         report.update(babi_tasks=args.babi_tasks, babi_filler=f"{corpus.name} (val split)")
     vocab = max(int(args.windows.max()) + 1 if lm_metrics else 0, enc.n_vocab if task_metrics else 0)
-    for path, label, t_train in zip(args.ckpts, args.labels, t_trains):
+    for path, label, t_train, c in zip(args.ckpts, args.labels, t_trains, cfgs):
         lm = model.from_pretrained(path, device=args.device)
         require(vocab <= lm.cfg.vocab_size <= 2 * enc.n_vocab, f"{path}: the data / tokenizer has {vocab} "
                 f"token ids (--tokenizer {args.tokenizer}: {enc.n_vocab}), the model {lm.cfg.vocab_size}: "
                 "use the ones it was trained with (an official model: --tokenizer PATH/tokenizer.json)")
         step = getattr(lm, "step", None)   # the checkpoint's, read with its weights (a run may go on)
-        report["models"].append(measure(lm, t_train, args, label=label, path=path, step=step))
+        report["models"].append(measure(lm, t_train, args, label=label, path=path, step=step,
+                                        train_seed=c.get("seed")))   # --over-seeds tells runs apart by it
     per_seq = {m["label"]: m.pop("per_seq", None) for m in report["models"]}  # bucketed NLL [n, K]
     for m in [m for m in report["models"] if args.reference not in (None, m["label"])]:  # the same windows:
         m["diff"] = _summary(per_seq[m["label"]] - per_seq[args.reference])  # paired per sequence and bucket

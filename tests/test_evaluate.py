@@ -121,6 +121,7 @@ def test_position_nll_streamed_averaged_and_bucketed_as_defined():
     # per sequence: bucket 0 (1, 3), bucket 1 (10/3, 4/3); means 2 and 7/3, standard errors 1 and 1
     torch.testing.assert_close(b["nll"], torch.tensor([2.0, 7 / 3], dtype=torch.float64))
     torch.testing.assert_close(b["nll_sem"], torch.tensor([1.0, 1.0], dtype=torch.float64))
+    torch.testing.assert_close(b["ppl_sem"], torch.tensor([2.0, 7 / 3], dtype=torch.float64).exp())  # ppl * 1
 
 def test_position_nll_of_a_counting_model_equals_its_closed_form():
     # the three functions against CountLM's known NLL, not only against each other. Chunks shorter than the
@@ -204,6 +205,7 @@ def test_verdict_paired_with_the_same_tokens_at_a_training_length_context():
         math.exp((ref[:, 1:] @ torch.tensor([4.0, 8, 16, 32, 64], dtype=torch.float64) / 124).mean()))
     v = ev.length_generalization(flat + torch.tensor([0, 0, 0, 0.05, 0.05, 0.05]), lo, hi, 8, ref)
     assert (v["generalizes_to"], v["censored"]) == (16, False)
+    assert ev.length_generalization(ref, lo, hi, 8, ref)["censored"]   # a difference of 0: no rise
 
 def test_verdict_is_stable_across_evaluation_seeds():
     # CurveLM's NLL is flat, then rises from position 64: T_train 16 generalizes to about 64 (4x).
@@ -233,6 +235,7 @@ def test_distances_of_known_distributions_and_the_default_cuts():
     c = ev.default_cuts(256, 32)   # the cuts Effective Remembrance is measured at by default
     assert c[0] == 0 and c.max() == 255 and (c.diff() > 0).all() and 20 <= len(c) <= 32
     assert {1, 2, 254}.issubset(set(c.tolist()))
+    assert ev.default_cuts(8, 1000).tolist() == ev.default_cuts(8, 8).tolist() == [0, 1, 2, 4, 5, 6, 7]
 
 @pytest.mark.parametrize("distance", ["tv", "js", "cos"])
 def test_effrem_in_one_pass_equals_one_forward_per_cut(distance):
@@ -297,17 +300,29 @@ BAD_CALLS = [(lambda: ev.position_nll(ToyLM(), X[0]), "shape"),
              (lambda: ev.effective_remembrance(ToyLM(), X, 11, [0]), "T = 11"),
              (lambda: ev.bucketize(torch.zeros(2, 9), [0, 4, 8]), "edges")]
 BAD_ARGV = [("NOPE", "no checkpoint"), ("BAD", "corrupt"), ("CK CK --labels one", "--labels"),
-            ("CK --metrics ppl,bogus", "unknown metric"), ("CK --n-seqs x", "positive"),
-            ("CK --eval-len 16", "--eval-len 16 must be larger"), ("CK --effrem-cuts 0", "positive"),
+            ("CK --metrics ppl,bogus", "unknown or repeated metric"), ("CK --n-seqs x", "positive"),
+            ("CK --eval-len 23", "--eval-len 23 must be at least 24"), ("CK --effrem-cuts 0", "positive"),
             ("SYNTH --metrics babilong", "synthetic"), (f"OFFICIAL --data {MARKOV}", "2048"),
-            ("CK --reference nope", "--reference"), ("CK --babi-tasks qa99", "unknown --babi-tasks"),
+            ("CK --reference nope", "--reference"), ("CK --babi-tasks qa99", "unknown or repeated"),
             ("CK --effrem-len 999", "--effrem-len 999 must lie"), ("CK --seed -1", "--seed"),  # -1: issue 19
             ("CK CK --labels a a", "own name"), ("CK --out CK/ckpt.pt", "--out"),
             ("CK BPE", "different tokenizers"), ("BPE --tokenizer bytes", "does not match"),
             ("CK --metrics passkey --passkey-lengths 50", "--passkey-lengths"),
             ("CK --metrics babilong --babi-lengths 100", "--babi-lengths"),
             ("CK --out CK/ckpt.pt/ev", "--out"), ("CK --out=", "--out ''"),   # refused before any metric
-            ("CK --out DANGLING", "--out")]
+            ("CK --out DANGLING", "--out"), ("CK CK --over-seeds --out DANGLING", "--out"),
+            # issue 34: each value once, no empty one, none that a later stage cannot use
+            ("CK CK/ckpt.pt", "one checkpoint twice"), ("CK --metrics ppl,ppl", "repeated metric"),
+            ("CK --babi-tasks qa1,qa1", "repeated --babi-tasks"), ("CK --copy-lengths 3,3", "distinct"),
+            ("CK --eval-len ²", "positive integer"), ("CK --labels=", "--labels ''"),
+            ("CK --tokenizer=", "--tokenizer ''"), ("CK --data=", "--data ''"),
+            ("CK --cache-dir=", "--cache-dir ''"),
+            ("CK --babi-tasks=", "--babi-tasks ''"), ("CK CK --over-seeds --out=", "--out ''"),
+            ("CK --metrics passkey --passkey-lengths 128 --passkey-depths 129", "--passkey-depths 129 > 128"),
+            ("CK --metrics passkey --passkey-lengths 128 --passkey-depths 128 --babi-tasks x",   # 128: passes
+             "--babi-tasks x"),
+            ("CK --t-train 1 --eval-len 1", "--eval-len 1 must be at least 2"),   # 1.5 x 1, a piece of 2
+            ("EMPTY", "CKPT ''"), ("CK --out BAD", "--out")]
 
 @pytest.mark.parametrize("call, word", BAD_CALLS + BAD_ARGV)
 def test_bad_inputs_get_one_line_naming_the_problem(call, word, tmp_path, capsys):
@@ -324,7 +339,8 @@ def test_bad_inputs_get_one_line_naming_the_problem(call, word, tmp_path, capsys
                                        vocab_size=257, ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2")),
                  SYNTH=checkpoint(tmp_path / "synth", seq_len=16, data=MARKOV, tokenizer="bytes")[0])
     os.symlink(tmp_path / "gone", tmp_path / "dangling")
-    paths["DANGLING"] = str(tmp_path / "dangling")
+    paths.update(DANGLING=str(tmp_path / "dangling"), EMPTY="")
+    os.chmod(tmp_path / "bad.pt", 0o755)   # (a file, not a folder, that one may write and "enter")
     argv = [paths.get(a, a).replace("CK/", ck + "/") for a in call.split()]
     rc, _, err = cli(capsys, *argv, *["--out", str(tmp_path / "eval")] * ("--out" not in call))
     assert rc == 2 and word in err and len(err.strip().splitlines()) == 1, (call, err)
@@ -511,7 +527,95 @@ def test_over_seeds_reports_each_fix_by_its_mean_sem_and_worst_seed(tmp_path, ca
     assert "SP - reference: -0.300 +- 0.115" in capsys.readouterr().out
     assert os.path.exists(tmp_path / "seeds.png")
     (tmp_path / "s7" / "eval.json").write_text(json.dumps({"models": [run("base")]}))
-    for argv, word in [(evals[:1], "2 or more"), (evals, "not ['base', 'control', 'SP', 'TBTT']"),
+    other = f"s7/eval.json evaluated ['base'] (['base'] with ppl), {evals[0]}/eval.json ['base', 'control'"
+    for argv, word in [(evals[:1], "2 or more"), (evals, other),
                        (evals[:2] + [str(tmp_path / "none")], "no " + str(tmp_path / "none" / "eval.json"))]:
         assert ev.main([*argv, "--over-seeds", "--out", str(tmp_path / "x")]) == 2
         assert word in capsys.readouterr().err
+
+def seed_eval(folder, *models):
+    """folder/eval.json holding {"models": models}, or the text models[0] (a str); -> its path."""
+    folder.mkdir(exist_ok=True)
+    text = models[0] if models and isinstance(models[0], str) else json.dumps({"models": list(models)})
+    (folder / "eval.json").write_text(text)
+    return str(folder / "eval.json")
+
+def seed_run(label, seed=0, d=None, **kw):
+    """A run's entry in eval.json as run() writes it, what over_seeds reads: t_train 16, buckets up to 64,
+    the training seed; d: its NLL - the reference's in the last bucket (+- 0.1)."""
+    diff = {} if d is None else dict(diff=dict(nll=[0, 0, d], nll_sem=[0, 0, 0.1]))
+    buckets = dict(lo=[0, 8, 16], hi=[8, 16, 64], nll=[3, 1, 2], ppl=np.exp([3, 1, 2]).tolist())
+    return dict(label=label, path=f"runs/{label}", step=100, train_seed=seed, t_train=16,
+                ppl=dict(buckets=buckets), verdict=dict(generalizes_to=64, censored=True), **diff, **kw)
+
+def test_over_seeds_a_fix_that_hurts_is_no_gain_and_a_gap_in_a_curve_is_drawn(tmp_path, capsys, monkeypatch):
+    # the same paths and steps as the other seed's, trained with another seed: each seed's own checkpoints
+    a1 = seed_run("a", 1)
+    a1["ppl"]["buckets"]["nll"][0] = None   # NaN in a bucket before the verdict's (eval.json's null)
+    evals = [seed_eval(tmp_path / "s0", seed_run("a"), seed_run("b", d=0.5)),
+             seed_eval(tmp_path / "s1", a1, seed_run("b", 1, d=0.7))]
+    out = tmp_path / "new" / "out"
+    rc, stdout, err = cli(capsys, *evals, "--over-seeds", "--out", str(out))
+    assert rc == 0 and stdout.strip().endswith(f"wrote {out}/seeds.json, {out}/seeds.png"), err
+    assert sorted(os.listdir(out)) == ["seeds.json", "seeds.png"]
+    b = json.load(open(out / "seeds.json"))["summary"]["b"]
+    assert (b["beyond_3_sem"], b["worst"], b["worst_seed"]) == (0, 0.7, "s1")   # + 5 s.e.: not "below -3"
+    assert b["diff"] == pytest.approx(0.6)
+
+    for error, code, word in [(KeyboardInterrupt, 1, f"interrupted: {out}/seeds.json and its figures not"),
+                              (MemoryError, 2, "error: out of memory (MemoryError): lower --n-seqs")]:
+        def fail(*args):
+            raise error
+        monkeypatch.setattr(ev, "over_seeds", fail)
+        rc, _, err = cli(capsys, *evals, "--over-seeds", "--out", str(out))
+        assert rc == code and err.startswith(word) and len(err.splitlines()) == 1, err
+
+def test_over_seeds_refuses_what_it_cannot_combine_in_one_line_naming_the_file_and_creates_nothing(tmp_path,
+                                                                                                   capsys):
+    s0 = seed_eval(tmp_path / "s0", seed_run("a"), seed_run("b", d=0.5))
+    s1, out = str(tmp_path / "s1" / "eval.json"), tmp_path / "out"
+    a, b = seed_run("a", 1), seed_run("b", 1, d=0.5)   # s0's runs trained with seed 1: accepted
+    at8 = lambda m: dict(m, t_train=8)   # its edges: also at 8 (run() puts one at each t_train, t_train / 2)
+    to = lambda m, hi: dict(m, ppl=dict(buckets=dict(lo=[0, *hi[:-1]], hi=hi, nll=[3, 1, 2, 2][:len(hi)],
+                                                     ppl=[3, 1, 2, 2][:len(hi)])))
+    text, no_ppl = json.dumps({"models": [a, b]}), {k: v for k, v in b.items() if k != "ppl"}
+    cases = [([seed_run("a"), seed_run("b", d=0.5)], f"{s0} and {s1} both evaluated runs/a at step 100"),
+             ([a, seed_run("b", 1)], f"b's --reference (a diff): False in {s1}, True in {s0}"),
+             ([at8(a), at8(b)], f"a's --t-train: 8 in {s1}, 16 in {s0}"),
+             ([to(a, [8, 16, 128]), to(b, [8, 16, 128])],   # as many buckets or more (numpy: inhomogeneous)
+              f"a's edges (--eval-len): [8, 16, 128] in {s1}, [8, 16, 64] in {s0}"),
+             ([to(a, [8, 16, 64, 128]), to(b, [8, 16, 64, 128])], "a's edges (--eval-len): [8, 16, 64, 128]"),
+             ([dict(a, verdict=dict(generalizes_to=None, censored=None)), b], f"{s1} has no a's verdict"),
+             ([a, dict(b, diff=dict(nll=[0, 0, 0.5], nll_sem=[None] * 3))], "has no b's diff_sem (null"),
+             ([a, b, seed_run("c", 1)], f"{s1} evaluated ['a', 'b', 'c'] (['a', 'b', 'c'] with ppl), {s0}"),
+             ([a, no_ppl], "evaluated ['a', 'b'] (['a'] with ppl)"),
+             ([dict(a, t_train=12), b], f"{s1} is not an eval.json of this script (ValueError: 12 is not in"),
+             (json.dumps({"runs": []}), "(KeyError: 'models')"), ("[]", "(TypeError: list indices"),
+             ("", "(JSONDecodeError: Expecting value"), (text[:len(text) // 2], "(JSONDecodeError"),
+             ([], f"{s1} evaluated [] ([] with ppl)")]
+    for models, word in cases:
+        seed_eval(tmp_path / "s1", *models if isinstance(models, list) else [models])
+        rc, _, err = cli(capsys, s0, s1, "--over-seeds", "--out", str(out))
+        assert rc == 2 and word in err and len(err.splitlines()) == 1 and not out.exists(), (word, err)
+    for models, word in [([], "evaluated [] ([] with ppl)"), ([a, no_ppl], "['a', 'b'] (['a'] with")]:
+        both = [seed_eval(tmp_path / f"like{i}", *models) for i in range(2)]   # each the first's like
+        assert word in cli(capsys, *both, "--over-seeds", "--out", str(out))[2], word
+    seed_eval(tmp_path / "s1", a, b)
+    assert cli(capsys, s0, s1, "--over-seeds", "--out", str(out))[0] == 0
+    twice = [s0, str(tmp_path / "s0"), "--labels", "x", "y"]
+    rc, _, err = cli(capsys, *twice, "--over-seeds", "--out", str(out))
+    assert rc == 2 and "each once and its own name" in err, err   # one file twice
+
+def test_a_figure_the_new_evaluation_did_not_make_is_removed_and_named(tmp_path, capsys):
+    ck = checkpoint(tmp_path / "run", seq_len=8, data=MARKOV, tokenizer="bytes", seed=3)[0]
+    out = tmp_path / "ev"
+    argv = [ck, "--n-seqs", "2", "--eval-len", "12", "--out", str(out), "--metrics"]   # 12: 1.5 x t_train
+    assert cli(capsys, *argv, "ppl,state")[0] == 0
+    (out / "notes.txt").write_text("mine")
+    (out / "copy.png").mkdir()   # a folder of the user's, not a figure
+    (out / "passkey.png").write_bytes(b"an earlier run's")
+    rc, stdout, err = cli(capsys, *argv, "ppl")
+    assert rc == 0 and sorted(os.listdir(out)) == ["copy.png", "eval.json", "notes.txt", "ppl.png"], err
+    assert stdout.strip().endswith(f"wrote {out}/eval.json, {out}/ppl.png; removed the previous evaluation's "
+                                   f"{out}/passkey.png, {out}/state.png")
+    assert json.load(open(out / "eval.json"))["models"][0]["train_seed"] == 3   # (--over-seeds)
