@@ -224,7 +224,8 @@ def _curves(m):
     if b := m.get("ppl", {}).get("buckets"):
         x = [math.sqrt((lo + 1) * hi) for lo, hi in zip(b["lo"], b["hi"])]  # a bucket's geometric middle
         out["ppl"] = [(x, b["ppl"], b["ppl_sem"], f"{label} (T={m['verdict']['generalizes_to']})", t)]
-        out.update({k: [(x, m[k]["nll"], m[k]["nll_sem"], label, t)] for k in ("gap", "diff") if k in m})
+        legend = {"gap": label, "diff": f"{label} - {m.get('diff', {}).get('reference')}"}
+        out.update({k: [(x, m[k]["nll"], m[k]["nll_sem"], legend[k], t)] for k in legend if k in m})
     if e := m.get("effrem"):
         out["effrem"] = [(e["cuts"], e["mean"], e["sem"], f"{label} (T={e['T']})", t and e["T"] - t)]
     if "state" in m:  # per layer the head that drifts most, its coverage in the legend
@@ -352,10 +353,11 @@ def over_seeds(reports, out):
             d, se = np.array([(r["diff"], r["diff_sem"]) for r in v]).T
             u.update(zip(("diff", "diff_sem"), mean_sem(d)), worst=d.max(), worst_seed=seeds[int(d.argmax())],
                      beyond_3_sem=int((d < -3 * se).sum()))
-            print(f"  {label} - reference: {u['diff']:+.3f} +- {u['diff_sem']:.3f}, worst {u['worst']:+.3f} "
-                  f"(seed {u['worst_seed']}), below -3 s.e. on {u['beyond_3_sem']} seeds")
+            u["reference"] = runs[seeds[0]][label]["diff"].get("reference", "reference")
+            print(f"  {label} - {u['reference']}: {u['diff']:+.3f} +- {u['diff_sem']:.3f}, worst "
+                  f"{u['worst']:+.3f} (seed {u['worst_seed']}), below -3 s.e. on {u['beyond_3_sem']} seeds")
             xs = np.arange(len(d)) + 0.6 * (paired.index(label) / len(paired) - 0.3)  # side by side per seed
-            right.errorbar(xs, d, se, fmt="o", ms=4, color=color, label=label)
+            right.errorbar(xs, d, se, fmt="o", ms=4, color=color, label=f"{label} - {u['reference']}")
             right.axhspan(u["diff"] - u["diff_sem"], u["diff"] + u["diff_sem"], color=color, alpha=0.15)
         elif not paired:  # each seed's last-bucket perplexity per run
             right.plot([i] * len(last), last, "o", color=color, alpha=0.5)
@@ -404,7 +406,8 @@ def main(argv=None):
     a("--out", default="out/eval", help="directory for eval.json and the PNGs")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"])
     a("--labels", nargs="+", help="one display name per checkpoint (default: the directory names)")
-    a("--reference", metavar="LABEL", help="with ppl: each run's NLL minus this run's, paired per sequence")
+    a("--reference", nargs="+", metavar="LABEL", help="with ppl: each run's NLL minus this run's, paired per "
+      "sequence; RUN=LABEL: RUN's minus LABEL's (e.g. control TBTT=streams: TBTT against its own control)")
     a("--over-seeds", action="store_true", help="CKPTs are eval.json files (or --out folders) of this script "
       "on the same runs trained with other seeds (--labels: the seeds): the spread -> OUT/seeds.{json,png}")
     a("--task-samples", type=positive, default=8, help="examples per passkey cell, copy length, bAbI cell")
@@ -458,7 +461,8 @@ def read_reports(args):
             nulls = [f"{k}'s {key}" for k, m in runs.items() for key, v in _seed_row(m).items() if v is None]
             ids = {(m["path"], m.get("step"), m.get("train_seed")): 0 for m in runs.values() if "path" in m}
             flags[name] = {k: {"--t-train": m["t_train"], "edges (--eval-len)": m["ppl"]["buckets"]["hi"],
-                               "--reference (a diff)": "diff" in m, "--data (a Bayes gap)": "gap" in m}
+                               "--reference": (m.get("diff") or {}).get("reference", "diff" in m),
+                               "--data (a Bayes gap)": "gap" in m}
                            for k, m in runs.items()}
         except (ValueError, LookupError, TypeError, AttributeError) as e:   # empty, cut short, a list, ...
             raise ValueError(f"--over-seeds: {f} is not an eval.json of this script ({type(e).__name__}: "
@@ -530,8 +534,10 @@ def run(args):
             f"--babi-tasks {','.join(args.babi_tasks)}: use a subset of {','.join(tasks.BABI_TASKS)}")
     args.labels = args.labels or [os.path.basename(os.path.dirname(p) if p.endswith(".pt") else p.rstrip("/"))
                                   for p in args.ckpts]
-    require(not args.reference or args.reference in args.labels and "ppl" in args.metrics,
-            f"--reference {args.reference} must be one of the labels {args.labels} and needs --metrics ppl")
+    refs = dict(r.split("=", 1) if "=" in r else (None, r) for r in args.reference or [])   # run -> reference
+    require(not refs or set(refs.values()) | set(refs) - {None} <= set(args.labels) and "ppl" in args.metrics
+            and len(refs) == len(args.reference), f"--reference {' '.join(args.reference or [])} must name "
+            f"labels of {args.labels}, a default at most once and each RUN= once, and needs --metrics ppl")
     report = dict(args=dict(vars(args)), tokenizer=args.tokenizer, models=[])
     args.windows = args.optimal = args.filler = None
     if lm_metrics or "babilong" in args.metrics:
@@ -573,8 +579,10 @@ def run(args):
         report["models"].append(measure(lm, t_train, args, label=label, path=path, step=step,
                                         train_seed=c.get("seed")))   # --over-seeds tells runs apart by it
     per_seq = {m["label"]: m.pop("per_seq", None) for m in report["models"]}  # bucketed NLL [n, K]
-    for m in [m for m in report["models"] if args.reference not in (None, m["label"])]:  # the same windows:
-        m["diff"] = _summary(per_seq[m["label"]] - per_seq[args.reference])  # paired per sequence and bucket
+    for m in report["models"]:   # the same windows: paired per sequence and bucket
+        ref = refs.get(m["label"], refs.get(None))
+        if ref not in (None, m["label"]):
+            m["diff"] = dict(_summary(per_seq[m["label"]] - per_seq[ref]), reference=ref)
     # tensors -> lists, nan / inf -> null: strict JSON
     return json.loads(json.dumps(report, default=lambda t: t.tolist()), parse_constant=lambda _: None)
 

@@ -183,13 +183,16 @@ def setup_model(args, device, vocab_size, sampler, path, rank, world):
 # The demos: a tiny Mamba-1 whose state channels barely decay within T_train ("tiny-slow"), trained from the
 # zero state on Python bytes at T_train = 16: past it the state drifts to values it never learned to read and
 # perplexity rises (the paper's failure). Each demo is one of the paper's figures, per training seed:
-#   fig5  the base, then 10% more steps five ways: the zero state (the matched control), Random Noise
-#         (sigma: the best of a sweep on seeds 8, 9, RESULTS 0d), Fitted Noise, SP and TBTT (Sec. 4, Fig. 5)
+#   fig5  the base, then 10% more steps six ways: the zero state (the matched control), Random Noise
+#         (sigma: the best of a sweep on seeds 8, 9, RESULTS 0d), Fitted Noise, SP and TBTT (Sec. 4, Fig. 5),
+#         and the zero state on TBTT's document streams (TBTT's own control)
 #   fig2  bases at T_train 8, 16, 32, 64 on the same tokens (Fig. 2: shorter fails sooner)
 #   fig3  one base at T_train 16, evaluated at 1/3x, 2/3x, 4/3x and 3x the fig5 base's steps (Fig. 3)
 DEMO = dict(arch="mamba1", size="tiny-slow", data="stdlib", seq_len=16, batch_size=16, base_steps=1500,
             post_steps=150, sigma=0.1, eval_len=1024, n_seqs=64)
-INTERVENTIONS = {"control": "zero", "random": "random", "fitted": "fitted", "SP": "sp", "TBTT": "tbtt"}
+# label: --init-state; "streams" reads TBTT's document streams from the zero state: TBTT's own control
+INTERVENTIONS = {"control": "zero", "random": "random", "fitted": "fitted", "SP": "sp", "TBTT": "tbtt",
+                 "streams": "zero"}
 
 def demo_runs(figure, d, where, train_run):
     """Trains one seed's runs of `figure` under `where` with train_run(label, argv) -> {label: run dir}."""
@@ -217,10 +220,10 @@ def demo_runs(figure, d, where, train_run):
         return {f"step{budget}": copy for budget, copy in runs.items()}
     runs = {"base": os.path.join(where, "base")} | {k: os.path.join(where, k) for k in INTERVENTIONS}
     train_run("base", base + ["--steps", str(d["base_steps"]), "--out", runs["base"]])
-    for label, strategy in INTERVENTIONS.items():  # the same budget each, from the base (read_on: its windows)
-        sigma = ["--sigma", str(d["sigma"])] if strategy == "random" else []
+    for label, strategy in INTERVENTIONS.items():  # the same budget each, from the base (read_on: windows)
+        extra = {"random": ["--sigma", str(d["sigma"])], "streams": ["--streams"]}.get(label, [])
         train_run(label, ["--init-from", runs["base"], "--steps", str(d["post_steps"]), "--init-state",
-                          strategy, "--out", runs[label], *sigma])
+                          strategy, "--out", runs[label], *extra])
     return runs
 
 def demo(out, seeds=(0,), device="auto", quiet=False, figure="fig5", **overrides):
@@ -245,7 +248,7 @@ def demo(out, seeds=(0,), device="auto", quiet=False, figure="fig5", **overrides
             print(f"demo {figure} seed {seed}: {label}: python train.py {' '.join(argv)}")
             train(get_args(common + argv))
         runs = demo_runs(figure, d, where, train_run)
-        metrics = ["ppl,state", "--reference", "control"] if figure == "fig5" else ["ppl"]
+        metrics = ["ppl,state", "--reference", "control", "TBTT=streams"] if figure == "fig5" else ["ppl"]
         if code := evaluate.main([*runs.values(), "--labels", *runs, "--metrics", *metrics, "--eval-len",
                                   str(d["eval_len"]), "--n-seqs", str(d["n_seqs"]), "--device", device,
                                   "--out", where]):

@@ -303,7 +303,8 @@ BAD_ARGV = [("NOPE", "no checkpoint"), ("BAD", "corrupt"), ("CK CK --labels one"
             ("CK --metrics ppl,bogus", "unknown or repeated metric"), ("CK --n-seqs x", "positive"),
             ("CK --eval-len 23", "--eval-len 23 must be at least 24"), ("CK --effrem-cuts 0", "positive"),
             ("SYNTH --metrics babilong", "synthetic"), (f"OFFICIAL --data {MARKOV}", "2048"),
-            ("CK --reference nope", "--reference"), ("CK --babi-tasks qa99", "unknown or repeated"),
+            ("CK --reference nope", "--reference"), ("CK --reference a=nope", "--reference"),
+            ("CK --reference a b", "--reference"), ("CK --babi-tasks qa99", "unknown or repeated"),
             ("CK --effrem-len 999", "--effrem-len 999 must lie"), ("CK --seed -1", "--seed"),  # -1: issue 19
             ("CK CK --labels a a", "own name"), ("CK --out CK/ckpt.pt", "--out"),
             ("CK BPE", "different tokenizers"), ("BPE --tokenizer bytes", "does not match"),
@@ -372,10 +373,20 @@ def test_cli_measures_on_windows_of_the_validation_split(paired):
     want = ev.position_nll(model.from_pretrained(paired[0][0]), windows)
     np.testing.assert_allclose(paired[1]["models"][0]["ppl"]["nll"], want, rtol=1e-5)
 
-def test_cli_paired_difference_is_the_run_minus_the_reference(paired):
+def test_cli_paired_difference_is_the_run_minus_the_reference(paired, tmp_path):
     a, b = paired[1]["models"]
     want = np.subtract(b["ppl"]["buckets"]["nll"], a["ppl"]["buckets"]["nll"])   # positive: b is worse
     np.testing.assert_allclose(b["diff"]["nll"], want, rtol=1e-9, atol=1e-12)
+    assert "diff" not in a and b["diff"]["reference"] == "a"
+    # a default reference and a run's own: a - b (the default), c - a; b, the default, has none
+    c = checkpoint(tmp_path / "run2", 2, seq_len=12, data=MARKOV, tokenizer="bytes", seed=0)[0]
+    assert ev.main([*paired[0], c, "--labels", "a", "b", "c", "--reference", "b", "c=a", "--metrics", "ppl",
+                    "--n-seqs", "4", "--eval-len", "48", "--device", "cpu", "--out", f"{tmp_path}"]) == 0
+    a, b, c = json.load(open(tmp_path / "eval.json"))["models"]
+    assert "diff" not in b and (a["diff"]["reference"], c["diff"]["reference"]) == ("b", "a")
+    np.testing.assert_allclose(a["diff"]["nll"], -np.array(want), rtol=1e-9, atol=1e-12)
+    c_minus_a = np.subtract(c["ppl"]["buckets"]["nll"], a["ppl"]["buckets"]["nll"])
+    np.testing.assert_allclose(c["diff"]["nll"], c_minus_a, rtol=1e-9, atol=1e-12)
 
 def test_cli_buckets_and_state_positions_have_an_edge_at_t_train_off_the_log_grid(paired):
     m = paired[1]["models"][0]
@@ -508,7 +519,8 @@ def test_over_seeds_reports_each_fix_by_its_mean_sem_and_worst_seed(tmp_path, ca
     gap = dict(nll=[0, 0.25], nll_sem=[0, 0.01])  # to the Bayes floor
     run = lambda label, censored=False, to=32, **diff: dict(label=label, t_train=16, gap=gap,
         ppl=dict(buckets=buckets), verdict=dict(generalizes_to=to, censored=censored), **diff)
-    fixes = lambda d, se, to: [run(k, to=to, diff=dict(nll=[0, d], nll_sem=[0, se])) for k in ("SP", "TBTT")]
+    fixes = lambda d, se, to: [run(k, to=to, diff=dict(nll=[0, d], nll_sem=[0, se], reference=ref))
+                               for k, ref in (("SP", "control"), ("TBTT", "streams"))]
     for seed, d, se, to in ((0, -0.5, 0.1, 32), (4, -0.1, 0.1, 32), (7, -0.3, 0.12, 512)):  # 512: 32 x 16
         (tmp_path / f"s{seed}").mkdir()
         (tmp_path / f"s{seed}" / "eval.json").write_text(json.dumps(
@@ -517,14 +529,15 @@ def test_over_seeds_reports_each_fix_by_its_mean_sem_and_worst_seed(tmp_path, ca
     assert ev.main([*evals, "--over-seeds", "--labels", "0", "4", "7", "--out", str(tmp_path)]) == 0
     seeds = json.load(open(tmp_path / "seeds.json"))
     sp = seeds["summary"]["SP"]
-    assert sp.pop("verdicts") == [32, 32, 512]   # (pytest.approx compares no list inside a dict)
+    assert sp.pop("verdicts") == [32, 32, 512] and sp.pop("reference") == "control"   # (approx: numbers only)
     assert sp == pytest.approx(dict(diff=-0.3, diff_sem=0.2 / np.sqrt(3), worst=-0.1, worst_seed="4",
         beyond_3_sem=1, ppl_last=np.e ** 2, ppl_last_sem=0, fails_within_32x=3, gap_last=0.25,
         gap_last_sem=0))  # s.e.: ddof 1
     assert seeds["summary"]["control"]["fails_within_32x"] == 2 and "diff" not in seeds["summary"]["control"]
     assert seeds["seeds"]["4"]["SP"] == pytest.approx(dict(verdict=32, censored=False, ppl_last=np.e ** 2,
         ppl_within=np.e, t_train=16, diff=-0.1, diff_sem=0.1, gap=0.25, gap_sem=0.01))
-    assert "SP - reference: -0.300 +- 0.115" in capsys.readouterr().out
+    out = capsys.readouterr().out   # each fix against its own reference
+    assert "SP - control: -0.300 +- 0.115" in out and "TBTT - streams: -0.300 +- 0.115" in out
     assert os.path.exists(tmp_path / "seeds.png")
     (tmp_path / "s7" / "eval.json").write_text(json.dumps({"models": [run("base")]}))
     other = f"s7/eval.json evaluated ['base'] (['base'] with ppl), {evals[0]}/eval.json ['base', 'control'"
@@ -580,7 +593,7 @@ def test_over_seeds_refuses_what_it_cannot_combine_in_one_line_naming_the_file_a
                                                      ppl=[3, 1, 2, 2][:len(hi)])))
     text, no_ppl = json.dumps({"models": [a, b]}), {k: v for k, v in b.items() if k != "ppl"}
     cases = [([seed_run("a"), seed_run("b", d=0.5)], f"{s0} and {s1} both evaluated runs/a at step 100"),
-             ([a, seed_run("b", 1)], f"b's --reference (a diff): False in {s1}, True in {s0}"),
+             ([a, seed_run("b", 1)], f"b's --reference: False in {s1}, True in {s0}"),
              ([at8(a), at8(b)], f"a's --t-train: 8 in {s1}, 16 in {s0}"),
              ([to(a, [8, 16, 128]), to(b, [8, 16, 128])],   # as many buckets or more (numpy: inhomogeneous)
               f"a's edges (--eval-len): [8, 16, 128] in {s1}, [8, 16, 64] in {s0}"),

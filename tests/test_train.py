@@ -170,11 +170,14 @@ def test_demo_fig5_post_trains_the_base_five_ways_on_two_seeds(tmp_path, capsys)
     small = dict(base_steps=2, post_steps=1, n_seqs=4, eval_len=64, quiet=True)
     assert train.demo(out, [0, 3], sigma=0.37, **small) == 0
     report = json.load(open(os.path.join(out, "seed3", "eval.json")))
-    assert [m["label"] for m in report["models"]] == ["base", "control", "random", "fitted", "SP", "TBTT"]
-    assert ["diff" in m for m in report["models"]] == [True, False, True, True, True, True]  # - the control
+    assert [m["label"] for m in report["models"]] == ["base", "control", "random", "fitted", "SP", "TBTT",
+                                                      "streams"]   # each minus the control; TBTT its streams
+    refs = [m.get("diff", {}).get("reference") for m in report["models"]]
+    assert refs == ["control", None, "control", "control", "control", "streams", "control"]
     post = {m["label"]: json.load(open(os.path.join(m["path"], "args.json"))) for m in report["models"]}
     assert [post[k]["init_state"] for k in train.INTERVENTIONS] == list(train.INTERVENTIONS.values())
     assert post["random"]["sigma"] == 0.37 and {a["steps"] for a in post.values()} == {1, 2}
+    assert [k for k, a in post.items() if a["streams"]] == ["streams"]
     seeds = json.load(open(os.path.join(out, "seeds.json")))
     sp = [seeds["seeds"][s]["SP"]["diff"] for s in ("0", "3")]  # each seed's SP - control, last bucket
     assert sp == [next(m for m in json.load(open(os.path.join(out, f"seed{s}", "eval.json")))["models"]
