@@ -9,6 +9,7 @@ import argparse
 import os
 import pathlib
 import random
+import re
 import resource
 import shutil
 import subprocess
@@ -177,12 +178,14 @@ def bench_data(args, device=None):
                 out = subprocess.run(child, capture_output=True, text=True)
                 shutil.rmtree(f"{tmp}/c", ignore_errors=True)
                 if out.returncode:
-                    raise SystemExit(f"error: {what} failed: {out.stderr.strip()[-500:]}")
+                    why = (out.stderr.strip() or "?").splitlines()[-1][:300]   # its last line: the error
+                    raise SystemExit(f"error: {what} failed: {why}")
                 n, s, kb = map(float, out.stdout.split()[-3:])
                 print_row(f"{name}, {os.path.basename(tok)}", what, int(n), s, n / s, kb / 1024)
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.error = lambda message: p.exit(2, f"error: {message}\n")  # one line, as every other bad input
     a = p.add_argument
     a("--what", default="scans", choices=["scans", "eval", "train", "data", "all"], help="all: scans, eval")
     a("--lengths", type=int, nargs="+", default=[1024, 4096, 16384], help="sequence lengths of the scans")
@@ -198,8 +201,18 @@ def main(argv=None):
     a("--data-mb", type=int, default=64, help="data: megabytes of text, as files and as one file")
     a("--code", default=os.path.dirname(os.path.abspath(__file__)), help="data: the folder of data.py timed")
     args = p.parse_args(argv)
-    if min([args.repeats, args.scan_batch, args.seq_len, args.batch_size] + args.lengths) < 1:
-        raise SystemExit("error: every number (--repeats, --lengths, --seq-len, ...) must be positive")
+    lists = dict(lengths=args.lengths, presets=[s.strip() for s in args.presets.split(",")],
+                 forms=args.forms.split(","))
+    for flag in ("repeats", "lengths", "scan_batch", "seq_len", "batch_size", "data_mb"):   # past 2**31: no
+        if not all(0 < n < 2 ** 31 for n in lists.get(flag, [vars(args)[flag]])):   # tensor of them fits
+            raise SystemExit(f"error: --{flag.replace('_', '-')} {vars(args)[flag]}: need 1 to 2**31 - 1")
+    if twice := [k for k, v in lists.items() if len(set(v)) < len(v)]:
+        raise SystemExit(f"error: --{twice[0]} names a value twice ({lists[twice[0]]}): name each once")
+    if not args.code or not os.path.isfile(os.path.join(args.code, "data.py")):
+        raise SystemExit(f"error: --code {args.code!r} holds no data.py: pass a folder of this repo")
+    if args.what == "data" and shutil.disk_usage(tmp := tempfile.gettempdir()).free < args.data_mb << 22:
+        raise SystemExit(f"error: --data-mb {args.data_mb} needs {4 * args.data_mb} MB free in {tmp} (the "
+                         "text twice, its 2-byte ids): pass less, or set TMPDIR to a larger disk")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but no CUDA device is available: use --device cpu")
     device = torch.device(args.device.replace("auto", "cuda" if torch.cuda.is_available() else "cpu"))
@@ -210,7 +223,14 @@ def main(argv=None):
     print(f"device: {device}" + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads"))
     benches = {"scans": bench_scans, "eval": bench_eval, "train": bench_train, "data": bench_data}
     for what in ("scans", "eval") if args.what == "all" else (args.what,):
-        benches[what](args, device)
+        try:
+            benches[what](args, device)
+        except (MemoryError, RuntimeError) as e:   # an allocator's (CUDA's out of memory: a RuntimeError too)
+            if isinstance(e, RuntimeError) and not re.search("allocate|overflow", str(e)):
+                raise
+            why = (str(e) or type(e).__name__).splitlines()[0][:200]
+            raise SystemExit(f"error: {what}: out of memory ({why}): use smaller --lengths, --scan-batch, "
+                             "--seq-len or --batch-size") from None
         print()
 
 if __name__ == "__main__":

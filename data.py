@@ -4,6 +4,7 @@ next_batch() -> Batch). A stream is [eot d1 eot d2 ...]: a window that starts at
 import argparse
 import codecs
 import collections
+import errno
 import functools
 import hashlib
 import itertools
@@ -154,7 +155,11 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
     tokenizer (out: into that new directory), split by document (one file: its tail)."""
     require(isinstance(data, str) and data and is_int(seed, 0) and isinstance(val_fraction, (int, float)) and
             0 <= val_fraction < 1, "load_data: need a data name, seed >= 0 and val_fraction in [0, 1)")
-    if data == "markov" or data.startswith("markov:"):
+    markov, prepared = data.split(":")[0] == "markov", os.path.isfile(os.path.join(data, "meta.json"))
+    require(not out or not (markov or prepared or data.endswith(".bin")), f"--data {data} is read as it is "
+            f"(a Markov spec, .bin or prepared folder): nothing to prepare into {out}: pass it to train.py")
+    require(not out or not os.path.exists(out), f"{out} exists: prepare into a new directory")
+    if markov:
         return _load_markov(data[7:], int(seed))
     enc = get_tokenizer(tokenizer)
     if data.endswith(".bin"):   # nanoGPT's prepare.py output: memory-mapped as is, val is its tail
@@ -173,7 +178,7 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
         require(top < enc.n_vocab, f"{data!r} holds id {top}, past {enc.name!r}: pass its --tokenizer")
         n = len(tokens) - round(len(tokens) * val_fraction)
         return Data(data, tokens[:n], tokens[n:], enc.n_vocab, enc.eot_token, enc, info=dict(key=f"{size}B"))
-    if os.path.isfile(os.path.join(data, "meta.json")):   # a directory python data.py wrote
+    if prepared:   # a directory python data.py wrote
         return _prepared(data, data, enc)
     stdlib = data == "stdlib"   # its .py files, not site-packages (per machine) nor tests (often stripped)
     root = sysconfig.get_paths()["stdlib"] if stdlib else data
@@ -190,9 +195,8 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
     stats = [(os.path.abspath(f), st.st_size, st.st_mtime_ns) for f in sorted(files)   # no FIFO, nothing
              for st in [require_file(f, "make it readable, or leave it out of --data")]]   # unreadable
     key = hashlib.sha1(json.dumps([CACHE_VERSION, enc.name, val_fraction, stats]).encode()).hexdigest()
-    stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.path.basename(data.rstrip("/")))
+    stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.path.basename(data.rstrip("/")))[:100]
     folder = out or os.path.join(cache_dir or DEFAULT_CACHE_DIR, f"{stem or 'data'}-{enc.name}-{key[:16]}")
-    require(not out or not os.path.exists(out), f"{out} exists: prepare into a new directory")
     require(out or not os.path.exists(folder) or os.path.isdir(folder), f"{folder} is a file where the cache "
             "folder goes: remove it or pass another --cache-dir")
     if not (meta := _whole(folder)) and os.path.exists(folder):
@@ -200,9 +204,12 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
         shutil.rmtree(folder)
     try:
         meta = meta or _build(folder, data, [f for f, *_ in stats], enc, val_fraction)
-    except OSError as e:   # another process may have written the same cache meanwhile
+    except OSError as e:   # another process may have written the same cache meanwhile (an --out: its own)
+        require(not out or not os.path.exists(out), f"{out} was written by another process meanwhile, not "
+                f"from {data}: prepare into a new directory")
         if not (meta := _whole(folder)):
-            raise OSError(f"{e}: pass a writable {'--out' if out else '--cache-dir'}") from None
+            fix = "shorter" if os.strerror(errno.ENAMETOOLONG) in str(e) else "writable"
+            raise OSError(f"{e}: pass a {fix} {'--out' if out else '--cache-dir'}") from None
     return _prepared(data, folder, enc, meta)
 
 # --- 2. The in-context Markov process and its exact Bayes floor -----------------------------------
@@ -570,6 +577,8 @@ if __name__ == "__main__":   # the prepare command
     ap.add_argument("--tokenizer", default="bytes", help="bytes or PATH/tokenizer.json (DIR is read with it)")
     ap.add_argument("--out", required=True, metavar="DIR", help="a new directory (nothing is overwritten)")
     args = ap.parse_args()
+    if empty := [k for k, v in vars(args).items() if not v.strip()]:   # "" would read as "." (--out, --data)
+        ap.error(f"--{empty[0]} is empty: pass a value (python data.py --help)")
     signal.signal(signal.SIGTERM, signal.default_int_handler)   # as Ctrl-C: write_atomically cleans up
     try:
         load_data(args.data, args.tokenizer, out=os.path.normpath(args.out))

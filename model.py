@@ -213,9 +213,10 @@ def export(lm, out, train_config=None):
     texts = {"args.json": train_config and json.dumps(train_config, indent=1),
              "config.json": json.dumps(config)}
     names = ("pytorch_model.bin", *texts)   # written in this order: a config.json is a whole export
-    if any(os.path.exists(os.path.join(out, f)) for f in names):
-        raise FileExistsError(f"{out} holds a model already: pass a new OUT_DIR")
     made = not os.path.exists(out)
+    if not (made or os.path.isdir(out)) or any(os.path.exists(os.path.join(out, f)) for f in names):
+        raise FileExistsError(f"{out} {'holds a model' if os.path.isdir(out) else 'is a file'} already: "
+                              "pass a new OUT_DIR")
     os.makedirs(out, exist_ok=True)
     try:
         data.write_atomically(os.path.join(out, names[0]), lambda tmp: torch.save(lm.state_dict(), tmp))
@@ -287,6 +288,8 @@ def main(argv=None):
     p.error = lambda message: p.exit(2, f"error: {message}\n")  # one line, as every other bad input
     p.add_argument("--export", nargs=2, required=True, metavar=("CKPT", "OUT_DIR"))
     ckpt, out = p.parse_args(argv).export
+    if not ckpt.strip() or not out.strip():   # "" would read as the working folder
+        p.error(f"--export {ckpt!r} {out!r}: CKPT and OUT_DIR must not be empty")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: export removes its files
     try:
         export(from_pretrained(ckpt), out, train_config(ckpt))

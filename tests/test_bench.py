@@ -6,6 +6,7 @@ import torch
 
 import bench
 import model
+from conftest import ROOT
 
 def test_bench_scans_and_eval_time_agreeing_forms(capsys, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # conftest's (scan tests): no Triton column
@@ -48,3 +49,40 @@ def test_times_drops_the_warm_up_and_sorts_and_a_row_reports_the_best_call(monke
     args = argparse.Namespace(presets="mamba2:tiny", forms="auto", seq_len=32, batch_size=2, repeats=3)
     (r,) = bench.bench_train(args, torch.device("cpu"), vocab_size=257)
     assert (r["best_s"], r["median_s"], r["tokens_per_s"]) == (1.0, 2.0, 2 * 32 / 1.0)
+
+def error_of(argv, capsys):   # bench.main's one line: its SystemExit's text, or argparse's on stderr (exit 2)
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--device", "cpu", *argv])
+    out, err = capsys.readouterr()
+    message = err if e.value.code == 2 else f"{e.value}\n"
+    assert message.startswith("error: ") and message.count("\n") == 1 and not out   # before anything ran
+    return message
+
+@pytest.mark.parametrize("argv,says", [
+    (["--lengths", "16", "0"], "--lengths [16, 0]: need 1 to 2**31 - 1"), (["--repeats", "-1"], "--repeats"),
+    (["--scan-batch", "99999999999999999999"], "--scan-batch 9"), (["--seq-len", "2147483648"], "--seq-len"),
+    (["--batch-size", "0"], "--batch-size 0"), (["--data-mb", "0"], "--data-mb 0"),
+    (["--lengths", "nan"], "argument --lengths: invalid int"), (["--what", "x"], "argument --what: invalid"),
+    (["--lengths", "16", "32", "16"], "--lengths names a value twice ([16, 32, 16]): name each once"),
+    (["--presets", "mamba2:tiny, mamba2:tiny"], "--presets names a value twice"),
+    (["--forms", "naive,chunked,naive"], "--forms names a value twice"),
+    (["--code", ""], "--code '' holds no data.py"), (["--code", "/nonexistent"], "--code '/nonexistent' "),
+    (["--what", "data", "--data-mb", str(2 ** 30)], "--data-mb 1073741824 needs 4294967296 MB free in")])
+def test_bad_flags_are_one_line_before_anything_is_timed(argv, says, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)   # its data.py: --code "" must not read as this folder
+    assert error_of(argv, capsys).startswith(f"error: {says}")
+
+def test_sizes_past_memory_end_in_one_line_and_other_errors_stay_errors(monkeypatch):
+    with pytest.raises(SystemExit, match=r"^error: scans: out of memory \(Storage size calculation overflow"):
+        bench.main(["--device", "cpu", "--lengths", str(2 ** 31 - 1), "--scan-batch", str(2 ** 31 - 1)])
+    for error in torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"), MemoryError(), \
+            RuntimeError("a bug"):   # not read as out of memory
+        monkeypatch.setattr(bench, "bench_eval", lambda *a: (_ for _ in ()).throw(error))
+        with pytest.raises(RuntimeError if "bug" in str(error) else SystemExit) as e:
+            bench.main(["--device", "cpu", "--what", "eval"])
+        assert "bug" in str(error) or str(e.value).startswith("error: eval: out of memory (")
+
+def test_a_failed_data_child_is_its_last_line(tmp_path):
+    (tmp_path / "data.py").write_text("raise ValueError('the first line\\nthe cause')\n")
+    with pytest.raises(SystemExit, match=r"^error: cache build failed: the cause$"):
+        bench.main(["--device", "cpu", "--what", "data", "--data-mb", "1", "--code", str(tmp_path)])

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import pathlib
+import runpy
 import shutil
 import signal
 import subprocess
@@ -161,19 +162,27 @@ def test_a_bin_is_read_in_the_dtype_its_meta_json_declares_for_its_tokenizer(tmp
         (tmp_path / "meta.json").write_text(meta)
         with pytest.raises(DataError, match=word):
             data.load_data(str(tmp_path / "ids.bin"), "bytes" if "past" in word else Small())
-    ids.astype(np.uint16).tofile(tmp_path / "ids.bin")   # uint16 ids declared uint8: not read as garbage
+    ids[5:9].astype(np.uint16).tofile(tmp_path / "ids.bin")   # uint16 ids declared uint8 (even 4): an error
     (tmp_path / "meta.json").write_text('{"dtype": "uint8"}')
     with pytest.raises(DataError, match='looks like uint16 ids .*"dtype": "uint16"'):
         data.load_data(str(tmp_path / "ids.bin"), Small())
-    (tmp_path / "corpus").mkdir()   # a prepared directory whose id 255 is in one split, read as of 255 ids
-    (tmp_path / "corpus" / "a.txt").write_text("plain text\n" * 20)
-    (tmp_path / "corpus" / "b.txt").write_text("\xff\n" * 20)
+    (tmp_path / "corpus").mkdir()   # a prepared directory whose id 255 is in val only, read as of 255 ids
+    (tmp_path / "corpus" / "a.txt").write_text("\xff\n" * 20)
+    (tmp_path / "corpus" / "b.txt").write_text("plain text\n" * 20)
     data.load_data(str(tmp_path / "corpus"), Small(), out=str(tmp_path / "prep"))
     meta = json.loads((tmp_path / "prep" / "meta.json").read_text())
+    assert 255 in np.fromfile(tmp_path / "prep" / "val.bin", np.uint16) and meta["docs_val"] == 1
+    (tmp_path / "prep" / "meta.json").write_text(json.dumps(dict(meta, n_val=meta["n_val"] + 1)))
+    with pytest.raises(DataError, match='its "dtype" uint16 and "n_train", "n_val" do not fit'):
+        data.load_data(str(tmp_path / "prep"), Small())   # one count wrong: the files are not as it says
     (tmp_path / "prep" / "meta.json").write_text(json.dumps(dict(meta, tokenizer="fewer", vocab_size=255)))
     fewer = type("Fewer", (Small,), dict(name="fewer", n_vocab=255))()
     with pytest.raises(DataError, match="prep holds id 255, past the 255 of 'fewer': pass its --tokenizer"):
         data.load_data(str(tmp_path / "prep"), fewer)
+    (tmp_path / "meta.json").unlink()
+    (tmp_path / "meta.json").mkdir()   # an unreadable meta.json: the one line too
+    with pytest.raises(DataError, match=r"meta.json is not readable JSON \(IsADirectoryError\): fix"):
+        data.load_data(str(tmp_path / "ids.bin"), Small())
 
 def test_symlinked_folders_are_followed_once_and_a_link_cycle_ends(tmp_path):
     texts = write_docs(tmp_path / "elsewhere", n=12)
@@ -221,6 +230,8 @@ def test_write_atomically_replaces_all_the_files_of_a_folder_or_none(tmp_path, m
     with pytest.raises(OSError, match="cannot write .*a, .*b .Permission denied.: the previous one is intact"):
         data.write_atomically(str(tmp_path), {"a": new, "b": fails})
     assert [p.read_text() for p in sorted(tmp_path.iterdir())] == ["old", "old"]   # no .tmp left, a unchanged
+    with pytest.raises(OSError, match=r"c \(Permission denied\): nothing was written$"):   # said of the file
+        data.write_atomically(str(tmp_path), {"c": fails})
     replace = os.replace
     def interrupted(*args):   # a Ctrl-C between the two renames is held: both files are the new ones
         os.kill(os.getpid(), signal.SIGINT)
@@ -232,3 +243,51 @@ def test_write_atomically_replaces_all_the_files_of_a_folder_or_none(tmp_path, m
         pytest.fail("a Ctrl-C between the renames stopped them: the folder holds a mix")
     assert [p.read_text() for p in sorted(tmp_path.iterdir())] == ["new", "new"]
     assert signal.getsignal(signal.SIGINT) is handler   # Ctrl-C is held only while the files are renamed
+
+def prepare(monkeypatch, capsys, *argv):   # python data.py ARGV, in this process -> (exit status, stderr)
+    monkeypatch.setattr(sys, "argv", ["data.py", *argv])
+    try:
+        runpy.run_path(f"{ROOT}/data.py", run_name="__main__")
+    except SystemExit as e:   # sys.exit(text): the text on stderr, status 1
+        return (1, f"{e.code}\n") if isinstance(e.code, str) else (e.code, capsys.readouterr().err)
+    return 0, capsys.readouterr().err
+
+def test_prepare_refuses_what_it_cannot_prepare_in_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    write_docs(tmp_path / "corpus", n=3)
+    monkeypatch.chdir(tmp_path)
+    assert prepare(monkeypatch, capsys, "--data", "corpus", "--out", "prep") == (0, "")
+    for data_, out, status, says in [
+            ("markov:k=4", "new", 1, "--data markov:k=4 is read as it is"),
+            ("prep/train.bin", "new", 1, "--data prep/train.bin is read as it is"),
+            ("prep", "new", 1, "--data prep is read as it is (a Markov spec, .bin or prepared folder): "
+                               "nothing to prepare into new: pass it"),
+            ("", "new", 2, "--data is empty"), ("corpus", "", 2, "--out is empty")]:   # "": not read as "."
+        status_err = prepare(monkeypatch, capsys, "--data", data_, "--out", out)
+        assert status_err[0] == status and status_err[1].startswith(f"error: {says}"), status_err
+        assert status_err[1].count("\n") == 1 and sorted(os.listdir()) == ["corpus", "prep"]
+    assert prepare(monkeypatch, capsys, "--data", "corpus", "--tokenizer", "", "--out", "new") == (
+        2, "error: --tokenizer is empty: pass a value (python data.py --help)\n")
+
+def test_two_prepares_into_one_out_at_once_the_loser_says_so_and_the_winner_is_kept(tmp_path, monkeypatch):
+    out, rename, other = str(tmp_path / "prep"), data.write_atomically, write_docs(tmp_path / "b", n=3)
+    write_docs(tmp_path / "a")
+
+    def other_first(path, write):   # the other process renames its folder to --out while this one writes
+        monkeypatch.setattr(data, "write_atomically", rename)
+        data.load_data(str(tmp_path / "b"), out=out)
+        rename(path, write)
+    monkeypatch.setattr(data, "write_atomically", other_first)
+    with pytest.raises(DataError, match=f"^{out} was written by another process meanwhile, not from .*a: "):
+        data.load_data(str(tmp_path / "a"), out=out)
+    d = data.load_data(out)
+    assert split_docs(np.r_[d.train, d.val]) == {t.encode() for t in other.values()}
+    assert sorted(os.listdir(tmp_path)) == ["a", "b", "prep"]   # no temporary folder left
+
+def test_long_names_the_cache_fits_and_a_too_long_out_names_the_flag(tmp_path, monkeypatch, capsys):
+    long = tmp_path / ("a" * 245)   # a name the file system holds; the cache folder's name is cut to fit
+    texts = write_docs(long, n=2)
+    d = data.load_data(str(long), cache_dir=str(tmp_path / "c"))
+    assert split_docs(np.r_[d.train, d.val]) == {t.encode() for t in texts.values()}
+    status, err = prepare(monkeypatch, capsys, "--data", str(long), "--out", str(tmp_path / ("o" * 250)))
+    assert status == 1 and err.endswith(" (File name too long): nothing was written: pass a shorter --out\n")
+    assert sorted(os.listdir(tmp_path)) == ["a" * 245, "c"]

@@ -111,3 +111,4 @@ def test_rwkv6_channel_mix_is_sigmoid_r_times_squared_relu_k_through_value():
         k = torch.relu((x + delta * cm.mu_k) @ cm.key.weight.T).square()
         want = torch.sigmoid((x + delta * cm.mu_r) @ cm.receptance.weight.T) * (k @ cm.value.weight.T)
         torch.testing.assert_close(cm(x)[0], want)
+    assert RWKV6ChannelMix(40).hidden_dim == 160   # 3.5 x 40 = 140, rounded UP to a multiple of 32 (fla's)

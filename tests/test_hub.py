@@ -35,6 +35,11 @@ def test_hub_ids_resolve_offline_from_the_cache_and_a_local_path_wins(tmp_path, 
         (root / "refs" / "main").write_text("a" * 40)
     assert torch.equal(model.from_pretrained("me/run")(X)[0], tiny_lm(seed=1)(X)[0])
     assert data.get_tokenizer("EleutherAI/gpt-neox-20b").name == data.get_tokenizer(tok_json).name
+    marker = tmp_path / "hf" / "hub" / "models--no--tok" / ".no_exist" / ("a" * 40) / "tokenizer.json"
+    marker.parent.mkdir(parents=True)   # the Hub said no/tok holds no tokenizer.json: a marker, not a path
+    marker.touch()
+    (marker.parents[2] / "refs").mkdir()
+    (marker.parents[2] / "refs" / "main").write_text("a" * 40)
     with pytest.raises(data.DataError, match=r"HF_HUB_OFFLINE=1\): run `hf download no/tok tokenizer.json`"):
         data.get_tokenizer("no/tok")
     part = tmp_path / "hf" / "hub" / "models--org--part"   # a partial snapshot: config.json, no weights
@@ -104,12 +109,23 @@ def test_an_interrupted_export_leaves_none_of_its_files_and_says_so(tmp_path, mo
     err = p.communicate(timeout=60)[1]
     assert p.returncode == 1 and err == f"interrupted: nothing written to {out} (no temporary file left)\n"
     assert not out.exists()
-    out.mkdir()   # a folder of the user's: the weights written, then Ctrl-C on args.json
-    (out / "notes.txt").write_text("mine")
+    out.mkdir()   # an empty folder of the user's: the weights written, then Ctrl-C on args.json
     monkeypatch.setattr("pathlib.Path.write_text", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(SystemExit, match="interrupted: nothing written"):
         model.main(["--export", ck, str(out)])
-    assert os.listdir(out) == ["notes.txt"]
+    assert os.listdir(out) == []   # the folder is kept
+
+def test_export_refuses_an_empty_name_or_a_file_in_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    ck = checkpoint(tmp_path / "run")[0]
+    monkeypatch.chdir(tmp_path)   # "" would read as this folder
+    (tmp_path / "file").write_text("mine")
+    for args in [ck, ""], ["", "o"]:
+        with pytest.raises(SystemExit, match="^2$"):
+            model.main(["--export", *args])
+        assert capsys.readouterr().err.endswith(": CKPT and OUT_DIR must not be empty\n")
+    with pytest.raises(SystemExit, match="^error: file is a file already: pass a new OUT_DIR$"):
+        model.main(["--export", ck, "file"])
+    assert sorted(os.listdir()) == ["file", "run"] and (tmp_path / "file").read_text() == "mine"
 
 def test_a_partial_snapshot_names_the_missing_weights_and_the_command(tmp_path, monkeypatch):
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
@@ -184,7 +200,7 @@ def test_a_hub_or_tiktoken_download_that_never_answers_ends_within_its_timeout_i
         stalled.listen(16)
         url = "http://127.0.0.1:%d" % stalled.getsockname()[1]
         calls = ["data.hub_path('org/model')", "data.get_tokenizer('org/tok')", "data.get_tokenizer('gpt2')"]
-        env = hub_env(url, tmp_path, HF_HUB_ETAG_TIMEOUT="1", HF_HUB_DOWNLOAD_TIMEOUT="1", HTTPS_PROXY=url,
+        env = hub_env(url, tmp_path, HF_HUB_ETAG_TIMEOUT="1", HF_HUB_DOWNLOAD_TIMEOUT="2", HTTPS_PROXY=url,
                       NO_PROXY="", no_proxy="", TIKTOKEN_CACHE_DIR=str(tmp_path / "tiktoken"))   # tiktoken's:
         (model_id, s1), (tok, s2), (gpt2, s3) = hub_calls(env, calls)                         # https
         cmd = [sys.executable, f"{ROOT}/model.py", "--export", "org/model", str(tmp_path / "out")]
@@ -196,5 +212,5 @@ def test_a_hub_or_tiktoken_download_that_never_answers_ends_within_its_timeout_i
         assert message.endswith(f"(the Hub did not answer within 1 s: HF_HUB_ETAG_TIMEOUT sets it): run `hf "
                                 f"download {repo} {files}` on a connected machine (the same HF_HOME)")
     assert gpt2.startswith("TokenizerUnavailableError: tiktoken's gpt2: https://") and "\n" not in gpt2
-    assert "(no answer within 1 s: HF_HUB_DOWNLOAD_TIMEOUT sets it): run python -c \"import tiktoken" in gpt2
+    assert "(no answer within 2 s: HF_HUB_DOWNLOAD_TIMEOUT sets it): run python -c \"import tiktoken" in gpt2
     assert export.returncode == 1 and export.stderr == f"error: {model_id.split(': ', 1)[1]}\n"

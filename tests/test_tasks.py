@@ -2,6 +2,7 @@
 process's exact Bayes floor, the samplers, the Sec. 5 task generators, bad inputs (corpora: test_data.py)."""
 import io
 import json
+import re
 import sys
 
 import numpy as np
@@ -76,6 +77,7 @@ def test_random_windows_and_eval_windows():
     w = data.eval_windows(stream, n=8, length=30, seed=0)
     assert w.shape == (8, 30) and torch.equal(w, data.eval_windows(stream, 8, 30, seed=0))
     assert not torch.equal(w, data.eval_windows(stream, 8, 30, seed=1))
+    assert set(data.eval_windows(tokens[:20], 50, 18)[:, 0].tolist()) == {0, 1, 2}   # the last start too
     ws = data.eval_windows(stream, n=10, length=51, seed=0, eot_token=EOT)
     assert (ws[:, 0] == EOT).all() and (ws[:, 1:] != EOT).all() and len({tuple(r.tolist()) for r in ws}) == 10
 
@@ -207,6 +209,10 @@ def test_generators_are_pure_functions_of_their_seed():
     corpus = corpus_stream(BYTES)
     a = babi_sample("qa2", "bytes", 800, seed=11, filler_tokens=corpus)
     assert np.array_equal(a.tokens, babi_sample("qa2", "bytes", 800, seed=11, filler_tokens=corpus).tokens)
+    with pytest.raises(DataError, match="needed") as e:   # filler of exactly the tokens needed: all of it
+        babi_sample("qa2", "bytes", 800, seed=11, filler_tokens=corpus[:1])
+    n = int(re.search(r"(\d+) needed", str(e.value))[1])
+    assert len(babi_sample("qa2", "bytes", 800, seed=11, filler_tokens=corpus[:n]).tokens) == 800
     assert babi_sample("qa2", "bytes", 400, seed=11).meta["events"] == a.meta["events"]   # one story per seed
     starts = np.concatenate([babi_sample("qa1", BYTES, 4000, seed=s).meta["fact_starts"] for s in range(20)])
     assert starts.min() < 1000 and starts.max() > 3000                 # facts spread through the filler
