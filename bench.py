@@ -210,9 +210,9 @@ def main(argv=None):
         raise SystemExit(f"error: --{twice[0]} names a value twice ({lists[twice[0]]}): name each once")
     if not args.code or not os.path.isfile(os.path.join(args.code, "data.py")):
         raise SystemExit(f"error: --code {args.code!r} holds no data.py: pass a folder of this repo")
-    if args.what == "data" and shutil.disk_usage(tmp := tempfile.gettempdir()).free < args.data_mb << 22:
-        raise SystemExit(f"error: --data-mb {args.data_mb} needs {4 * args.data_mb} MB free in {tmp} (the "
-                         "text twice, its 2-byte ids): pass less, or set TMPDIR to a larger disk")
+    if args.what == "data" and shutil.disk_usage(tmp := tempfile.gettempdir()).free < 5 * args.data_mb << 20:
+        raise SystemExit(f"error: --data-mb {args.data_mb} needs {5 * args.data_mb} MB free in {tmp} (its "
+                         "1.08 MB of text twice, their 2-byte ids): pass less, or TMPDIR=a larger disk")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but no CUDA device is available: use --device cpu")
     device = torch.device(args.device.replace("auto", "cuda" if torch.cuda.is_available() else "cpu"))
