@@ -244,7 +244,8 @@ def demo(out, seeds=(0,), device="auto", quiet=False, figure="fig5", **overrides
             step = checkpoint_step(out)
             if step is not None and step >= until:
                 return print(f"demo {figure} seed {seed}: {label}: {out} is at step {step}, kept")
-            argv += ["--resume"] * (step is not None)
+            if step is not None:
+                argv += ["--resume"]
             print(f"demo {figure} seed {seed}: {label}: python train.py {' '.join(argv)}")
             train(get_args(common + argv))
         runs = demo_runs(figure, d, where, train_run)
