@@ -308,8 +308,7 @@ def run_check(sandbox, folder, log, args, n, timeout, threads):
         if sandbox.user:
             kill_all_of(sandbox.user.pw_uid)
     if code is None:   # a time-out: the check and what it started, its group (in the sandbox: all of it)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGKILL)
+        end(p.pid)
         p.wait() if callable(sandbox) else p.join()
         return "FAILED", "timeout", 0, 0
     if signal_of(code):
@@ -324,10 +323,16 @@ def running(pid):
     RUNNING.add(pid)
     try:
         if STOPPING.is_set():   # interrupted as it started
-            os.killpg(pid, signal.SIGKILL)
+            end(pid)
         yield
     finally:
         RUNNING.discard(pid)
+
+def end(pid):
+    """SIGKILL to the check whose process is pid and to its process group (which it makes first thing)."""
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(ProcessLookupError):
+            kill(pid, signal.SIGKILL)
 
 def signal_of(returncode):
     """The signal that ended a check's process, or None: Python says -N, bwrap exits with 128 + N."""
@@ -471,8 +476,7 @@ def score(submissions, numbers, timeout=120, jobs=1, fail_fast=False, sandbox=Tr
             STOPPING.set()
             pool.shutdown(wait=False, cancel_futures=True)
             for pid in list(RUNNING):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
+                end(pid)
             if user:
                 kill_all_of(user.pw_uid)
             raise

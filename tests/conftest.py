@@ -30,9 +30,10 @@ import model  # noqa: E402
 
 tqdm.tqdm.monitor_interval = 0   # no monitor thread: a test leaves no thread behind (process_state, below)
 
-# a tiny train.py run on a Markov corpus (add --steps, --out and what the test is about)
+# a tiny train.py run on a Markov corpus (add --steps, --out and what the test is about), on the CPU also
+# where there is a GPU: the tests compare its numbers with float32 ones (CUDA trains under bf16 autocast)
 TRAIN = ["--data", "markov:k=4,alpha=0.5,doc_len=200,docs=40", "--seq-len", "16", "--batch-size", "4",
-         "--eval-interval", "1000", "--quiet"]
+         "--eval-interval", "1000", "--quiet", "--device", "cpu"]
 CORPUS_TEXT = "".join(f"def f{i}(x):\n    return x + {i}  # the river runs down to the sea\n\n"
                       for i in range(60))
 

@@ -277,7 +277,8 @@ def test_a_divergent_run_stops_and_its_checkpoint_is_finite_and_resumable(tmp_pa
     assert code == 1 and "diverged" in message and "ckpt.pt" in message
     ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=True)
     assert ckpt["step"] >= 1 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
-    assert train_main(["--out", out, "--resume", "--lr", "1e-4", "--steps", str(ckpt["step"] + 2)]) == (0, "")
+    assert train_main(["--out", out, "--resume", "--lr", "1e-4", "--steps", str(ckpt["step"] + 2),
+                       "--device", "cpu"]) == (0, "")
     assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
 
 def full_disk(obj, path):

@@ -360,6 +360,8 @@ def test_the_gradescope_autograder_grades_a_submission_as_score_does(copy, tmp_p
     on a submission that passes exercise 7 and fails exercise 4: the points and reasons score gives. Where
     the container denies namespaces (a bwrap that fails), each check runs as nobody: exercise 4's code
     cannot read the reference in source/ nor write the results, and the process it leaves is killed."""
+    if namespaces and kit.find_sandbox()[0] is None:
+        pytest.skip(kit.find_sandbox()[1])   # .ci/run installs bubblewrap
     if not namespaces and not nobody_can_run_this_python():
         pytest.skip("run as root, with a Python that the user nobody can run (.ci/run's venv is)")
     leave = ("    import subprocess\n    subprocess.Popen(['sleep', '41.25'], start_new_session=True)\n"
@@ -486,6 +488,18 @@ def test_a_report_that_cannot_be_written_after_the_grading_is_kept_elsewhere(tmp
     assert kept.startswith(str(tmp_path / "kit-report-")) and kept.endswith(".csv")
     assert [r["status"] for r in csv.DictReader(open(kept))] == ["passed"]
     assert not (tmp_path / "g.csv").exists()
+
+def test_a_stopped_check_is_killed_whether_or_not_it_made_its_process_group_yet():
+    """score's interrupt may reach a check's process before its setsid (no group of its pid yet) or after."""
+    before = subprocess.Popen(["sleep", "30"])   # in this test's group
+    after = subprocess.Popen(["sh", "-c", "sleep 30 & echo $!; wait"], start_new_session=True,
+                             stdout=subprocess.PIPE, text=True)
+    leaf = int(after.stdout.readline())   # what the check started
+    kit.end(before.pid)
+    kit.end(after.pid)
+    assert before.wait(5) == after.wait(5) == -signal.SIGKILL
+    time.sleep(0.2)
+    assert not os.path.exists(f"/proc/{leaf}") or open(f"/proc/{leaf}/stat").read().split()[2] == "Z"
 
 @pytest.mark.parametrize("signum, how", [(signal.SIGINT, ["--exercises", "4"]),
                                          (signal.SIGTERM, ["--exercises", "4", "--no-sandbox"]),

@@ -30,7 +30,7 @@ def lm_then_sp(tmp_path):
 def test_task_loss_is_the_mean_cross_entropy_over_answer_tokens(tmp_path, task):
     init = lm_then_sp(tmp_path) if task == "babilong" else checkpoint(tmp_path / "init")[0]
     argv = ["--task", task, "--init-from", init, "--batch-size", "2" if task == "babilong" else "3",
-            "--steps", "1", "--eval-batches", "1", "--quiet"] + TASK_FLAGS[task]
+            "--steps", "1", "--eval-batches", "1", "--quiet", "--device", "cpu"] + TASK_FLAGS[task]
     train.main(argv + ["--out", str(tmp_path / "run")])
     # step 1's loss is the initial model's on the sampler's first batch (every strategy starts from zero)
     filler = data.load_data("stdlib", seed=0).train if task == "babilong" else None

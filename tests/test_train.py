@@ -29,7 +29,7 @@ def test_resume_after_interrupt_reproduces_the_loss_trajectory(tmp_path, flags):
     train.main(common + ["--out", a])
     train.main(common + ["--out", b, "--stop-at", "4"])  # "killed" after step 4; last checkpoint at step 3
     assert torch.load(os.path.join(b, "ckpt.pt"), weights_only=True)["step"] == 3
-    train.main(["--out", b, "--resume", "--quiet"])       # the configuration comes from the checkpoint
+    train.main(["--out", b, "--resume", "--device", "cpu", "--quiet"])   # the configuration: the checkpoint's
     assert logged(a) == logged(b) and len(logged(a)) == 8  # step 4's row is dropped, then redone
 
 DDP_RUN = """import os, sys, torch, train
