@@ -148,6 +148,19 @@ def set_scan_impl(lm, impl):
             m.scan_impl = impl
     return lm
 
+def device_of(lm):
+    """Where lm's parameters live (a model without parameters: the CPU)."""
+    return next(lm.parameters(), torch.empty(0)).device
+
+def stream(lm, x, chunk_len, stops=(), last_only=False):
+    """Reads x [b, T] from the zero state in pieces that end every chunk_len tokens and at each of stops,
+    the state carried: yields (start, end, logits, state after the piece). Memory: one piece at a time."""
+    ends = sorted({*range(chunk_len, x.shape[1], chunk_len), *(e for e in stops if 0 < e < x.shape[1]), x.shape[1]})
+    state = None   # the zero initial state
+    for a, b in zip([0] + ends[:-1], ends):
+        logits, state = lm(x[:, a:b], state, last_only=last_only)
+        yield a, b, logits, state
+
 # --- loading -------------------------------------------------------------------------------------
 # The keys of mamba_ssm's MambaConfig (config.json of the state-spaces/mamba* checkpoints). SIZES are
 # positive integers, which export writes with ssm_cfg (the other keys: MambaConfig's defaults).
