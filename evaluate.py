@@ -3,28 +3,32 @@
     python evaluate.py out/base out/sp --labels base sp
     python evaluate.py PATH/mamba2-130m --data long.txt --tokenizer PATH/tokenizer.json --t-train 2048
 
-The metrics (sections 1-4, each next to its naive reference) stream sequences through the model in chunks
-carrying the state, so memory depends on chunk_len, not on the length. Any LM with model.LM's interface
-works: logits, final_state = lm(idx, state=None, last_only=False); lm.zero_state(b, device).
-Entry i of a per-position curve is the prediction after reading i + 1 tokens (context length i + 1)."""
+Sections 1-4, the metrics: sequence_nll and effective_remembrance stream the naive definitions beside them
+(chunks carrying the state: memory depends on chunk_len, not on the length); length_generalization is
+another rule than Definition 3.2 read literally (length_generalization_naive; its docstring says why);
+short_context_nll is itself a definition and state_statistics a pooled moment: neither has another form.
+Any LM with model.LM's interface works: logits, final_state = lm(idx, state=None, last_only=False);
+lm.zero_state(b, device). Entry i of a per-position curve is the prediction after i + 1 tokens. Section 5:
+the command line (the tables and figures: report.py)."""
 import argparse
 import json
 import math
 import os
-import pathlib
 import signal
 import sys
 
-import matplotlib.figure  # no pyplot: figures written to files, no backend to choose
 import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
 import data
+import datafiles
 import model
+import report
 import tasks
-from data import require
+from datafiles import require
+from report import sem
 
 MIN_SEQS = 16  # below this many sequences the verdict's bootstrap means nothing: warn
 
@@ -41,7 +45,7 @@ def sequence_nll(lm, tokens, chunk_len=512, batch_size=8, progress=False):
     tokens, _ = _require_eval_inputs(tokens, min_len=2)
     out = torch.empty(tokens.shape[0], tokens.shape[1] - 1)
     for r in tqdm(range(0, len(tokens), batch_size), desc="ppl", disable=not progress):
-        x, state = tokens[r:r + batch_size].to(_device(lm)), None  # None: the zero initial state
+        x, state = tokens[r:r + batch_size].to(model.device_of(lm)), None  # None: the zero initial state
         for a in range(0, out.shape[1], chunk_len):
             logits, state = lm(x[:, a:-1][:, :chunk_len], state)
             nll = F.cross_entropy(logits.float().mT, x[:, a + 1:][:, :chunk_len], reduction="none")
@@ -67,11 +71,8 @@ def bucketize(nll, edges):
     return dict(lo=list(edges[:-1]), hi=list(edges[1:]), per_seq=per_seq, **_summary(per_seq))
 
 def _summary(per_seq):
-    nll, sem = per_seq.mean(0), _sem(per_seq)
-    return dict(nll=nll, nll_sem=sem, ppl=nll.exp(), ppl_sem=nll.exp() * sem)  # delta method
-
-def _sem(x):
-    return x.std(0) / math.sqrt(len(x)) if len(x) > 1 else x[0] * math.nan
+    nll, se = per_seq.mean(0), sem(per_seq)
+    return dict(nll=nll, nll_sem=se, ppl=nll.exp(), ppl_sem=nll.exp() * se)  # delta method
 
 # ==== 2. Length generalization (Definition 3.2) ====
 def length_generalization_naive(ppl, t_train):
@@ -85,7 +86,7 @@ def length_generalization_naive(ppl, t_train):
 
 def short_context_nll(lm, tokens, t_train, chunk_len=512, batch_size=8):
     """Each target of tokens [n, L+1] read after (t_train / 2, t_train] tokens from the zero state -> NLL
-    [n, L] (NaN at t < t_train / 2): Definition 3.2's p* on the very tokens it is compared with."""
+    [n, L] (NaN at t < t_train / 2): the same tokens at a training-length context, the verdict's yardstick."""
     n, L = tokens.shape[0], tokens.shape[1] - 1
     out = torch.full((n, L), math.nan)
     for offset in (0, t_train // 2, L - t_train):  # every target past t_train / 2: in a piece's second half
@@ -96,32 +97,31 @@ def short_context_nll(lm, tokens, t_train, chunk_len=512, batch_size=8):
         out[:, offset:offset + k * t_train][:, second_half] = nll.view(n, -1)[:, second_half]
     return out
 
-def length_generalization(per_seq, lo, hi, t_train, ref=None, alpha=0.05, n_boot=2000, seed=0):
-    """Definition 3.2 on bucketed per-sequence NLLs per_seq [n, K] (bucketize's); ref [n, K]: the same buckets
-    read at a training-length context (short_context_nll, bucketed), or None (per_seq's NLL in [t*, t_train)).
-    1. p*: the PPL of ref over the buckets past t* = t_train / 2, not a minimum (a minimum is biased low).
-    2. A bucket past t_train exceeds p* when the mean over sequences of the paired difference NLL - ref is
-       > 0 at the alpha / m quantile of n_boot seeded bootstrap means, m = buckets past t_train (Bonferroni).
-    3. generalizes_to: hi of the bucket before the first exceeding p* (the first: t_train; none: censored)."""
-    per_seq, lo, hi = torch.as_tensor(per_seq, dtype=torch.float64), list(lo), list(hi)
-    n, K = per_seq.shape
-    window = [j for j in range(K) if lo[j] >= t_train // 2 and hi[j] <= t_train]
-    later = [j for j in range(K) if lo[j] >= t_train]
-    require(window, f"no bucket lies within the training positions [{t_train // 2}, {t_train}): use edges "
-                    f"that include both (log_edges(L, include=[{t_train // 2}, {t_train}]))")
+def length_generalization(per_seq, lo, hi, t_train, short, alpha=0.05, n_boot=2000, seed=0):
+    """The verdict on bucketed per-sequence NLLs per_seq [n, K] (bucketize's). No p*: a minimum over noisy
+    positions is biased low, and other positions hold other text. Each bucket past t_train is compared with
+    `short` [n, K], the same buckets' tokens read at a training-length context (short_context_nll,
+    bucketed): it fails when the mean over sequences of per_seq - short is > 0 at the alpha / m quantile of
+    n_boot seeded bootstrap means, m = buckets past t_train (Bonferroni). generalizes_to: hi of the bucket
+    before the first that fails (the first: t_train; none: censored). ppl_short: the perplexity at
+    training-length contexts, exp of short's mean from t_train / 2 on (printed, drawn dashed)."""
+    per_seq, short = (torch.as_tensor(a, dtype=torch.float64) for a in (per_seq, short))
+    lo, hi, n = list(lo), list(hi), len(per_seq)
+    require(any(a >= t_train // 2 and b <= t_train for a, b in zip(lo, hi)), f"no bucket lies within the "
+            f"training positions [{t_train // 2}, {t_train}): use edges that include both "
+            f"(log_edges(L, include=[{t_train // 2}, {t_train}]))")
+    pooled = [j for j in range(len(lo)) if lo[j] >= t_train // 2]  # where short has a value
+    later = [j for j in pooled if lo[j] >= t_train]
     width = torch.tensor(hi, dtype=torch.float64) - torch.tensor(lo)  # a bucket's mean weighs its positions
-    if ref is None:  # each sequence's NLL over p*'s window, for every bucket
-        ref = (per_seq[:, window] @ width[window] / width[window].sum())[:, None].expand(n, K)
-    ref, pooled = torch.as_tensor(ref, dtype=torch.float64), window + later
-    p_star = float((ref[:, pooled] @ width[pooled] / width[pooled].sum()).mean().exp())
-    out = dict(t_train=t_train, n_seqs=n, p_star=p_star, t_star=lo[window[0]])
-    if not torch.isfinite(per_seq[:, pooled]).all() or not torch.isfinite(ref[:, pooled]).all():
+    ppl_short = float((short[:, pooled] @ width[pooled] / width[pooled].sum()).mean().exp())
+    out = dict(t_train=t_train, n_seqs=n, ppl_short=ppl_short)
+    if not torch.isfinite(per_seq[:, pooled]).all() or not torch.isfinite(short[:, pooled]).all():
         return dict(out, generalizes_to=None, ratio=None, censored=None, warning="NLL not finite: no verdict")
-    d = per_seq[:, later] - ref[:, later]  # [n, m]
+    d = per_seq[:, later] - short[:, later]  # [n, m]
     idx = torch.randint(n, (n_boot, n), generator=torch.Generator().manual_seed(seed))
     counts = torch.zeros(n_boot, n).scatter_add_(1, idx, torch.ones(n_boot, n)).double()
     lower = torch.quantile(counts @ d / n, alpha / len(later), dim=0) if later else torch.zeros(0)
-    first = ((lower > 0).tolist() + [True]).index(True)  # into `later`: the first bucket that exceeds p*
+    first = ((lower > 0).tolist() + [True]).index(True)  # into `later`: the first bucket that fails
     T = hi[later[first - 1]] if first else t_train
     out.update(generalizes_to=T, ratio=T / t_train, censored=first == len(later))
     if n < MIN_SEQS:
@@ -140,32 +140,29 @@ DISTANCES = {
 def effective_remembrance_naive(lm, tokens, T, cuts, distance="tv"):
     """The definition, one forward per cut: mean over rows of d(q(.|x[0:T]), q(.|x[t:T])) for each t."""
     tokens, cuts = _require_eval_inputs(tokens, T=T, cuts=cuts, distance=distance)
-    x = tokens[:, :T].to(_device(lm))
+    x = tokens[:, :T].to(model.device_of(lm))
     p, d = lm(x)[0][:, -1].double().softmax(-1), DISTANCES[distance]  # float64 next-token distributions
     return torch.stack([d(p, lm(x[:, t:])[0][:, -1].double().softmax(-1)).clamp(0, 1).mean()
                         for t in cuts.tolist()]).cpu()
 
 @torch.inference_mode()
-def effective_remembrance(lm, tokens, T, cuts, distance="tv", batch_size=2, chunk_len=256, reduce=True,
-                          progress=False):
-    """EffRem_T(t) for every cut in one pass, [len(cuts)] (reduce=False: [n, len(cuts)]). Running on x[t:T] is
-    the full run with the state zeroed at t: at each cut the rows of that suffix join the batch with a zero
-    state (every key), the work of one forward per cut in far fewer calls. EffRem_T(0) = 0 exactly."""
+def effective_remembrance(lm, tokens, T, cuts, distance="tv", batch_size=8, chunk_len=512, progress=False):
+    """effective_remembrance_naive per row, [n, len(cuts)]: batch_size rows at a time, x[:, :T] and each
+    suffix x[:, t:T] streamed from the zero state (memory: chunk_len, not T). EffRem_T(0) = 0 exactly."""
     tokens, cuts = _require_eval_inputs(tokens, T=T, cuts=cuts, distance=distance)
-    starts = sorted(set(cuts.tolist()) | {0})  # rows for t = 0 are the reference
-    stops = sorted(set(starts[1:]) | set(range(0, T, chunk_len)) | {T})
-    out = torch.zeros(len(tokens), len(cuts), dtype=torch.float64)
+    out = torch.empty(len(tokens), len(cuts), dtype=torch.float64)
     for r in tqdm(range(0, len(tokens), batch_size), desc="effrem", disable=not progress):
-        x = tokens[r:r + batch_size, :T].to(_device(lm))
-        for a, b in zip(stops[:-1], stops[1:]):
-            if a in starts:  # the suffix from a joins the batch, from a zero state
-                z0 = lm.zero_state(len(x), x.device)
-                state = z0 if a == 0 else [{k: torch.cat([s[k], z[k]]) for k in s} for s, z in zip(state, z0)]
-            logits, state = lm(x[:, a:b].repeat(sum(t <= a for t in starts), 1), state, last_only=True)
-        p = logits[:, -1].double().softmax(-1).view(len(starts), len(x), -1)  # p[k]: from starts[k] on
+        x = tokens[r:r + batch_size, :T].to(model.device_of(lm))
+        p = _next_token(lm, x, chunk_len)
         for j, t in enumerate(cuts.tolist()):
-            out[r:r + len(x), j] = DISTANCES[distance](p[0], p[starts.index(t)]).clamp(0, 1).cpu()
-    return out.mean(0) if reduce else out
+            q = p if t == 0 else _next_token(lm, x[:, t:], chunk_len)
+            out[r:r + len(x), j] = DISTANCES[distance](p, q).clamp(0, 1).cpu()
+    return out
+
+def _next_token(lm, x, chunk_len):
+    """The float64 next-token distribution [b, V] after all of x [b, T], read from the zero state."""
+    *_, (_, _, logits, _) = model.stream(lm, x, chunk_len, last_only=True)
+    return logits[:, -1].double().softmax(-1)
 
 def default_cuts(T, n_cuts=32):
     """0, log-spaced from the start (a failing model jumps at once) and toward T (a healthy one rises)."""
@@ -185,17 +182,17 @@ def state_statistics(lm, tokens, positions=None, chunk_len=512, batch_size=8, t_
     tokens, _ = _require_eval_inputs(tokens)
     default = np.array(log_edges(tokens.shape[1])[1:]) - 1  # log-spaced context lengths 1, 2, 3, 4, 6, ..., T
     positions = torch.as_tensor(default if positions is None else positions).long().flatten().unique()
-    assert 0 <= positions.min() and positions.max() < tokens.shape[1], "positions must lie in [0, T - 1]"
+    require(0 <= positions.min() and positions.max() < tokens.shape[1], "positions must lie in [0, T - 1]")
     ends = (positions + 1).tolist()
-    stops = sorted(set(ends) | set(range(chunk_len, ends[-1], chunk_len)))
     acc = {}  # context length -> [count, sum, sum of squares] per layer and head
     for r in tqdm(range(0, len(tokens), batch_size), desc="state", disable=not progress):
-        x, state = tokens[r:r + batch_size].to(_device(lm)), None
-        for a, b in zip([0] + stops[:-1], stops):
-            _, state = lm(x[:, a:b], state, last_only=True)
+        x = tokens[r:r + batch_size, :ends[-1]].to(model.device_of(lm))
+        for _, b, _, state in model.stream(lm, x, chunk_len, stops=ends, last_only=True):
             if b in ends:
-                h = torch.stack([s["h"] for s in state]).transpose(1, 2).flatten(2).double().cpu()
-                acc[b] = acc.get(b, 0) + torch.stack([h[..., 0] * 0 + h.shape[2], h.sum(2), h.pow(2).sum(2)])
+                h = torch.stack([s["h"] for s in state]).transpose(1, 2)  # [layers, heads, batch, ...]
+                h = h.flatten(2).double().cpu()  # each head's values pooled
+                moments = torch.stack([torch.full_like(h[..., 0], h.shape[2]), h.sum(2), h.pow(2).sum(2)])
+                acc[b] = acc.get(b, 0) + moments
     cnt, s, sq = torch.stack([acc[b] for b in ends], 1).transpose(1, 2)  # [layers, P, heads]
     std = ((sq - s * s / cnt) / (cnt - 1).clamp_min(1)).clamp_min(0).sqrt()
     out = dict(positions=positions, std=list(std), rms=list((sq / cnt).sqrt()))
@@ -205,187 +202,43 @@ def state_statistics(lm, tokens, positions=None, chunk_len=512, batch_size=8, t_
         out["coverage"] = list(std[:, late].mean(1) / std[:, early].amax(1) if both else std[:, 0] * math.nan)
     return out
 
-# ==== 5. Report and plots: each curve is printed (a few columns) and drawn (a PNG panel) from one table ====
-CTX = "context length (dotted: T_train)"
-# curve -> PNG file holding its panel (None: printed only), title, x label, y label, scale (log x, log-log)
-PANELS = {
-    "ppl": ("ppl.png", "Position-wise perplexity (+-1 s.e.; dashed: p*)", CTX, "perplexity", "log"),
-    "gap": ("ppl.png", "Gap to the Bayes floor", CTX, "model NLL - Bayes NLL (nats)", "log"),
-    "diff": ("ppl.png", "Paired difference to the reference run", CTX, "NLL - reference NLL (nats)", "log"),
-    "effrem": ("effrem.png", "Effective Remembrance", "t (dotted: T - T_train)", "EffRem_T(t)", "log"),
-    "state": ("state.png", "State spread, most drifting head per layer", CTX, "std of state h", "loglog"),
-    "passkey": (None, "Passkey", "total length", "exact match", "log"),
-    "copy": ("copy.png", "Copying", "string length", "char accuracy (+- s.e.)", None),
-    "babilong": ("babilong.png", "BABILong", "total length (dotted: T_train)", "accuracy (task mean)", "log")}
+def _require_eval_inputs(tokens, min_len=1, T=None, cuts=None, distance="tv"):
+    """The metrics' input check: integer tokens [n, >= min_len]; for EffRem also T, the cuts and distance."""
+    tokens = torch.as_tensor(tokens)
+    cuts = None if cuts is None else torch.as_tensor(cuts).long().flatten()
+    require(tokens.dim() == 2 and tokens.shape[1] >= min_len and not tokens.dtype.is_floating_point,
+            f"tokens must be integer ids of shape [n, T >= {min_len}], got {list(tokens.shape)}")
+    require(distance in DISTANCES, f"unknown distance {distance!r}: choose one of {sorted(DISTANCES)}")
+    require(T is None or 1 <= T <= tokens.shape[1] and len(cuts) and 0 <= cuts.min() and cuts.max() < T,
+            f"effective_remembrance: need T = {T} in [1, {tokens.shape[1]}], cuts in [0, T-1]")
+    return tokens.long(), cuts
 
-def _curves(m):
-    """A model's curves: name -> [(x, y, s.e. or None, legend, x of its dotted line or None)]."""
-    out, label, t = {}, m["label"], m["t_train"]
-    if b := m.get("ppl", {}).get("buckets"):
-        x = [math.sqrt((lo + 1) * hi) for lo, hi in zip(b["lo"], b["hi"])]  # a bucket's geometric middle
-        out["ppl"] = [(x, b["ppl"], b["ppl_sem"], f"{label} (T={m['verdict']['generalizes_to']})", t)]
-        legend = {"gap": label, "diff": f"{label} - {m.get('diff', {}).get('reference')}"}
-        out.update({k: [(x, m[k]["nll"], m[k]["nll_sem"], legend[k], t)] for k in legend if k in m})
-    if e := m.get("effrem"):
-        out["effrem"] = [(e["cuts"], e["mean"], e["sem"], f"{label} (T={e['T']})", t and e["T"] - t)]
-    if "state" in m:  # per layer the head that drifts most, its coverage in the legend
-        st, x = m["state"], np.array(m["state"]["positions"]) + 1
-        cov = np.nan_to_num(np.array(st["coverage"], dtype=float), nan=-1)  # [layers, heads]
-        out["state"] = [(x, std[:, h], None, f"{label} L{i} h{h} cov {cov[i, h]:.3g}", t)
-                        for i, (std, h) in enumerate(zip(np.array(st["std"], dtype=float), cov.argmax(1)))]
-    return out | {key: [(m[key]["lengths"], m[key][y], sem and m[key][sem], label, key != "copy" and t)]
-                  for key, y, sem in [("passkey", "exact_mean", None), ("copy", "char_mean", "char_sem"),
-                                      ("babilong", "mean", None)] if key in m}
-
-def show(report, out):
-    """Per model the verdict; each curve printed (8 columns, models together) and drawn in its PANELS PNG;
-    the report written as out/eval.json, all files together (data.write_atomically)."""
-    for m in report["models"]:
-        print(f"[{m['label']}] {m['arch']}, {m['params']:,} params, t_train {m['t_train']}"
-              + f", step {m['step']}" * (m.get("step") is not None))
-        if (v := m.get("verdict", {})).get("ratio") is not None:
-            print(f"  verdict (Def. 3.2): p* = {v['p_star']:.4g} at t* = {v['t_star']}, generalizes to T = "
-                  f"{v['generalizes_to']}{'+' * v['censored']} ({v['ratio']:.1f}x t_train)")
-        if "warning" in v:
-            print(f"warning: {m['label']}: {v['warning']}", file=sys.stderr)
-    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-    panels = {name: rows for name in PANELS if (rows := [(colors[i % len(colors)], *c)  # panels with a curve
-              for i, m in enumerate(report["models"]) for c in _curves(m).get(name, [])])}
-    for name, rows in panels.items():
-        _, title, xlabel, ylabel, _ = PANELS[name]
-        print(f"\n{title}: {ylabel}", end="")
-        for i, (_, x, y, _, legend, _) in enumerate(rows):
-            cols = sorted({round(k * (len(x) - 1) / 7) for k in range(8)})  # log-spaced where x is
-            if i == 0 or list(x) != list(rows[i - 1][1]):
-                print(f"\n  {xlabel.split(' (')[0]:<26}" + "".join(f"{round(x[j]):>11}" for j in cols))
-            cells = ["n/a" if y[j] is None else f"{y[j]:.4g}" for j in cols]
-            print(f"  {legend:<26}" + "".join(f"{v:>11}" for v in cells))
-    figs = {}
-    for file in dict.fromkeys(PANELS[name][0] for name in panels if PANELS[name][0]):
-        names = [name for name in panels if PANELS[name][0] == file]
-        figs[file] = matplotlib.figure.Figure(figsize=(1 + 6 * len(names), 4.5), layout="tight")
-        for ax, name in zip(figs[file].subplots(1, len(names), squeeze=False)[0], names):
-            _, title, xlabel, ylabel, scale = PANELS[name]
-            ax.set(title=title, xlabel=xlabel, ylabel=ylabel, xscale="log" if scale else "linear",
-                   yscale="log" if scale == "loglog" else "linear")
-            for color, x, y, sem, label, line_at in panels[name]:
-                y = np.array(y, dtype=float)  # None (NaN in the JSON) -> nan: a gap in the curve
-                if not np.isfinite(y).any():
-                    print(f"warning: {label}: no finite value to plot (NaN or inf)", file=sys.stderr)
-                    continue
-                sem = np.nan_to_num(np.array(y * 0 if sem is None else sem, dtype=float))
-                ax.plot(x, y, color=color, label=label)
-                ax.fill_between(x, y - sem, y + sem, color=color, alpha=0.25)
-                if line_at:
-                    ax.axvline(line_at, color=color, ls=":", lw=1)
-            for color, m in zip(colors, report["models"] if name == "ppl" else []):  # Definition 3.2's p*
-                if m["verdict"]["p_star"] is not None:
-                    ax.axhline(m["verdict"]["p_star"], color=color, ls="--", lw=0.8)
-            if name == "ppl" and "optimal" in report:  # the models' buckets: x of the first curve
-                ax.plot(panels[name][0][1], report["optimal"]["ppl"], "k--", lw=1, label="Bayes-optimal")
-            ax.legend(fontsize=8)
-    if pk := [m for m in report["models"] if "passkey" in m]:  # Fig. 7: length x depth, exact match as colour
-        figs["passkey.png"] = matplotlib.figure.Figure(figsize=(1 + 4.5 * len(pk), 4.2), layout="tight")
-        for ax, m in zip(figs["passkey.png"].subplots(1, len(pk), squeeze=False)[0], pk):
-            p = m["passkey"]
-            ax.imshow(np.array(p["exact"]).T, aspect="auto", cmap="RdYlGn", vmin=0, vmax=1)
-            ax.axvline(sum(L <= (m["t_train"] or 0) for L in p["lengths"]) - 0.5, color="k", ls=":")
-            ax.set(title=f"{m['label']}: exact match (dotted: T_train)", xlabel="total length (tokens)",
-                   ylabel="insertion depth", xticks=range(len(p["lengths"])), xticklabels=p["lengths"],
-                   yticks=range(len(p["depths"])), yticklabels=[f"{d:.2f}" for d in p["depths"]])
-    os.makedirs(out, exist_ok=True)
-    writes = {"eval.json": lambda tmp: pathlib.Path(tmp).write_text(json.dumps(report, indent=1)),
-              **{f: lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=120) for f, fig in figs.items()}}
-    data.write_atomically(out, writes)   # all files at once: the previous ones or all the new
-    old = [os.path.join(out, f) for f in sorted({p[0] for p in PANELS.values() if p[0]} | {"passkey.png"})
-           if f not in writes and os.path.isfile(os.path.join(out, f))]   # of the eval.json just replaced
-    for f in old:
-        os.unlink(f)
-    print("\nwrote " + ", ".join(os.path.join(out, file) for file in writes)
-          + f"; removed the previous evaluation's {', '.join(old)}" * bool(old))
-
-# ==== 6. Over training seeds: each seed's evaluation of the same runs, the spread of their effects ====
-def _seed_row(m):  # a run's values in its last bucket; gap: to the Bayes floor (a process that has one)
-    b, v = m["ppl"]["buckets"], m["verdict"]
-    last = {f"{k}{s}": m[k][f"nll{s}"][-1] for k in ("gap", "diff") if k in m for s in ("", "_sem")}
-    return dict(verdict=v["generalizes_to"], censored=bool(v["censored"]), ppl_last=b["ppl"][-1],
-                ppl_within=b["ppl"][b["hi"].index(m["t_train"])], t_train=m["t_train"], **last)
-
-def over_seeds(reports, out):
-    """Per seed and run: the verdict, the perplexity in the last bucket within T_train and in the last bucket,
-    and (paired runs) the last bucket's NLL - the reference's; over the seeds their mean +- s.e. and the worst
-    seed -> a table, seeds.{json,png}."""
-    runs = {seed: {m["label"]: m for m in r["models"]} for seed, r in reports.items()}
-    mean_sem = lambda a: (a.mean(0), a.std(0, ddof=1) / np.sqrt(len(a)))  # over the seeds (axis 0)
-    seeds, labels = list(runs), list(runs[next(iter(runs))])
-    paired = [k for k in labels if "diff" in runs[seeds[0]][k]]  # minus the reference (fig5: the control)
-    rows = {s: {k: _seed_row(m) for k, m in r.items()} for s, r in runs.items()}
-    print("\nper seed: verdict (Def. 3.2; +: censored), PPL in the last bucket <= T_train and in the last; "
-          "there the gap to the Bayes floor and NLL - the reference's (paired), +- s.e. over sequences")
-    print(f"{'seed':>5} {'run':>16} {'verdict':>8} {'PPL<=T':>8} {'PPL last':>9} {'gap':>17} {'- ref':>18}")
-    pm = lambda v, k: f"{v[k]:+.3f} +- {v[k + '_sem']:.3f}" if k in v else "-"
-    for s, r in rows.items():
-        for k, v in r.items():
-            print(f"{s:>5} {k:>16} {str(v['verdict']) + '+' * v['censored']:>8} {v['ppl_within']:>8.3f} "
-                  f"{v['ppl_last']:>9.3f} {pm(v, 'gap'):>17} {pm(v, 'diff'):>18}")
-    summary, colors = {}, matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-    left, right = matplotlib.figure.Figure(figsize=(13, 4.5), layout="tight").subplots(1, 2)
-    for i, (color, label) in enumerate(zip(colors * 2, labels)):
-        b = [runs[s][label]["ppl"]["buckets"] for s in seeds]
-        x = [np.sqrt((lo + 1) * hi) for lo, hi in zip(b[0]["lo"], b[0]["hi"])]  # a bucket's geometric middle
-        nll = np.array([c["nll"] for c in b], dtype=float)  # [seeds, buckets]; null (NaN) -> a gap
-        mean, sem = mean_sem(nll)
-        left.plot(x, np.exp(nll.T), color=color, lw=0.5, alpha=0.4)
-        left.plot(x, np.exp(mean), color=color, lw=2, label=label)
-        left.fill_between(x, np.exp(mean - sem), np.exp(mean + sem), color=color, alpha=0.25)
-        left.axvline(rows[seeds[0]][label]["t_train"], color=color, ls=":", lw=1)
-        v = [rows[s][label] for s in seeds]
-        last = np.array([r["ppl_last"] for r in v])
-        fails = sum(not r["censored"] and r["verdict"] <= 32 * r["t_train"] for r in v)
-        summary[label] = u = dict(zip(("ppl_last", "ppl_last_sem"), mean_sem(last)), fails_within_32x=fails,
-                                  verdicts=[r["verdict"] for r in v])
-        if "gap" in v[0]:
-            u.update(zip(("gap_last", "gap_last_sem"), mean_sem(np.array([r["gap"] for r in v]))))
-        print(f"{label}: PPL last {u['ppl_last']:.3f} +- {u['ppl_last_sem']:.3f} over the seeds" + (
-              f", gap {u['gap_last']:.3f} +- {u['gap_last_sem']:.3f}" if "gap" in v[0] else "") +
-              f", fails within 32 x T_train on {fails} of {len(v)}")
-        if label in paired:  # over the seeds: each seed's paired difference d and its s.e.
-            d, se = np.array([(r["diff"], r["diff_sem"]) for r in v]).T
-            u.update(zip(("diff", "diff_sem"), mean_sem(d)), worst=d.max(), worst_seed=seeds[int(d.argmax())],
-                     beyond_3_sem=int((d < -3 * se).sum()))
-            u["reference"] = runs[seeds[0]][label]["diff"].get("reference", "reference")
-            print(f"  {label} - {u['reference']}: {u['diff']:+.3f} +- {u['diff_sem']:.3f}, worst "
-                  f"{u['worst']:+.3f} (seed {u['worst_seed']}), below -3 s.e. on {u['beyond_3_sem']} seeds")
-            xs = np.arange(len(d)) + 0.6 * (paired.index(label) / len(paired) - 0.3)  # side by side per seed
-            right.errorbar(xs, d, se, fmt="o", ms=4, color=color, label=f"{label} - {u['reference']}")
-            right.axhspan(u["diff"] - u["diff_sem"], u["diff"] + u["diff_sem"], color=color, alpha=0.15)
-        elif not paired:  # each seed's last-bucket perplexity per run
-            right.plot([i] * len(last), last, "o", color=color, alpha=0.5)
-            right.errorbar([i], [last.mean()], [mean_sem(last)[1]], fmt="s", ms=8, capsize=4, color=color)
-    left.set(xscale="log", yscale="log", title="Position-wise perplexity (thin: a seed; thick: mean +- s.e.)",
-             xlabel="context length (dotted: T_train)", ylabel="perplexity")
-    if paired:
-        right.axhline(0, color="k", lw=0.8)
-        right.set(title="Last bucket, paired to the reference (+-1 s.e.; band: over seeds)",
-                  xlabel="training seed", ylabel="NLL - reference NLL (nats)", xticks=range(len(seeds)),
-                  xticklabels=seeds)
-        right.legend(fontsize=8)
-    else:
-        right.set(title=f"Last bucket ({b[0]['lo'][-1]}, {b[0]['hi'][-1]}]: each seed, mean +- s.e.",
-                  ylabel="perplexity", yscale="log", xticks=range(len(labels)), xticklabels=labels)
-    left.legend(fontsize=8)
-    text = json.dumps(dict(seeds=rows, summary=summary), indent=1)
-    os.makedirs(out, exist_ok=True)   # only now: a refused or failed call leaves no folder behind
-    data.write_atomically(out, {"seeds.json": lambda tmp: pathlib.Path(tmp).write_text(text),
-                                "seeds.png": lambda tmp: left.figure.savefig(tmp, format="png", dpi=120)})
-    print(f"wrote {out}/seeds.json, {out}/seeds.png")
-    return 0
-
-# ==== 7. Command line ====
+# ==== 5. Command line: the flags checked, every checkpoint measured on the same data, the report ====
 LM_METRICS, TASK_METRICS = ("ppl", "effrem", "state"), ("passkey", "copy", "babilong")
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: one line, below
+    try:
+        _require_values_and_out(args)
+        if args.over_seeds:
+            return report.over_seeds(report.read_reports(args.ckpts, args.labels), args.out)
+        report.show(run(args), args.out)
+    except (ValueError, OSError, RuntimeError) as e:  # bad input: one line naming the problem and the fix
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except MemoryError as e:   # work sized by the flags
+        print(f"error: out of memory ({str(e) or 'MemoryError'}): lower --n-seqs, --eval-len, --batch-size, "
+              "--task-samples, --passkey-depths or the task lengths", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: {args.out}/{'seeds' if args.over_seeds else 'eval'}.json and its figures not "
+              "written (any previous ones are intact)", file=sys.stderr)
+        return 1
+    return 0
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.error = lambda message: ap.exit(2, f"error: {message}\n")  # one line, as every other bad input
     a, positive = ap.add_argument, lambda text: _ints(text, one=True)
     a("ckpts", nargs="+", metavar="CKPT", help="train.py's ckpt.pt (or its dir), official Mamba dir, hub id")
@@ -401,7 +254,7 @@ def main(argv=None):
     a("--effrem-cuts", type=positive, default=32, help="number of cut points t of EffRem_T")
     a("--distance", default="tv", choices=sorted(DISTANCES), help="EffRem's distance (tv: the paper's)")
     a("--chunk-len", type=positive, help="tokens per model call while streaming: bounds memory, not results")
-    a("--batch-size", type=positive, help="sequences per model call (EffRem: each brings one row per cut)")
+    a("--batch-size", type=positive, help="sequences per model call")
     a("--seed", type=lambda t: _ints(t, True, 0), default=0, help="seed of the windows, samples, bootstrap")
     a("--out", default="out/eval", help="directory for eval.json and the PNGs")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -416,70 +269,7 @@ def main(argv=None):
     a("--copy-lengths", type=_ints, default="50,100,300", help="string lengths")
     a("--babi-lengths", type=_ints, default="512,1024,2048,4096", help="total lengths (stories: ~470 tokens)")
     a("--babi-tasks", help="comma-separated bAbI tasks (default: train_config babi_tasks, else all)")
-    args = ap.parse_args(argv)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: one line, below
-    try:
-        empty = ["CKPT" if k == "ckpts" else "--" + k.replace("_", "-") for k, v in vars(args).items()
-                 if "" in (v if isinstance(v, list) else [v])]
-        require(not empty, f"{' '.join(empty)} '': pass a value, or leave the flag out")
-        parent = os.path.abspath(args.out)   # --out or the folder it goes in: now, not after the metrics
-        while not os.path.lexists(parent):
-            parent = os.path.dirname(parent)
-        require(os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK),
-                f"--out {args.out!r} is not a directory that can be written: pass another")
-        if args.over_seeds:
-            return over_seeds(read_reports(args), args.out)
-        show(run(args), args.out)
-    except (ValueError, OSError, RuntimeError) as e:  # bad input: one line naming the problem and the fix
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except MemoryError as e:   # work sized by the flags
-        print(f"error: out of memory ({str(e) or 'MemoryError'}): lower --n-seqs, --eval-len, --batch-size, "
-              "--task-samples, --passkey-depths or the task lengths", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"interrupted: {args.out}/{'seeds' if args.over_seeds else 'eval'}.json and its figures not "
-              "written (any previous ones are intact)", file=sys.stderr)
-        return 1
-    return 0
-
-def read_reports(args):
-    """--over-seeds: {seed name: report} from the eval.json files (or folders) args.ckpts: the same runs made
-    with the same flags, each seed's checkpoints its own; checked before anything is written."""
-    files = [p if p.endswith(".json") else os.path.join(p, "eval.json") for p in args.ckpts]
-    names = args.labels or [os.path.basename(os.path.dirname(os.path.abspath(f))) for f in files]
-    require(len(names) == len(set(names)) == len(set(map(os.path.realpath, files))) == len(files) > 1,
-            f"--over-seeds: give 2 or more evaluations, each once and its own name (--labels), got "
-            f"{len(files)} named {' '.join(names)}")
-    reports, flags, seen = {}, {}, {}   # seen: (path, step, training seed) of a checkpoint -> its file
-    for name, f in zip(names, files):
-        require(os.path.isfile(f), f"--over-seeds: no {f}: pass this script's --out folders (or eval.json)")
-        try:   # all that over_seeds reads of it
-            r = reports[name] = json.loads(pathlib.Path(f).read_text())
-            labels = [m["label"] for m in r["models"]]
-            runs = {m["label"]: m for m in r["models"] if "ppl" in m}
-            nulls = [f"{k}'s {key}" for k, m in runs.items() for key, v in _seed_row(m).items() if v is None]
-            ids = {(m["path"], m.get("step"), m.get("train_seed")): 0 for m in runs.values() if "path" in m}
-            flags[name] = {k: {"--t-train": m["t_train"], "edges (--eval-len)": m["ppl"]["buckets"]["hi"],
-                               "--reference": (m.get("diff") or {}).get("reference", "diff" in m),
-                               "--data (a Bayes gap)": "gap" in m}
-                           for k, m in runs.items()}
-        except (ValueError, LookupError, TypeError, AttributeError) as e:   # empty, cut short, a list, ...
-            raise ValueError(f"--over-seeds: {f} is not an eval.json of this script ({type(e).__name__}: "
-                             f"{e}): pass the --out folders of evaluate.py --metrics ppl") from None
-        first = list(flags[names[0]])
-        require(labels and list(runs) == labels == first, f"--over-seeds: {f} evaluated {labels} ("
-                f"{list(runs)} with ppl), {files[0]} {first}: pass ppl evaluations of the same runs")
-        require(not nulls, f"--over-seeds: {f} has no {', '.join(nulls)} (null: not finite, or the s.e. of "
-                           "one sequence): leave this evaluation out")
-        bad = [f"{k}'s {w}: {v} in {f}, {flags[names[0]][k][w]} in {files[0]}"
-               for k in runs for w, v in flags[name][k].items() if v != flags[names[0]][k][w]]
-        require(not bad, f"--over-seeds: evaluations made with different flags, {''.join(bad[:1])}: pass "
-                         "evaluations made with the same flags")
-        for i in ids:   # the training seed (where recorded) tells apart runs at one relative path
-            require(seen.setdefault(i, f) == f, f"--over-seeds: {seen[i]} and {f} both evaluated {i[0]} at "
-                    f"step {i[1]}: a checkpoint is one seed: pass each seed's evaluation once")
-    return reports
+    return ap.parse_args(argv)
 
 def _ints(text, one=False, lo=1):  # an argparse type: "128,256" -> [128, 256]; one=True: "128" -> 128
     kind = "a positive integer" if one else "comma-separated distinct positive integers"
@@ -489,24 +279,38 @@ def _ints(text, one=False, lo=1):  # an argparse type: "128,256" -> [128, 256]; 
         raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}")
     return values[0] if one else values
 
-def run(args):
-    """Checks the flags (defaults: train_config), measures each checkpoint on the same data -> the report
-    (eval.json: per model its label, path, checkpoint step, training seed and metrics)."""
+def _require_values_and_out(args):
+    """No flag given '', and --out (or the folder it goes in) writable: said now, not after the metrics."""
+    empty = ["CKPT" if k == "ckpts" else "--" + k.replace("_", "-") for k, v in vars(args).items()
+             if "" in (v if isinstance(v, list) else [v])]
+    require(not empty, f"{' '.join(empty)} '': pass a value, or leave the flag out")
+    parent = os.path.abspath(args.out)
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    require(os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK),
+            f"--out {args.out!r} is not a directory that can be written: pass another")
+
+def _asks(args, metrics):  # does --metrics ask for any of these?
+    return bool(set(args.metrics) & set(metrics))
+
+def check_args(args):
+    """The flags checked against each other and the checkpoints, defaults filled in from their train_config
+    -> (train configs, t_train per checkpoint, the tokenizer, {run label or None: reference label})."""
     require(not args.labels or len(args.ckpts) == len(args.labels) == len(set(args.labels)), f"--labels "
             f"{' '.join(args.labels or [])}: give each of the {len(args.ckpts)} checkpoints its own name")
     for p in args.ckpts:
-        require(os.path.exists(data.hub_path(p)), f"no checkpoint at {p}: check the path (OUT/ckpt.pt)")
+        require(os.path.exists(datafiles.hub_path(p)), f"no checkpoint at {p}: check the path (OUT/ckpt.pt)")
     files = [os.path.realpath(model.weights_file(p)[0]) for p in args.ckpts]   # a run's folder is its ckpt.pt
     require(len(set(files)) == len(files), f"{' '.join(args.ckpts)}: one checkpoint twice: pass each once")
     cfgs = [model.train_config(p) for p in args.ckpts]  # a corrupt checkpoint is reported as corrupt
     args.metrics, known = args.metrics.split(","), LM_METRICS + TASK_METRICS
-    lm_metrics, task_metrics = (bool(set(args.metrics) & set(m)) for m in (LM_METRICS, TASK_METRICS))
     require(len(set(args.metrics) & set(known)) == len(args.metrics), f"unknown or repeated metric in "
             f"--metrics {','.join(args.metrics)}: use a subset of {','.join(known)}")
     require(args.device != "cuda" or torch.cuda.is_available(), "no CUDA device: use --device cpu")
-    args.device = args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     t_trains = [args.t_train or c.get("seq_len") for c in cfgs]
-    if lm_metrics:
+    if _asks(args, LM_METRICS):
         require(all(t_trains), f"{', '.join(p for p, t in zip(args.ckpts, t_trains) if not t)}: no "
                 "train_config seq_len (an official checkpoint?): pass --t-train N (official Mamba-2: 2048)")
         args.eval_len = args.eval_len or 16 * max(t_trains)
@@ -518,13 +322,15 @@ def run(args):
     ids = {c["tokenizer_id"] for c in cfgs if c.get("tokenizer_id")}   # the runs' tokenizers (train.py)
     require(len(ids) <= 1, f"checkpoints of different tokenizers {sorted(ids)}: evaluate them separately")
     args.tokenizer = _agree(args, cfgs, "tokenizer", required=False) or "bytes"
-    enc = data.get_tokenizer(args.tokenizer)
+    enc = datafiles.get_tokenizer(args.tokenizer)
     require(ids <= {enc.name}, f"--tokenizer {args.tokenizer} ({enc.name}) does not match the checkpoints' "
                                f"{''.join(ids)}: pass the tokenizer.json they were trained with")
-    _ = task_metrics and tasks.task_tokenizer(args.tokenizer)  # it spells the tasks
-    _ = "passkey" in args.metrics and tasks.passkey_sample(args.tokenizer, min(args.passkey_lengths))  # fits
-    require("passkey" not in args.metrics or args.passkey_depths <= min(args.passkey_lengths), f"--passkey-"
-            f"depths {args.passkey_depths} > {min(args.passkey_lengths)}, the shortest of --passkey-lengths")
+    if _asks(args, TASK_METRICS):
+        tasks.task_tokenizer(args.tokenizer)  # it spells the tasks
+    if "passkey" in args.metrics:  # a sample fits the shortest length, each depth a position of it
+        tasks.passkey_sample(args.tokenizer, min(args.passkey_lengths))
+        require(args.passkey_depths <= min(args.passkey_lengths), f"--passkey-depths {args.passkey_depths} > "
+                f"{min(args.passkey_lengths)}, the shortest of --passkey-lengths")
     seeds = {c.get("split_seed", c.get("seed")) for c in cfgs if str(c.get("data"))[:6] == "markov"} - {None}
     require(len(seeds) <= 1, f"the checkpoints were trained with --split-seed {sorted(seeds)}, drawing their "
                              "Markov corpora differently: evaluate them separately")
@@ -538,7 +344,19 @@ def run(args):
     require(not refs or set(refs.values()) | set(refs) - {None} <= set(args.labels) and "ppl" in args.metrics
             and len(refs) == len(args.reference), f"--reference {' '.join(args.reference or [])} must name "
             f"labels of {args.labels}, a default at most once and each RUN= once, and needs --metrics ppl")
-    report = dict(args=dict(vars(args)), tokenizer=args.tokenizer, models=[])
+    return cfgs, t_trains, enc, refs
+
+def _agree(args, cfgs, key, required=True):
+    """The flag's value, else the one train_config value of all checkpoints (they share data, tokenizer)."""
+    values = {getattr(args, key)} - {None} or {c[key] for c in cfgs if c.get(key) is not None}
+    require(len(values) == 1 or not (required or values), f"{'checkpoints disagree on' if values else 'no'}"
+            f" train_config {key} {sorted(map(str, values))}: pass --{key.replace('_', '-')}")
+    return next(iter(values), None)
+
+def read_eval_data(args, cfgs, t_trains):
+    """The data every checkpoint is measured on, as args.windows [n, eval_len + 1], args.edges, args.optimal
+    (the exact Bayes floor, bucketed) and args.filler (bAbI's) -> what the report says of it."""
+    out, lm_metrics = {}, _asks(args, LM_METRICS)
     args.windows = args.optimal = args.filler = None
     if lm_metrics or "babilong" in args.metrics:
         name = _agree(args, cfgs, "data", required=lm_metrics) or "stdlib"
@@ -554,37 +372,46 @@ def run(args):
                 f"holds {len(corpus.val)} tokens, {args.n_seqs} disjoint windows of {args.eval_len + 1} need "
                 f"{need}: use fewer --n-seqs, a shorter --eval-len or more data (or --allow-overlap)")
         args.windows = data.eval_windows(corpus.val, args.n_seqs, args.eval_len + 1, args.seed, eot)  # int64
-        args.edges = log_edges(args.eval_len, include=[t // d for t in t_trains for d in (1, 2)])  # p* window
-        report["data"] = corpus.name
+        args.edges = log_edges(args.eval_len, include=[t // d for t in t_trains for d in (1, 2)])  # verdict's
+        out["data"] = corpus.name
         if corpus.optimal_nll:
             try:
                 args.optimal = bucketize(torch.as_tensor(corpus.optimal_nll(args.windows)), args.edges)
             except ValueError as e:
                 raise ValueError(f"no exact loss floor at --eval-len {args.eval_len}: {e}") from None
-            report["optimal"] = {k: v for k, v in args.optimal.items() if k != "per_seq"}
+            out["optimal"] = {k: v for k, v in args.optimal.items() if k != "per_seq"}
     if "babilong" in args.metrics:  # stories hidden in the validation split (training hid them in train)
         require(corpus.tokenizer is not None, f"babilong: {corpus.name} is a synthetic process, not text to "
                                               "hide stories in: pass --data stdlib (or a text path)")
         args.filler = corpus.val
         for t in args.babi_tasks:  # a story of each task fits the shortest length: said before any metric
             tasks.babi_mixture(args.tokenizer, min(args.babi_lengths), [args.seed], (t,), args.filler)
-        report.update(babi_tasks=args.babi_tasks, babi_filler=f"{corpus.name} (val split)")
-    vocab = max(int(args.windows.max()) + 1 if lm_metrics else 0, enc.n_vocab if task_metrics else 0)
+        out.update(babi_tasks=args.babi_tasks, babi_filler=f"{corpus.name} (val split)")
+    return out
+
+def run(args):
+    """Checks the flags, measures each checkpoint on the same data -> the report (eval.json: per model its
+    label, path, checkpoint step, training seed and metrics; with --reference, paired differences)."""
+    cfgs, t_trains, enc, refs = check_args(args)
+    result = dict(args=dict(vars(args)), tokenizer=args.tokenizer, models=[])
+    result.update(read_eval_data(args, cfgs, t_trains))
+    vocab = max(int(args.windows.max()) + 1 if _asks(args, LM_METRICS) else 0,
+                enc.n_vocab if _asks(args, TASK_METRICS) else 0)
     for path, label, t_train, c in zip(args.ckpts, args.labels, t_trains, cfgs):
         lm = model.from_pretrained(path, device=args.device)
         require(vocab <= lm.cfg.vocab_size <= 2 * enc.n_vocab, f"{path}: the data / tokenizer has {vocab} "
                 f"token ids (--tokenizer {args.tokenizer}: {enc.n_vocab}), the model {lm.cfg.vocab_size}: "
                 "use the ones it was trained with (an official model: --tokenizer PATH/tokenizer.json)")
         step = getattr(lm, "step", None)   # the checkpoint's, read with its weights (a run may go on)
-        report["models"].append(measure(lm, t_train, args, label=label, path=path, step=step,
+        result["models"].append(measure(lm, t_train, args, label=label, path=path, step=step,
                                         train_seed=c.get("seed")))   # --over-seeds tells runs apart by it
-    per_seq = {m["label"]: m.pop("per_seq", None) for m in report["models"]}  # bucketed NLL [n, K]
-    for m in report["models"]:   # the same windows: paired per sequence and bucket
+    per_seq = {m["label"]: m.pop("per_seq", None) for m in result["models"]}  # bucketed NLL [n, K]
+    for m in result["models"]:   # the same windows: paired per sequence and bucket
         ref = refs.get(m["label"], refs.get(None))
         if ref not in (None, m["label"]):
             m["diff"] = dict(_summary(per_seq[m["label"]] - per_seq[ref]), reference=ref)
     # tensors -> lists, nan / inf -> null: strict JSON
-    return json.loads(json.dumps(report, default=lambda t: t.tolist()), parse_constant=lambda _: None)
+    return json.loads(json.dumps(result, default=lambda t: t.tolist()), parse_constant=lambda _: None)
 
 def measure(lm, t_train, args, **out):
     """One model's report: `out` and a key per metric in args.metrics."""
@@ -594,18 +421,18 @@ def measure(lm, t_train, args, **out):
         nll = sequence_nll(lm, args.windows, **kw).double()
         buckets = bucketize(nll, args.edges)
         out["per_seq"] = per_seq = buckets.pop("per_seq")
-        out["ppl"] = dict(nll=nll.mean(0), nll_sem=_sem(nll), buckets=buckets)
+        out["ppl"] = dict(nll=nll.mean(0), nll_sem=sem(nll), buckets=buckets)
         short = short_context_nll(lm, args.windows, t_train, **{k: kw[k] for k in kw if k != "progress"})
         lo, hi = buckets["lo"], buckets["hi"]
-        ref = torch.stack([short[:, a:b].nanmean(1) for a, b in zip(lo, hi)], 1)  # at a T_train context
-        out["verdict"] = length_generalization(per_seq, lo, hi, t_train, ref, seed=args.seed)
+        short = torch.stack([short[:, a:b].nanmean(1) for a, b in zip(lo, hi)], 1)  # bucketed as per_seq
+        out["verdict"] = length_generalization(per_seq, lo, hi, t_train, short, seed=args.seed)
         if args.optimal is not None:  # paired per sequence; a failing PPL can hide (the floor keeps falling)
             out["gap"] = _summary(per_seq - args.optimal["per_seq"])
     if "effrem" in args.metrics:
         T = args.effrem_len or args.eval_len  # where a failing model fails (the paper's T: 4 T_train)
         cuts = default_cuts(T, args.effrem_cuts)
-        rows = effective_remembrance(lm, args.windows, T, cuts, args.distance, reduce=False, **kw)
-        out["effrem"] = dict(T=T, distance=args.distance, cuts=cuts, mean=rows.mean(0), sem=_sem(rows))
+        rows = effective_remembrance(lm, args.windows, T, cuts, args.distance, **kw)
+        out["effrem"] = dict(T=T, distance=args.distance, cuts=cuts, mean=rows.mean(0), sem=sem(rows))
     if "state" in args.metrics:
         positions = np.array(log_edges(args.eval_len, include=[t_train])[1:]) - 1
         out["state"] = state_statistics(lm, args.windows, positions, t_train=t_train, **kw)
@@ -613,31 +440,12 @@ def measure(lm, t_train, args, **out):
     if "passkey" in args.metrics:
         out["passkey"] = tasks.passkey_grid(lm, enc, args.passkey_lengths, args.passkey_depths, n, **kw)
     if "copy" in args.metrics:
-        out["copy"] = tasks.copy_accuracy(lm, enc, args.copy_lengths, n, **kw)
+        out["copy"] = copy = tasks.copy_accuracy(lm, enc, args.copy_lengths, n, **kw)
+        copy["char_sem"] = sem(torch.tensor(copy["char"]).T)  # over the strings
     if "babilong" in args.metrics:
         out["babilong"] = tasks.babilong_accuracy(lm, enc, args.babi_tasks, args.babi_lengths, n,
                                                   filler=args.filler, **kw)
     return out
-
-def _agree(args, cfgs, key, required=True):
-    """The flag's value, else the one train_config value of all checkpoints (they share data, tokenizer)."""
-    values = {getattr(args, key)} - {None} or {c[key] for c in cfgs if c.get(key) is not None}
-    require(len(values) == 1 or not (required or values), f"{'checkpoints disagree on' if values else 'no'}"
-            f" train_config {key} {sorted(map(str, values))}: pass --{key.replace('_', '-')}")
-    return next(iter(values), None)
-
-def _require_eval_inputs(tokens, min_len=1, T=None, cuts=None, distance="tv"):
-    """The metrics' input check: integer tokens [n, >= min_len]; for EffRem also T, the cuts and distance."""
-    tokens, cuts = torch.as_tensor(tokens), None if cuts is None else torch.as_tensor(cuts).long().flatten()
-    require(tokens.dim() == 2 and tokens.shape[1] >= min_len and not tokens.dtype.is_floating_point,
-            f"tokens must be integer ids of shape [n, T >= {min_len}], got {list(tokens.shape)}")
-    require(distance in DISTANCES, f"unknown distance {distance!r}: choose one of {sorted(DISTANCES)}")
-    require(T is None or 1 <= T <= tokens.shape[1] and len(cuts) and 0 <= cuts.min() and cuts.max() < T,
-            f"effective_remembrance: need T = {T} in [1, {tokens.shape[1]}], cuts in [0, T-1]")
-    return tokens.long(), cuts
-
-def _device(lm):  # a model without parameters: the CPU
-    return next(lm.parameters(), torch.empty(0)).device
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -102,7 +102,7 @@ class GLA(nn.Module):
     """q, k, v; forget gate g = logsigmoid(W2 W1 x + b2) / 16 (low rank, the only bias); scan; per-head
     RMSNorm (eps: fla's GLAConfig.norm_eps = 1e-6) times swish(g_proj x); o_proj. No short conv."""
     def __init__(self, d_model, num_heads=4, expand_k=0.5, expand_v=1.0, gate_low_rank_dim=16,
-                 gate_logit_normalizer=16, norm_eps=1e-6, layer_idx=None, scan_impl="auto"):
+                 gate_logit_normalizer=16, norm_eps=1e-6, scan_impl="auto"):
         super().__init__()
         set_head_dims(self, "GLA", d_model, num_heads, expand_k, expand_v)
         self.scan_impl, self.gate_logit_normalizer, self.norm_eps = scan_impl, gate_logit_normalizer, norm_eps

@@ -9,21 +9,18 @@ the state equals running it at once, lm(idx) == lm(idx[:, a:], state=lm(idx[:, :
 interventions (State Passing, TBTT) and streaming evaluation rely on. state=None is the zero state.
 
 Module names follow mamba_ssm's MambaLMHeadModel (backbone.embedding, backbone.layers.{i}.norm,
-backbone.layers.{i}.mixer, backbone.norm_f, lm_head) so official Mamba checkpoints load as they are."""
-import contextlib
-import json
+backbone.layers.{i}.mixer, backbone.norm_f, lm_head) so official Mamba checkpoints load as they are
+(their layout: official.py)."""
 import math
 import os
-import pathlib
-import signal
-import sys
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 
-import data
+import datafiles
 import gla
+import official
 import rwkv
 import ssm
 
@@ -40,9 +37,9 @@ class ModelConfig:
 
 # arch -> (mixer, MLP or None) of block i: official Mamba blocks have no MLP, GLA and RWKV-6 a channel mix.
 ARCHS = {
-    "mamba2": lambda cfg, i: (ssm.Mamba2(cfg.d_model, layer_idx=i, **cfg.mixer), None),
-    "mamba1": lambda cfg, i: (ssm.Mamba1(cfg.d_model, layer_idx=i, **cfg.mixer), None),
-    "gla": lambda cfg, i: (gla.GLA(cfg.d_model, layer_idx=i, **cfg.mixer), gla.SwiGLU(cfg.d_model)),
+    "mamba2": lambda cfg, i: (ssm.Mamba2(cfg.d_model, **cfg.mixer), None),
+    "mamba1": lambda cfg, i: (ssm.Mamba1(cfg.d_model, **cfg.mixer), None),
+    "gla": lambda cfg, i: (gla.GLA(cfg.d_model, **cfg.mixer), gla.SwiGLU(cfg.d_model)),
     "rwkv6": lambda cfg, i: (rwkv.RWKV6TimeMix(cfg.d_model, layer_idx=i, num_layers=cfg.n_layer, **cfg.mixer),
                              rwkv.RWKV6ChannelMix(cfg.d_model, layer_idx=i, num_layers=cfg.n_layer))}
 
@@ -161,88 +158,43 @@ def stream(lm, x, chunk_len, stops=(), last_only=False):
         logits, state = lm(x[:, a:b], state, last_only=last_only)
         yield a, b, logits, state
 
-# --- loading -------------------------------------------------------------------------------------
-# The keys of mamba_ssm's MambaConfig (config.json of the state-spaces/mamba* checkpoints). SIZES are
-# positive integers, which export writes with ssm_cfg (the other keys: MambaConfig's defaults).
-OFFICIAL_KEYS = set("d_model n_layer vocab_size ssm_cfg d_intermediate attn_layer_idx attn_cfg rms_norm "
-                    "residual_in_fp32 fused_add_norm pad_vocab_size_multiple tie_embeddings".split())
-SIZES = ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple")
-
+# --- loading: our checkpoints (train.py's ckpt.pt), official Mamba LMs (their layout: official.py) ----
 def from_pretrained(path, device="cpu"):
     """Our checkpoint (train.py's ckpt.pt or its directory), a state-spaces/mamba directory (config.json +
     pytorch_model.bin, Mamba-1 or -2) or a hub id of one. What cannot load faithfully is an error.
     lm.step: the training step of our checkpoint (None: official)."""
     path, cfg = weights_file(path)
-    official = cfg is not None
+    ours = cfg is None
     ckpt = read_checkpoint(path, device)
     try:
-        cfg, state_dict = (cfg, ckpt) if official else (ModelConfig(**ckpt["model_config"]), ckpt["model"])
-        lm = LM(cfg)
+        state_dict = ckpt["model"] if ours else ckpt
+        lm = LM(ModelConfig(**ckpt["model_config"]) if ours else cfg)
     except (TypeError, KeyError, IndexError) as e:
         raise ValueError(f"{path}: not a model checkpoint of this repo ({type(e).__name__}: {e})") from None
-    own, emb = lm.state_dict(), state_dict.get("backbone.embedding.weight")
-    # a tied head (every official Mamba LM) may be stored or not, but must equal the embedding
-    if cfg.tie_embeddings and emb is not None and not torch.equal(state_dict.get("lm_head.weight", emb), emb):
-        raise ValueError(f"{path}: lm_head.weight differs from the embedding it is tied to: not loadable")
-    state_dict = {**state_dict, "lm_head.weight": emb} if cfg.tie_embeddings else state_dict
-    missing, unknown = sorted(set(own) - set(state_dict)), sorted(set(state_dict) - set(own))
+    lm.load_state_dict(_checked_weights(path, lm, state_dict))
+    lm.step = ckpt.get("step") if ours else None
+    return lm.to(device)
+
+def _checked_weights(path, lm, state_dict):
+    """-> state_dict with the head of a tied LM, if it holds exactly lm's weights, each of lm's shape,
+    floating point and finite; else a one-line error naming the first weight that is not."""
+    own = lm.state_dict()
+    if lm.cfg.tie_embeddings:   # a tied head (every official Mamba LM) may be stored or not, but must equal
+        emb = state_dict.get("backbone.embedding.weight")   # the embedding
+        if emb is not None and not torch.equal(state_dict.get("lm_head.weight", emb), emb):
+            raise ValueError(f"{path}: lm_head.weight differs from the embedding it is tied to: not loadable")
+        state_dict = {**state_dict, "lm_head.weight": emb}
+    missing = sorted(set(own) - set(state_dict))
+    unknown = sorted(set(state_dict) - set(own))
     if missing or unknown:
         raise ValueError(f"{path}: weights not of this model: missing {missing[:5]}, unknown {unknown[:5]}")
     for k, v in state_dict.items():
-        problem = (v.shape != own[k].shape and f"shape {list(v.shape)}, not {list(own[k].shape)}"
-                   or not v.is_floating_point() and f"{v.dtype} values, not floating point"
-                   or not torch.isfinite(v).all() and "NaN or inf values")
-        if problem:
-            raise ValueError(f"{path}: {k} has {problem}: not a checkpoint this model can load")
-    lm.load_state_dict(state_dict)
-    lm.step = None if official else ckpt.get("step")
-    return lm.to(device)
-
-def official_config(path):
-    """The ModelConfig of a state-spaces/mamba directory's config.json (Mamba-1 or Mamba-2 LMs only)."""
-    file = os.path.join(path, "config.json")
-    if not os.path.isfile(file):
-        raise FileNotFoundError(f"{path}: no ckpt.pt (ours), no config.json + pytorch_model.bin (official)")
-    c = _read_json(file, "re-download it")
-    bad = sorted(set(c) - OFFICIAL_KEYS) + [f"no {k}" for k in SIZES[:3] if k not in c] + [
-        f"{k} {c[k]!r}" for k in SIZES if k in c and not (type(c[k]) is int and c[k] > 0)] + [
-        f"ssm_cfg {c.get('ssm_cfg')!r}"] * (not isinstance(c.get("ssm_cfg") or {}, dict))
-    unsupported = c.get("d_intermediate") or c.get("attn_layer_idx") or not c.get("rms_norm", True)
-    if bad or unsupported or not c.get("tie_embeddings", True):
-        raise ValueError(f"{file}: not a Mamba LM this repo loads faithfully ({', '.join(bad)}; hybrid "
-                         "MLP/attention layers, LayerNorm and untied embeddings are not supported)")
-    mixer = dict(c.get("ssm_cfg") or {})
-    arch = "mamba2" if mixer.pop("layer", "Mamba1") == "Mamba2" else "mamba1"
-    return ModelConfig(arch=arch, mixer=mixer, **{k: c[k] for k in SIZES if k in c})
-
-def export(lm, out, train_config=None):
-    """Write a Mamba LM as mamba_ssm does (config.json: MambaConfig; pytorch_model.bin: our names are its),
-    and train_config (train.py's arguments: its tokenizer, data, T_train) as args.json, which
-    train_config(out) reads back. An error, Ctrl-C or SIGTERM leaves none of these files behind."""
-    c = lm.cfg
-    if c.arch not in ("mamba1", "mamba2") or not c.tie_embeddings or c.norm_eps != 1e-5:
-        raise ValueError(f"{c.arch}: the official layout holds Mamba LMs (tied head, norm eps 1e-5) only")
-    config = dict({k: getattr(c, k) for k in SIZES}, ssm_cfg=dict(c.mixer, layer=c.arch.title()))
-    texts = {"args.json": train_config and json.dumps(train_config, indent=1),
-             "config.json": json.dumps(config)}
-    names = ("pytorch_model.bin", *texts)   # written in this order: a config.json is a whole export
-    made = not os.path.exists(out)
-    if not (made or os.path.isdir(out)) or any(os.path.exists(os.path.join(out, f)) for f in names):
-        raise FileExistsError(f"{out} {'holds a model' if os.path.isdir(out) else 'is a file'} already: "
-                              "pass a new OUT_DIR")
-    os.makedirs(out, exist_ok=True)
-    try:
-        data.write_atomically(os.path.join(out, names[0]), lambda tmp: torch.save(lm.state_dict(), tmp))
-        for name, text in texts.items():
-            if text:
-                data.write_atomically(os.path.join(out, name), lambda tmp: pathlib.Path(tmp).write_text(text))
-    except BaseException:   # none of them existed before: a part of an export is removed
-        for name in names:
-            pathlib.Path(out, name).unlink(missing_ok=True)
-        if made:
-            with contextlib.suppress(OSError):   # emptied: unless another process wrote there meanwhile
-                os.rmdir(out)
-        raise
+        for bad, problem in [(v.shape != own[k].shape, f"shape {list(v.shape)}, not {list(own[k].shape)}"),
+                             (not v.is_floating_point(), f"{v.dtype} values, not floating point"),
+                             (not torch.isfinite(v).all(), "NaN or inf values")]:
+            if bad:
+                raise ValueError(f"{path}: {k} has {problem}: not a checkpoint this model can load")
+    return state_dict
 
 def train_config(path):
     """train.py's arguments stored in one of our checkpoints (a ckpt.pt or the run directory holding
@@ -251,7 +203,7 @@ def train_config(path):
     path, cfg = weights_file(path)
     if cfg is not None:
         file = os.path.join(os.path.dirname(path), "args.json")
-        return _read_json(file, "restore it from the run's args.json") if os.path.isfile(file) else {}
+        return datafiles.read_json(file, "restore the run's args.json") if os.path.isfile(file) else {}
     tc = read_checkpoint(path, "cpu", mmap=True).get("train_config") if os.path.isfile(path) else {}
     return tc if isinstance(tc, dict) else {}
 
@@ -263,14 +215,11 @@ def data_id(corpus, split_seed):
 def weights_file(path):
     """-> (the file holding path's weights, None) for ours (a ckpt.pt or its run directory), or
     (its pytorch_model.bin, its ModelConfig) for an official directory or hub id; a missing file is named."""
-    path = data.hub_path(path)
-    if not os.path.isdir(path) or os.path.exists(os.path.join(path, "ckpt.pt")):
-        return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path, None
-    cfg, weights = official_config(path), os.path.join(path, "pytorch_model.bin")  # config.json checked first
-    if not os.path.isfile(weights):  # a hub id's partial snapshot is named by data.hub_path
-        raise FileNotFoundError(f"{path} holds config.json but no pytorch_model.bin (a partial download?): "
-                                f"run `hf download ORG/NAME pytorch_model.bin --local-dir {path}`")
-    return weights, cfg
+    path = datafiles.hub_path(path)
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "ckpt.pt")):
+        weights, fields = official.read(path)
+        return weights, ModelConfig(**fields)
+    return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path, None
 
 def read_checkpoint(path, device, **kw):
     if not os.path.isfile(path):
@@ -284,32 +233,3 @@ def read_checkpoint(path, device, **kw):
         why = f"truncated, corrupt or not a torch checkpoint: {type(e).__name__}"
         raise ValueError(f"cannot read {path} ({why}): copy it again whole, or pass a ckpt.pt written by "
                          "train.py") from None
-
-def _read_json(file, fix):
-    try:
-        c = json.loads(pathlib.Path(file).read_text())
-    except ValueError:
-        raise ValueError(f"{file} is not valid JSON: {fix}") from None
-    if not isinstance(c, dict):
-        raise ValueError(f"{file} is not a JSON object: {fix}")
-    return c
-
-def main(argv=None):
-    """python model.py --export CKPT OUT_DIR: CKPT (ours, official or a hub id) in the official layout."""
-    import argparse
-    p = argparse.ArgumentParser(description="Write CKPT (ours, official or a hub id) in the official layout")
-    p.error = lambda message: p.exit(2, f"error: {message}\n")  # one line, as every other bad input
-    p.add_argument("--export", nargs=2, required=True, metavar=("CKPT", "OUT_DIR"))
-    ckpt, out = p.parse_args(argv).export
-    if not ckpt.strip() or not out.strip():   # "" would read as the working folder
-        p.error(f"--export {ckpt!r} {out!r}: CKPT and OUT_DIR must not be empty")
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: export removes its files
-    try:
-        export(from_pretrained(ckpt), out, train_config(ckpt))
-    except (OSError, ValueError) as e:
-        sys.exit(f"error: {e}")
-    except KeyboardInterrupt:
-        sys.exit(f"interrupted: nothing written to {out} (no temporary file left)")
-
-if __name__ == "__main__":
-    main()

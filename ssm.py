@@ -8,7 +8,7 @@ Every scan (GLA's and RWKV-6's too) takes `initial_state` (h_{-1}; None: zeros) 
 (h_{T-1}): training from a non-zero state (Sec. 4: State Passing, TBTT, noise) and evaluating past the
 training length need just that. Scans compute in float32 (float64 when an input is, in tests: a long product
 of decays loses too much in bf16) and return y in x's dtype, the final state in the compute dtype.
-Shapes, Mamba-2 | Mamba-1 (b batch, t time, H heads, p headdim, g groups, n d_state, d d_inner, L chunk):
+Shapes, Mamba-2 | Mamba-1 (b batch, t time, H heads, p headdim, g groups, n d_state, d d_inner, Q chunk):
   x [b, t, H, p] | [b, t, d]; dt > 0 [b, t, H] | [b, t, d]; A < 0 [H] | [d, n]; B, C [b, t, g, n] | [b, t, n];
   h [b, H, p, n] | [b, d, n]; decay, write: a step's A_t, dt_t x_t B_t (mamba-minimal's deltaA, deltaB_u).
 A layer's state is the dict {"h": scan state, "conv": causal-conv window}."""
@@ -39,44 +39,50 @@ def ssd_naive(x, dt, A, B, C, initial_state=None):
     return torch.stack(ys, dim=1).to(x.dtype), h
 
 def ssd_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
-    """h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T, y_t = h_t C_t, by chunks: SSD (Dao & Gu 2024, Sec. 6)."""
-    # With log decays a = dt * A <= 0 summed within a chunk, cs_i = a_0 + ... + a_i, step j's input reaches
-    # step i >= j scaled by exp(cs_i - cs_j) <= 1 (the causal mask goes in before exp): no decay overflows.
+    """h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T, y_t = h_t C_t, by chunks: SSD's block decomposition (Dao &
+    Gu 2024, Sec. 6) of the lower-triangular y = M (dt x) into chunks of Q steps, from initial_state."""
+    # In log space, A_cumsum_l = a_0 + ... + a_l (a = dt A <= 0) within a chunk: step s reaches step l >= s
+    # scaled by exp(A_cumsum_l - A_cumsum_s) <= 1 (the causal mask goes in before exp): no decay overflows.
+    # Einsum letters: b batch, c chunk, l and s steps in it, g group, r head in the group (H = g r: each head
+    # reads its group's B and C), p headdim, n d_state.
     (b, t, H, p), (g, n) = x.shape, B.shape[2:]
-    out_dtype, dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
+    y_dtype = x.dtype
+    dtype = compute_dtype(x, dt, A, B, C, initial_state)
     h = x.new_zeros(b, H, p, n, dtype=dtype) if initial_state is None else initial_state.to(dtype)
     x, dt, A, B, C = (v.to(dtype) for v in (x, dt, A, B, C))
-    L = max(1, min(chunk_size, t))  # short inputs (e.g. one token at a time) need no padding
-    pad = (-t) % L
+    Q = max(1, min(chunk_size, t))  # short inputs (e.g. one token at a time) need no padding
+    pad = (-t) % Q
     if pad:  # padded steps have dt = 0: decay exp(0) = 1 and no input, so the state passes unchanged
         x, B, C = (F.pad(v, (0, 0, 0, 0, 0, pad)) for v in (x, B, C))
         dt = F.pad(dt, (0, 0, 0, pad))
-    nc, r = (t + pad) // L, H // g
-    # Layout [b, chunk c, group g, head in group r, position l, ...]: a group's B, C broadcast over its heads
-    x = x.reshape(b, nc, L, g, r, p).permute(0, 1, 3, 4, 2, 5)  # [b, c, g, r, L, p]
-    dt = dt.reshape(b, nc, L, g, r).permute(0, 1, 3, 4, 2)  # [b, c, g, r, L]
-    B, C = (v.reshape(b, nc, L, g, n).transpose(2, 3)[:, :, :, None] for v in (B, C))  # [b, c, g, 1, L, n]
-    cs = torch.cumsum(dt * A.reshape(g, r, 1), dim=-1)  # running log decay within the chunk
-    dt_x = x * dt[..., None]
-    # 1. Intra-chunk (diagonal blocks): each chunk from a zero state, a masked "attention"
-    # y_i = sum_{j<=i} (C_i . B_j) exp(cs_i - cs_j) dt_j x_j; masked entries get zero gradient too.
-    causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
-    segsum = (cs[..., :, None] - cs[..., None, :]).masked_fill(~causal, float("-inf"))  # cs_i - cs_j
-    y = ((C @ B.transpose(-1, -2)) * segsum.exp()) @ dt_x  # scores [b, c, g, r, L, L]
-    # 2. Chunk states: the state each chunk leaves at its end when started from zero.
-    decay_to_end = torch.exp(cs[..., -1:] - cs)  # [b, c, g, r, L]
-    chunk_states = (dt_x * decay_to_end[..., None]).transpose(-1, -2) @ B  # [b, c, g, r, p, n]
-    # 3. Inter-chunk recurrence from initial_state (arXiv 2507.02782, Appendix I): t / L small steps.
-    decay_from_start = torch.exp(cs)  # [b, c, g, r, L]
-    chunk_decay = decay_from_start[..., -1, None, None]  # whole-chunk decay [b, c, g, r, 1, 1]
-    h, states_in = h.reshape(b, g, r, p, n), []
-    for c in range(nc):
+    nc = (t + pad) // Q
+    r = H // g
+    x = x.reshape(b, nc, Q, g, r, p)
+    dt = dt.reshape(b, nc, Q, g, r)
+    B, C = (v.reshape(b, nc, Q, g, n) for v in (B, C))
+    dt_x = dt[..., None] * x
+    A_cumsum = torch.einsum("bclgr->bgrcl", dt * A.view(g, r)).cumsum(-1)  # time last: the matmuls' layout
+    # 1. Diagonal blocks, each chunk from a zero state: y_l = sum_{s <= l} (C_l . B_s) L_ls dt_s x_s, with L
+    # the decay from step s to step l; its masked entries get zero gradient too
+    causal = torch.ones(Q, Q, dtype=torch.bool, device=x.device).tril()
+    L = torch.exp((A_cumsum[..., :, None] - A_cumsum[..., None, :]).masked_fill(~causal, float("-inf")))
+    Y_diag = torch.einsum("bclgn,bcsgn,bgrcls,bcsgrp->bclgrp", C, B, L, dt_x)
+    # 2. Each chunk's final state from a zero state: sum_l exp(A_cumsum_last - A_cumsum_l) dt_l x_l B_l^T
+    decay_states = torch.exp(A_cumsum[..., -1:] - A_cumsum)
+    states = torch.einsum("bgrcl,bclgrp,bclgn->bcgrpn", decay_states, dt_x, B)
+    # 3. The states passed between chunks, from initial_state (arXiv 2507.02782, Appendix I): t / Q steps
+    decay_chunk = torch.exp(A_cumsum[..., -1, None, None]).unbind(3)  # a chunk's whole decay [b, g, r, 1, 1]
+    h = h.reshape(b, g, r, p, n)
+    states_in = []
+    for decay, state in zip(decay_chunk, states.unbind(1)):
         states_in.append(h)
-        h = chunk_decay[:, c] * h + chunk_states[:, c]
+        h = decay * h + state
     states_in = torch.stack(states_in, dim=1)  # the state entering each chunk [b, c, g, r, p, n]
-    # 4. State to output (off-diagonal blocks): what the incoming state adds to every step of its chunk.
-    y = y + (C @ states_in.transpose(-1, -2)) * decay_from_start[..., None]
-    return y.permute(0, 1, 4, 2, 3, 5).reshape(b, nc * L, H, p)[:, :t].to(out_dtype), h.reshape(b, H, p, n)
+    # 4. Off-diagonal blocks, state to output: the state entering a chunk, decayed to its step l, read by C_l
+    state_decay_out = torch.exp(A_cumsum)
+    Y_off = torch.einsum("bclgn,bcgrpn,bgrcl->bclgrp", C, states_in, state_decay_out)
+    y = (Y_diag + Y_off).reshape(b, nc * Q, H, p)[:, :t]
+    return y.to(y_dtype), h.reshape(b, H, p, n)
 
 # ==== Mamba-1 (selective scan): Gu & Dao 2023, "Mamba" (arXiv 2312.00752), Sec. 3.2 and Algorithm 2; official
 # code: mamba_ssm (modules/mamba_simple.py). Per channel: a step size, a diagonal state [n]; B_t, C_t shared.
@@ -96,28 +102,31 @@ def selective_scan_naive(x, dt, A, B, C, initial_state=None):
     return torch.stack(ys, dim=1).to(x.dtype), h
 
 def selective_scan_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
-    """h_t = exp(dt_t A) * h_{t-1} + dt_t x_t B_t, y_t = h_t C_t, as a two-level scan: 2 L + t / L steps."""
-    # The decay differs per channel AND state index, so SSD's matmul form would need [L, L, d, n] decays;
-    # instead the chunks of L steps run side by side. Only exp of dt * A <= 0 is taken: any decay is stable.
+    """h_t = exp(dt_t A) * h_{t-1} + dt_t x_t B_t, y_t = h_t C_t, as a two-level scan: 2 Q + t / Q steps."""
+    # The decay differs per channel AND state index, so SSD's matmul form would need [Q, Q, d, n] decays;
+    # instead the chunks of Q steps run side by side. Only exp of dt * A <= 0 is taken: any decay is stable.
     (b, t, d), n = x.shape, A.shape[1]
-    out_dtype, dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
+    y_dtype = x.dtype
+    dtype = compute_dtype(x, dt, A, B, C, initial_state)
     x, dt, A, B, C = (v.to(dtype) for v in (x, dt, A, B, C))
-    L = max(1, min(chunk_size, t))
-    nc, pad, dt_x = math.ceil(t / L), (-t) % L, dt * x
+    dt_x = dt * x
+    Q = max(1, min(chunk_size, t))
+    nc = math.ceil(t / Q)
+    pad = (-t) % Q
     if pad:  # padded steps have dt = 0: decay 1 and no input
         dt, dt_x, B, C = (F.pad(v, (0, 0, 0, pad)) for v in (dt, dt_x, B, C))
-    # [b, nc, L, ...] split into L per-position tensors once: indexing inside the loops would make
+    # [b, nc, Q, ...] split into Q per-position tensors once: indexing inside the loops would make
     # autograd scatter each step's gradient into a full-size zero tensor
-    dt_j, dt_x_j, B_j, C_j = (v.view(b, nc, L, v.shape[-1]).unbind(2) for v in (dt, dt_x, B, C))
+    dt_j, dt_x_j, B_j, C_j = (v.view(b, nc, Q, v.shape[-1]).unbind(2) for v in (dt, dt_x, B, C))
     keep_decays = torch.is_grad_enabled()  # autograd saves step 1's decays anyway: step 3 reuses them
-    # 1. Every chunk runs its L steps from a zero state, keeping its end state (addcmul(w, a, h) = w + a h)
+    # 1. Every chunk runs its Q steps from a zero state, keeping its end state (addcmul(w, a, h) = w + a h)
     decays, h = [], x.new_zeros(b, nc, d, n)
-    for j in range(L):
+    for j in range(Q):
         decay = torch.exp(dt_j[j][..., None] * A)
         decays.append(decay if keep_decays else None)
         h = torch.addcmul(dt_x_j[j][..., None] * B_j[j][:, :, None, :], decay, h)
     # 2. The state walks along the chunk boundaries from initial_state (arXiv 2507.02782, Appendix I).
-    chunk_decay = torch.exp(dt.view(b, nc, L, d).sum(2)[..., None] * A).unbind(1)  # [b, d, n] each
+    chunk_decay = torch.exp(dt.view(b, nc, Q, d).sum(2)[..., None] * A).unbind(1)  # [b, d, n] each
     carry = x.new_zeros(b, d, n) if initial_state is None else initial_state.to(dtype)
     carried_in = []
     for c, end_state in enumerate(h.unbind(1)):
@@ -125,11 +134,11 @@ def selective_scan_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
         carry = torch.addcmul(end_state, chunk_decay[c], carry)
     # 3. Every chunk reruns its steps from its true incoming state and reads out y.
     h, ys = torch.stack(carried_in, dim=1), []
-    for j in range(L):
+    for j in range(Q):
         decay = decays[j] if keep_decays else torch.exp(dt_j[j][..., None] * A)
         h = torch.addcmul(dt_x_j[j][..., None] * B_j[j][:, :, None, :], decay, h)
         ys.append(torch.einsum("bcdn,bcn->bcd", h, C_j[j]))
-    return torch.stack(ys, dim=2).reshape(b, nc * L, d)[:, :t].to(out_dtype), carry
+    return torch.stack(ys, dim=2).reshape(b, nc * Q, d)[:, :t].to(y_dtype), carry
 
 # ==== Layers
 class Mamba2(nn.Module):
@@ -137,8 +146,7 @@ class Mamba2(nn.Module):
     load as they are). in_proj -> [z, xBC, dt]; causal conv + SiLU over xBC -> [x, B, C]; SSD scan with
     dt = softplus(dt + dt_bias), A = -exp(A_log); y + D x; gated RMSNorm(y * silu(z)); out_proj."""
     def __init__(self, d_model, d_state=128, d_conv=4, expand=2, headdim=64, ngroups=1, A_init_range=(1, 16),
-                 dt_min=0.001, dt_max=0.1, dt_init_floor=1e-4, chunk_size=64, layer_idx=None,
-                 scan_impl="auto"):
+                 dt_min=0.001, dt_max=0.1, dt_init_floor=1e-4, chunk_size=64, scan_impl="auto"):
         super().__init__()
         self.d_inner, self.nheads, self.scan_impl = expand * d_model, expand * d_model // headdim, scan_impl
         assert self.d_inner % headdim == 0 and self.nheads % ngroups == 0, \
@@ -190,9 +198,8 @@ class Mamba1(nn.Module):
     """Mamba-1 mixer with mamba_ssm's parameter names, shapes and initialisation (official checkpoints
     load as they are). in_proj -> (x, z); causal conv + SiLU over x; x_proj(x) -> (dt_low, B, C); selective
     scan with dt = softplus(dt_proj(dt_low)), A = -exp(A_log); y + D x; out_proj(y * silu(z))."""
-    def __init__(self, d_model, d_state=16, d_conv=4, expand=2, dt_rank="auto", dt_min=0.001,
-                 dt_max=0.1, dt_init="random", dt_scale=1.0, dt_init_floor=1e-4, conv_bias=True,
-                 bias=False, layer_idx=None, scan_impl="auto"):
+    def __init__(self, d_model, d_state=16, d_conv=4, expand=2, dt_rank="auto", dt_min=0.001, dt_max=0.1,
+                 dt_init_floor=1e-4, conv_bias=True, bias=False, scan_impl="auto"):
         super().__init__()
         self.d_state, self.d_conv, self.d_inner = d_state, d_conv, int(expand * d_model)
         self.dt_rank, self.scan_impl = (math.ceil(d_model / 16) if dt_rank == "auto" else dt_rank), scan_impl
@@ -201,10 +208,9 @@ class Mamba1(nn.Module):
                                 padding=d_conv - 1, bias=conv_bias)
         self.x_proj = nn.Linear(self.d_inner, self.dt_rank + 2 * d_state, bias=False)
         self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True)
-        std = self.dt_rank ** -0.5 * dt_scale  # the variance of dt_proj(dt_low) does not depend on dt_rank
-        assert dt_init in ("random", "constant"), dt_init
+        std = self.dt_rank ** -0.5  # the variance of dt_proj(dt_low) does not depend on dt_rank
         with torch.no_grad():
-            self.dt_proj.weight.uniform_(-std, std) if dt_init == "random" else self.dt_proj.weight.fill_(std)
+            self.dt_proj.weight.uniform_(-std, std)
             self.dt_proj.bias.copy_(inverse_softplus_dt(self.d_inner, dt_min, dt_max, dt_init_floor))
         # S4D-real init: A[d, k] = -(k + 1), stored as its log so that A = -exp(A_log) stays negative
         self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1.0).repeat(self.d_inner, 1)))

@@ -9,7 +9,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from data import DataError, get_tokenizer, is_int, require
+import model
+from babi import BABI_TASKS, babi_story, pick
+from datafiles import DataError, get_tokenizer, is_int, require
 
 Sample = collections.namedtuple("Sample", "tokens answer_mask meta")   # int64 [n], bool [n], dict
 FLAGS = "train.py --seq-len; evaluate.py --passkey-lengths, --babi-lengths"   # where a length comes from
@@ -37,10 +39,6 @@ def passkey_sample(tokenizer, length, depth=None, seed=0):
     return Sample(tokens, mask, dict(task="passkey", answer=key, key=key, depth=depth, key_start=start,
                                      seed=seed, actual_depth=(start - 1) / n if n else 0.0))
 
-def passkey_digit_accuracy(pred_text, key):
-    """The fraction of the key's digits that the first run of digits in pred_text gets right, in place."""
-    return sum(a == b for a, b in zip(re.match(r"\D*(\d*)", pred_text)[1], str(key))) / len(str(key))
-
 # --- Synthetic copying (Table 1): eot s SEP s EOS, the answer the copy AND the EOS (where it stops) ---
 # SEP, EOS: control bytes (group separator, end-of-text) text rarely holds, single tokens in byte-level BPEs.
 COPY_ALPHABET = "abcdefghijklmnopqrstuvwxyz"
@@ -64,147 +62,11 @@ def copy_scores(pred_tokens, target_tokens):
     correct = sum(p == t for p, t in zip(pred, target))
     return correct / len(target), correct == len(target)
 
-# --- BABILong-style QA (Fig. 6): the ten bAbI families from a tiny world simulation, our own words ----
-# A story: event dicts (sentence in "text"); meta["asked"] names the question: tests re-derive its answer
-BABI_PEOPLE = ("Alice", "Bruno", "Chloe", "Dmitri", "Elena", "Farid")
-BABI_PLACES = ("kitchen", "garden", "hallway", "bedroom", "office", "cellar", "attic", "library")
-BABI_OBJECTS = ("apple", "ball", "milk", "key", "book", "lamp")
-BABI_DIRECTIONS = {"north": (0, 1), "south": (0, -1), "east": (1, 0), "west": (-1, 0)}
-BABI_NUMBERS = ("none", "one", "two", "three", "four", "five", "six")
-BABI_TEMPLATES = {   # event kind -> its sentences (one is drawn)
-    "move": ("{person} went to the {place}.", "{person} walked into the {place}.",
-             "{person} headed for the {place}.", "{person} ran to the {place}."),
-    "grab": ("{person} picked up the {obj}.", "{person} took the {obj}.", "{person} got the {obj}."),
-    "drop": ("{person} put down the {obj}.", "{person} dropped the {obj}.",
-             "{person} left the {obj} behind."),
-    "give": ("{person} gave the {obj} to {other}.", "{person} handed the {obj} to {other}.",
-             "{person} passed the {obj} to {other}."),
-    "not_in": ("{person} is not in the {place}.", "{person} is no longer in the {place}."),
-    "either": ("{person} is either in the {place} or the {place2}.",),
-    "relation": ("The {place} is {direction} of the {place2}.",)}
-BABI_QUESTIONS = {   # asked["kind"] -> the question, filled from `asked`
-    "where_person": "Where is {person}?", "where_object": "Where is the {obj}?",
-    "where_before": "Where was the {obj} before the {place}?", "is_in": "Is {person} in the {place}?",
-    "what_is_dir_of": "What is {direction} of the {place}?", "who_gave": "Who gave the {obj} to {other}?",
-    "what_is_x_dir_of": "What is the {place} {direction} of?", "who_received": "Who received the {obj}?",
-    "count_carried": "How many objects is {person} carrying?", "list_carried": "What is {person} carrying?",
-    "what_given": "What did {person} give to {other}?", "given_to": "Who did {person} give the {obj} to?"}
-BABI_GIVE_ASKS = {   # qa5's question kinds: (what the question names, what it asks)
-    "who_gave": (("obj", "other"), "person"), "what_given": (("person", "other"), "obj"),
-    "given_to": (("person", "obj"), "other"), "who_received": (("obj",), "other")}
-BABI_TASKS = {   # task -> event kinds (repeats weight them), events in [lo, hi), people, places, objects
-    "qa1": ("move", (4, 9), 3, 5, 0), "qa2": ("move move grab drop", (6, 11), 3, 4, 3),
-    "qa3": ("move move grab drop", (8, 15), 2, 4, 2), "qa4": ("relation", (2, 4), 0, 0, 0),
-    "qa5": ("move move grab grab give give drop", (8, 14), 3, 3, 3),
-    "qa6": ("move move move grab drop", (4, 9), 3, 4, 2),
-    "qa7": ("move move grab grab drop give", (6, 12), 3, 3, 4),
-    "qa8": ("move move grab grab drop give", (6, 12), 3, 3, 4),
-    "qa9": ("move move not_in", (4, 9), 3, 4, 0), "qa10": ("move move either", (4, 9), 3, 4, 0)}
-MAX_CARRIED = 3
-
-def _simulate(rng, kinds, n_events, sizes):
-    """A random valid story: to pick up or give, a person must be somewhere known; a lying object is picked
-    up only where it lies; give needs both people in one place; nobody carries more than MAX_CARRIED."""
-    people, places, objects = (rng.choice(pool, n, replace=False).tolist()
-                               for pool, n in zip((BABI_PEOPLE, BABI_PLACES, BABI_OBJECTS), sizes))
-    loc, holder, lies_at = dict.fromkeys(people), dict.fromkeys(objects), dict.fromkeys(objects)
-    history, events = {o: [] for o in objects}, []   # loc None: unknown; history: each object's places
-    while len(events) < n_events:
-        kind = _pick(rng, kinds)
-        free = [p for p in people if list(holder.values()).count(p) < MAX_CARRIED]   # can carry one more
-        elsewhere = [dict(person=p, place=x) for p in people for x in places if x != loc[p]]
-        event = _pick(rng, {"move": elsewhere, "not_in": elsewhere,
-                            "grab": [dict(person=p, obj=o) for p in free for o in objects
-                                     if loc[p] and holder[o] is None and lies_at[o] in (None, loc[p])],
-                            "drop": [dict(person=holder[o], obj=o) for o in objects if holder[o] is not None],
-                            "give": [dict(person=holder[o], obj=o, other=q) for o in objects for q in free
-                                     if holder[o] not in (None, q) and loc[q] == loc[holder[o]]],
-                            "either": [dict(person=p, place=a, place2=b) for p in people for a in places
-                                       for b in places if a != b]}[kind])
-        if event is None:
-            continue
-        event, p, o = dict(kind=kind, **event), event["person"], event.get("obj")
-        if kind == "give":
-            holder[o] = event["other"]
-        elif o:   # grab, drop: a dropped object lies where it was dropped
-            holder[o], lies_at[o] = (p, None) if kind == "grab" else (None, loc[p])
-            history[o] = history[o] or [loc[p]]   # where it was first picked up
-        else:     # move (what p carries goes along); "not in" and "either" leave the place unknown
-            loc[p] = event["place"] if kind == "move" else None
-            history.update({x: h + [loc[p]] for x, h in history.items() if holder[x] == p and loc[p]})
-        events.append(dict(event, text=_pick(rng, BABI_TEMPLATES[kind]).format(**event)))
-    return events, dict(loc=loc, holder=holder, lies_at=lies_at, history=history, people=people,
-                        places=places, objects=objects)
-
-def _relations(rng, n_places):   # qa4's story (and no world): places on a grid, each next to a placed one
-    places = rng.choice(BABI_PLACES, n_places, replace=False).tolist()
-    cell, events = {places[0]: (0, 0)}, []
-    for new in places[1:]:
-        old, d = _pick(rng, [(old, d) for old in cell for d, (dx, dy) in BABI_DIRECTIONS.items()
-                             if (cell[old][0] + dx, cell[old][1] + dy) not in cell.values()])
-        cell[new] = (cell[old][0] + BABI_DIRECTIONS[d][0], cell[old][1] + BABI_DIRECTIONS[d][1])
-        e = dict(kind="relation", place=new, direction=d, place2=old)
-        events.append(dict(e, text=BABI_TEMPLATES["relation"][0].format(**e)))
-    return [events[i] for i in rng.permutation(len(events))], {}
-
-def _ask(task, rng, events, w):
-    """-> (answer, asked) about the story's final state, or None: this story has no good question."""
-    if task == "qa4":   # two argument relations: "What is north of the B?" -> A
-        e = _pick(rng, events)
-        if rng.random() < 0.5:
-            return e["place"], dict(kind="what_is_dir_of", direction=e["direction"], place=e["place2"])
-        return e["place2"], dict(kind="what_is_x_dir_of", place=e["place"], direction=e["direction"])
-    loc, holder, objects, h = w["loc"], w["holder"], w["objects"], w["history"]
-    known = [p for p in w["people"] if loc[p]]
-    if task == "qa1":   # single supporting fact
-        return _pick(rng, [(loc[p], dict(kind="where_person", person=p)) for p in known])
-    if task == "qa2":   # two supporting facts
-        place = {o: loc[holder[o]] if holder[o] else w["lies_at"][o] for o in objects}
-        return _pick(rng, [(place[o], dict(kind="where_object", obj=o)) for o in objects if place[o]])
-    if task == "qa3":   # three supporting facts; "before the X" is clear if it was in X once, not first
-        return _pick(rng, [(h[o][i - 1], dict(kind="where_before", obj=o, place=x)) for o in objects
-                           for i, x in enumerate(h[o]) if i and h[o].count(x) == 1])
-    if task == "qa5":   # three argument relations; only questions with one answer
-        gives = [e for e in events if e["kind"] == "give"]
-        return _pick(rng, [(g[asked], dict(kind=kind, **{k: g[k] for k in named})) for g in gives
-                           for kind, (named, asked) in BABI_GIVE_ASKS.items()
-                           if len({e[asked] for e in gives if all(e[k] == g[k] for k in named)}) == 1])
-    if task == "qa6":   # yes/no questions
-        p = _pick(rng, known)
-        place = loc[p] if rng.random() < 0.5 else _pick(rng, [x for x in w["places"] if x != loc[p]])
-        return "yes" if place == loc[p] else "no", dict(kind="is_in", person=p, place=place)
-    if task in ("qa7", "qa8"):   # counting; lists/sets, sorted by name
-        carrying = [p for p in known if p in holder.values()]
-        p = _pick(rng, carrying if carrying and rng.random() < 0.5 else known)   # fewer "none" answers
-        held = sorted(o for o in objects if holder[o] == p)
-        answer = BABI_NUMBERS[len(held)] if task == "qa7" else ",".join(held) or "nothing"
-        return answer, dict(kind="count_carried" if task == "qa7" else "list_carried", person=p)
-    last_fact = {e["person"]: e for e in events}   # qa9: "not in" facts; qa10: "either" facts
-    last = last_fact[_pick(rng, [p for p in w["people"] if p in last_fact])]
-    named = [last[k] for k in ("place", "place2") if k in last]   # place2: an "either" fact's
-    others = [x for x in w["places"] if x not in named]
-    if task == "qa10":
-        place = _pick(rng, named) if rng.random() < 0.5 else _pick(rng, others)
-        answer = "no" if place not in named else ("yes" if last["kind"] == "move" else "maybe")
-    else:   # a "not in" fact answers only about its place; after a move, 3/4 "yes" balances their "no"
-        place = last["place"] if last["kind"] == "not_in" or rng.random() < 0.75 else _pick(rng, others)
-        answer = "yes" if last["kind"] == "move" and place == last["place"] else "no"
-    return answer, dict(kind="is_in", person=last["person"], place=place)
-
-def babi_story(task, seed=0):
-    """-> (events, question, answer, asked) of a bAbI task ("qa1".."qa10"), from the seed."""
-    require(task in BABI_TASKS, f"unknown bAbI task {task!r}: use one of {', '.join(BABI_TASKS)}")
-    (kinds, n_events, *sizes), rng, qa = BABI_TASKS[task], np.random.default_rng(seed), None
-    while not qa:   # a story without a good question: draw another from the same rng
-        n = int(rng.integers(*n_events))
-        events, world = _relations(rng, n + 1) if task == "qa4" else _simulate(rng, kinds.split(), n, sizes)
-        qa = _ask(task, rng, events, world)
-    return events, BABI_QUESTIONS[qa[1]["kind"]].format(**qa[1]), *qa
-
+# --- BABILong-style QA (Fig. 6): a bAbI story (babi.py) hidden in filler -----------------------------
 def babi_sample(task, tokenizer, length, seed=0, filler_tokens=None):
     """A bAbI story (task "qa1".."qa10", None: uniform), its facts in order at random boundaries of filler."""
     enc, (task_rng, story_rng, layout_rng) = task_tokenizer(tokenizer), np.random.default_rng(seed).spawn(3)
-    task = _pick(task_rng, list(BABI_TASKS)) if task is None else task   # babi_story checks it
+    task = pick(task_rng, list(BABI_TASKS)) if task is None else task   # babi_story checks it
     events, question, answer, asked = babi_story(task, int(story_rng.integers(2**63)))
     facts = [f" {e['text']}" if filler_tokens is None else f"{e['text']}\n" for e in events]
     tokens, mask, starts, _ = _hide(enc, f"babi_sample {task}", length, facts, f"\nQuestion: {question}\n"
@@ -229,10 +91,8 @@ def babi_mixture(tokenizer, length, seed, babi_tasks, filler_tokens=None):
 @torch.inference_mode()
 def greedy_answer(lm, prompt_tokens, max_new_tokens, chunk_len=512):
     """Greedy continuation [b, max_new_tokens] (lists) of prompt_tokens [b, T] from the zero state."""
-    device = next(lm.parameters(), torch.empty(0)).device  # a model without parameters: the CPU
-    prompts, state = torch.as_tensor(prompt_tokens).long().to(device), None  # None: the zero state
-    for a in range(0, prompts.shape[1], chunk_len):
-        logits, state = lm(prompts[:, a:a + chunk_len], state, last_only=True)
+    prompts = torch.as_tensor(prompt_tokens).long().to(model.device_of(lm))
+    *_, (_, _, logits, state) = model.stream(lm, prompts, chunk_len, last_only=True)   # after the prompt
     new = [logits[:, -1].argmax(-1)]
     while len(new) < max_new_tokens:
         logits, state = lm(new[-1][:, None], state)  # one step from the carried state
@@ -253,26 +113,24 @@ def _answers(lm, samples, batch_size=None, chunk_len=512, slack=2):
     return [out[i] for i in range(len(samples))]
 
 def _exact(lm, tokenizer, samples, **kw):
-    """Exact match of each sample's decoded answer (cut at its first period or newline), and those texts."""
+    """Exact match of each sample's decoded answer, cut at its first period or newline."""
     texts = [cut_answer(t) for t in map(get_tokenizer(tokenizer).decode, _answers(lm, samples, **kw))]
-    return [float(exact_match(p, s.meta["answer"])) for p, s in zip(texts, samples)], texts
+    return [float(exact_match(p, s.meta["answer"])) for p, s in zip(texts, samples)]
 
 def passkey_grid(lm, tokenizer, lengths, depths=10, n_per_cell=4, seed=0, progress=False, **kw):
-    """Passkey retrieval (Fig. 7) per length x depth (a count in [0, 1] or a list): exact, digits [L][D]."""
+    """Passkey retrieval (Fig. 7) per length x depth (a count in [0, 1] or a list): exact match [L][D]."""
     depths = [float(d) for d in (np.linspace(0, 1, depths) if isinstance(depths, int) else depths)]
-    exact, digits = [], []
+    exact = []
     for L in tqdm(lengths, desc="passkey", disable=not progress):
         flat = [passkey_sample(tokenizer, L, depth=d, seed=[seed, j, i])  # depth-major
                 for j, d in enumerate(depths) for i in range(n_per_cell)]
-        ok, texts = _exact(lm, tokenizer, flat, **kw)
-        per_digit = [passkey_digit_accuracy(p, s.meta["key"]) for p, s in zip(texts, flat)]
-        exact.append(np.reshape(ok, (len(depths), n_per_cell)).mean(1).tolist())
-        digits.append(np.reshape(per_digit, (len(depths), n_per_cell)).mean(1).tolist())
+        ok = np.reshape(_exact(lm, tokenizer, flat, **kw), (len(depths), n_per_cell))
+        exact.append(ok.mean(1).tolist())
     return dict(lengths=[int(L) for L in lengths], depths=depths, n_per_cell=n_per_cell, exact=exact,
-                digits=digits, exact_mean=[sum(r) / len(r) for r in exact])
+                exact_mean=[sum(r) / len(r) for r in exact])
 
 def copy_accuracy(lm, tokenizer, lengths, n=16, seed=0, progress=False, **kw):
-    """Copying (Table 1) per string length: char accuracy of each string, its mean and s.e., whole-string."""
+    """Copying (Table 1) per string length: char accuracy of each string and their mean, whole-string."""
     eos = get_tokenizer(tokenizer).encode_single_token(COPY_EOS)
     scores = []  # [L, n, 2]: char accuracy, whole string right
     for L in tqdm(lengths, desc="copy", disable=not progress):
@@ -280,9 +138,8 @@ def copy_accuracy(lm, tokenizer, lengths, n=16, seed=0, progress=False, **kw):
         preds = [p[:p.index(eos)] if eos in p else p for p in _answers(lm, samples, slack=0, **kw)]
         scores.append([copy_scores(p, s.meta["target"]) for p, s in zip(preds, samples)])
     char, whole = torch.tensor(scores, dtype=torch.float64).unbind(-1)
-    sem = char.std(1) / n ** 0.5 if n > 1 else char[:, 0] * np.nan  # over the strings
     return dict(lengths=[int(L) for L in lengths], n=n, char=char.tolist(), char_mean=char.mean(1).tolist(),
-                char_sem=sem.tolist(), whole_mean=whole.mean(1).tolist())
+                whole_mean=whole.mean(1).tolist())
 
 def babilong_accuracy(lm, tokenizer, babi_tasks, lengths, n=8, seed=0, filler=None, progress=False, **kw):
     """BABILong-style QA (Fig. 6): exact match per bAbI task and length, stories hidden in `filler` tokens."""
@@ -290,7 +147,7 @@ def babilong_accuracy(lm, tokenizer, babi_tasks, lengths, n=8, seed=0, filler=No
     for L in tqdm(lengths, desc="babilong", disable=not progress):
         samples = [babi_mixture(tokenizer, int(L), [seed, cell[t], i], (t,), filler)
                    for t in babi_tasks for i in range(n)]
-        acc.append(np.reshape(_exact(lm, tokenizer, samples, **kw)[0], (len(babi_tasks), n)).mean(1).tolist())
+        acc.append(np.reshape(_exact(lm, tokenizer, samples, **kw), (len(babi_tasks), n)).mean(1).tolist())
     return dict(tasks=list(babi_tasks), lengths=[int(L) for L in lengths], n=n, mean=np.mean(acc, 1).tolist(),
                 acc={t: [row[k] for row in acc] for k, t in enumerate(babi_tasks)})
 
@@ -340,6 +197,3 @@ def _hide(enc, what, length, facts, question, answer, depth=None, corpus=None, r
     body = np.insert(filler, np.repeat(positions, list(map(len, pieces))), np.concatenate(pieces))
     tokens = np.concatenate([[enc.eot_token], body, question, answer]).astype(np.int64)
     return tokens, np.arange(len(tokens)) >= len(tokens) - len(answer), starts, n
-
-def _pick(rng, items):
-    return items[rng.integers(len(items))] if items else None

@@ -409,7 +409,7 @@ def grade_in(sandbox, submission, n, workdir, timeout, threads, fail_fast):
     status, reason, passed, total = "passed", "", 0, 0
     for k, args in enumerate(EXERCISES[n][4]):
         log = os.path.join(workdir, f"check{k}.log")
-        s, r, p, t = run_check(sandbox, folder, log, ["-x"] * fail_fast + args, n, timeout, threads)
+        s, r, p, t = run_check(sandbox, folder, log, (["-x"] if fail_fast else []) + args, n, timeout, threads)
         passed, total = passed + p, total + t
         if s != "passed" and status == "passed":
             status, reason = s, r

@@ -3,19 +3,17 @@
 one fails its exercise's check (tests/test_course_kit.py)."""
 PITFALLS = [
     (1, "Exponentiating cs_i - cs_j before masking j > i", "ssm.py",
-     """    segsum = (cs[..., :, None] - cs[..., None, :]).masked_fill(~causal, float("-inf"))  # cs_i - cs_j
-    y = ((C @ B.transpose(-1, -2)) * segsum.exp()) @ dt_x  # scores [b, c, g, r, L, L]
+     """    L = torch.exp((A_cumsum[..., :, None] - A_cumsum[..., None, :]).masked_fill(~causal, float("-inf")))
 """,
-     """    decays = (cs[..., :, None] - cs[..., None, :]).exp().masked_fill(~causal, 0.0)  # exp, then mask
-    y = ((C @ B.transpose(-1, -2)) * decays) @ dt_x  # scores [b, c, g, r, L, L]
+     """    L = torch.exp(A_cumsum[..., :, None] - A_cumsum[..., None, :]).masked_fill(~causal, 0.0)  # exp, then mask
 """),
     (1, "Mapping heads to groups with `repeat` instead of `repeat_interleave`", "ssm.py",
      """    (b, t, H, p), (g, n) = x.shape, B.shape[2:]
-    out_dtype, dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
+    y_dtype = x.dtype
 """,
      """    B, C = (v.repeat(1, 1, x.shape[2] // v.shape[2], 1) for v in (B, C))  # head i reads group i % g
     (b, t, H, p), (g, n) = x.shape, B.shape[2:]
-    out_dtype, dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
+    y_dtype = x.dtype
 """),
     (1, "Padding with anything but dt = 0", "ssm.py",
      """        dt = F.pad(dt, (0, 0, 0, pad))
@@ -25,40 +23,42 @@ PITFALLS = [
     (1, "Forgetting the initial state's contribution to the first chunk", "ssm.py",
      """        states_in.append(h)
 """,
-     """        states_in.append(h if c else torch.zeros_like(h))
+     """        states_in.append(h if states_in else torch.zeros_like(h))
 """),
     (1, "Decaying a chunk's incoming state", "ssm.py",
-     """    y = y + (C @ states_in.transpose(-1, -2)) * decay_from_start[..., None]
+     """    state_decay_out = torch.exp(A_cumsum)
 """,
-     """    y = y + (C @ states_in.transpose(-1, -2)) * chunk_decay
+     """    state_decay_out = torch.exp(A_cumsum[..., -1:]).expand_as(A_cumsum)  # the whole chunk's decay
 """),
     (1, "Special-casing `initial_state=None` in a way that changes rounding", "ssm.py",
-     """    h, states_in = h.reshape(b, g, r, p, n), []
-    for c in range(nc):
+     """    h = h.reshape(b, g, r, p, n)
+    states_in = []
+    for decay, state in zip(decay_chunk, states.unbind(1)):
         states_in.append(h)
-        h = chunk_decay[:, c] * h + chunk_states[:, c]
+        h = decay * h + state
     states_in = torch.stack(states_in, dim=1)  # the state entering each chunk [b, c, g, r, p, n]
 """,
      """    if initial_state is None:  # nothing to carry: every boundary state at once, a masked matmul over chunks
-        D = F.pad(cs[..., -1].cumsum(1), (0, 0, 0, 0, 1, 0))  # [b, c + 1, g, r]: log decay to each boundary
-        later = torch.ones(nc + 1, nc, dtype=torch.bool).tril(-1)[:, :, None, None]  # boundary k > chunk e
-        seg = (D[:, :, None] - D[:, None, 1:]).masked_fill(~later, float("-inf"))  # [b, k, e, g, r]
-        every = torch.einsum("bkegr,begrpn->bkgrpn", seg.exp(), chunk_states)
+        D = F.pad(A_cumsum[..., -1].cumsum(-1), (1, 0))  # [b, g, r, c + 1]: log decay to each boundary
+        later = torch.ones(nc + 1, nc, dtype=torch.bool).tril(-1)  # boundary k > chunk e
+        seg = (D[..., :, None] - D[..., None, 1:]).masked_fill(~later, float("-inf"))  # [b, g, r, k, e]
+        every = torch.einsum("bgrke,begrpn->bkgrpn", seg.exp(), states)
         states_in, h = every[:, :nc], every[:, nc]
     else:
-        h, states_in = h.reshape(b, g, r, p, n), []
-        for c in range(nc):
+        h = h.reshape(b, g, r, p, n)
+        states_in = []
+        for decay, state in zip(decay_chunk, states.unbind(1)):
             states_in.append(h)
-            h = chunk_decay[:, c] * h + chunk_states[:, c]
+            h = decay * h + state
         states_in = torch.stack(states_in, dim=1)  # the state entering each chunk [b, c, g, r, p, n]
 """),
     (1, "A loop over time", "ssm.py",
      """    (b, t, H, p), (g, n) = x.shape, B.shape[2:]
-    out_dtype, dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
+    y_dtype = x.dtype
 """,
      """    return ssd_naive(x, dt, A, B, C, initial_state)  # one step at a time
     (b, t, H, p), (g, n) = x.shape, B.shape[2:]
-    out_dtype, dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
+    y_dtype = x.dtype
 """),
     (2, "The textbook factorisation (q exp(G)) (k exp(-G))^T", "gla.py",
      """    s = L  # leaf size: halved while some block decays by more than 20 nats
@@ -169,10 +169,10 @@ PITFALLS = [
     (3, "Not resetting the state between row blocks", "evaluate.py",
      """    out = torch.empty(tokens.shape[0], tokens.shape[1] - 1)
     for r in tqdm(range(0, len(tokens), batch_size), desc="ppl", disable=not progress):
-        x, state = tokens[r:r + batch_size].to(_device(lm)), None  # None: the zero initial state""",
+        x, state = tokens[r:r + batch_size].to(model.device_of(lm)), None  # None: the zero initial state""",
      """    out, state = torch.empty(tokens.shape[0], tokens.shape[1] - 1), None
     for r in tqdm(range(0, len(tokens), batch_size), desc="ppl", disable=not progress):
-        x = tokens[r:r + batch_size].to(_device(lm))"""),
+        x = tokens[r:r + batch_size].to(model.device_of(lm))"""),
     (3, "bf16 logits into the cross-entropy", "evaluate.py",
      "logits[:, :-1].float().transpose(1, 2)",
      "logits[:, :-1].transpose(1, 2)"),
@@ -201,7 +201,7 @@ PITFALLS = [
      "t_star = int(ppl[:t_train].argmin())",
      "t_star = ppl[:t_train].argmin()"),
     (5, "Calling the batched `effective_remembrance`", "evaluate.py",
-     """    x = tokens[:, :T].to(_device(lm))
+     """    x = tokens[:, :T].to(model.device_of(lm))
 """,
      """    return effective_remembrance(lm, tokens, T, cuts, distance)
 """),

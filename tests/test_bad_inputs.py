@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import data
+import datafiles
 import evaluate
 import interventions
 import model
@@ -87,7 +88,7 @@ def data_files(d, tok_json):
              "prep-no-dtype": ("bytes", dict(dtype=None)),   # None: the key removed
              "prep-bpe-as-bytes": (tok_json, dict(tokenizer="bytes", vocab_size=None))}
     for name, (tok, edit) in edits.items():
-        data.load_data(str(d / "docs"), tok, out=str(d / name))
+        datafiles.token_ids(str(d / "docs"), tok, out=str(d / name))
         meta = json.loads((d / name / "meta.json").read_text())
         (d / name / "meta.json").write_text(json.dumps({k: v for k, v in {**meta, **edit}.items() if v}))
     char_level = pickle.dumps(dict(vocab_size=1, stoi={"a": 0}, itos={0: "a"}))   # nanoGPT's shakespeare_char
@@ -199,7 +200,7 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
 
 @pytest.mark.parametrize("command,word", ROWS)
 def test_bad_input_is_one_line_and_changes_nothing(user, tmp_path, command, word, monkeypatch):
-    monkeypatch.setattr(data, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(datafiles, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
     before = snapshot(user)
     code, message = outcome(lambda: command(user)) if callable(command) else \
         train_main(TRAIN + ["--steps=1", "--out", f"{tmp_path}/new", *command.format(u=user).split()])
@@ -302,7 +303,7 @@ def test_a_failed_read_or_write_is_named_and_keeps_the_checkpoint(user, tmp_path
     assert not list(run.glob("*.tmp")) and (run / "ckpt.pt").read_bytes() == before
 
 def test_a_run_refuses_another_tokenizer_or_changed_data(tmp_path, tok_json, monkeypatch, capsys):
-    monkeypatch.setattr(data, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(datafiles, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
     text, tok = tmp_path / "a.txt", pathlib.Path(shutil.copy(tok_json, tmp_path / "tok.json"))
     text.write_text(CORPUS_TEXT)
     runs = {name: str(tmp_path / name) for name in ("bytes", "bpe")}
@@ -314,7 +315,7 @@ def test_a_run_refuses_another_tokenizer_or_changed_data(tmp_path, tok_json, mon
     text.write_text(CORPUS_TEXT + "# edited\n")   # a resume must read the data it was trained on
     assert "--data" in train_main(["--resume", "--out", runs["bytes"], "--steps", "2"])[1]
     tok.write_text(tok.read_text() + "\n")   # another file at the same path (a new process reads it anew)
-    data._load_tokenizer.cache_clear()
+    datafiles._load_tokenizer.cache_clear()
     assert "--tokenizer" in train_main(["--resume", "--out", runs["bpe"], "--steps", "2"])[1]
     lm = tiny_lm(vocab_size=50280)   # an official directory of GPT-NeoX's vocabulary, without --tokenizer
     official = official_dir(tmp_path / "neox", lm.state_dict(), d_model=64, n_layer=2, vocab_size=50280,

@@ -1,6 +1,7 @@
-"""data.py's text corpora: tokenized in line-aligned pieces (exactly the ids of the whole file), split by a
-fixed seeded draw of the files, cached by files and tokenizer (one cache for every seed, verified, rebuilt
-when damaged), and `python data.py`'s directory (nanoGPT's train.bin, val.bin plus meta.json)."""
+"""Text corpora (data.load_data, datafiles.token_ids): tokenized in line-aligned pieces (exactly the ids of
+the whole file), split by a fixed seeded draw of the files, cached by files and tokenizer (one cache for
+every seed, verified, rebuilt when damaged), and `python datafiles.py`'s directory (nanoGPT's train.bin,
+val.bin plus meta.json)."""
 import errno
 import io
 import json
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 import data
+import datafiles
 from conftest import ROOT
 from data import DataError
 
@@ -40,11 +42,11 @@ class Wide:   # a vocabulary past uint16
 
 @pytest.mark.parametrize("name", ["bytes", "bpe"])
 def test_a_file_tokenized_in_pieces_gives_the_ids_of_the_whole(name, tok_json, tmp_path, monkeypatch):
-    enc = data.get_tokenizer(tok_json if name == "bpe" else "bytes")
+    enc = datafiles.get_tokenizer(tok_json if name == "bpe" else "bytes")
     (tmp_path / "big.txt").write_text(TEXT)
-    monkeypatch.setattr(data, "PIECE_CHARS", 50)   # and 3 pieces a batch: many batches
-    monkeypatch.setattr(data, "BATCH_PIECES", 3)
-    pieces = list(data._pieces(tmp_path / "big.txt"))   # each cut after a newline between non-spaces
+    monkeypatch.setattr(datafiles, "PIECE_CHARS", 50)   # and 3 pieces a batch: many batches
+    monkeypatch.setattr(datafiles, "BATCH_PIECES", 3)
+    pieces = list(datafiles._pieces(tmp_path / "big.txt"))   # each cut after a newline between non-spaces
     assert len(pieces) > 40 and "".join(pieces) == TEXT
     assert all(a[-1] == "\n" and a[-2].strip() and b[0].strip() for a, b in zip(pieces, pieces[1:]))
     d = data.load_data(str(tmp_path / "big.txt"), enc, val_fraction=0.1, cache_dir=str(tmp_path / "c"))
@@ -69,7 +71,7 @@ def test_one_cache_for_every_seed_split_by_document_and_rebuilt_when_damaged(tmp
     drawn = {sorted(tmp_path.glob("corpus/[!.]*"))[i] for i in np.random.default_rng(0).permutation(22)[:4]}
     assert val == {texts[p].encode() for p in drawn if p in texts} and not train & val and val
     assert train | val == {t.encode() for t in texts.values()}   # 4 of the 22 files drawn, skipped ones too
-    monkeypatch.setattr(data, "_build", None)   # other seeds read the same cache, build nothing
+    monkeypatch.setattr(datafiles, "_build", None)   # other seeds read the same cache, build nothing
     val = np.array(d.val)
     assert all(np.array_equal(load(seed=s, val_fraction=0.2).val, val) for s in (1, 2))
     (cache,) = (tmp_path / "c").iterdir()
@@ -88,7 +90,7 @@ def test_one_cache_for_every_seed_split_by_document_and_rebuilt_when_damaged(tmp
 def test_prepared_directory_loads_as_the_cache_and_is_never_overwritten(tmp_path, tok_json):
     write_docs(tmp_path / "corpus")
     corpus, prep = f"{tmp_path}/corpus", tmp_path / "prep"
-    prepare = [sys.executable, f"{ROOT}/data.py", "--data", corpus, "--tokenizer", tok_json, "--out"]
+    prepare = [sys.executable, f"{ROOT}/datafiles.py", "--data", corpus, "--tokenizer", tok_json, "--out"]
     assert subprocess.run(prepare + [str(prep)]).returncode == 0 and len(os.listdir(prep)) == 3
     cached = data.load_data(corpus, tok_json, cache_dir=str(tmp_path / "c"))
     prepared, meta = data.load_data(str(prep), tok_json), json.loads((prep / "meta.json").read_text())
@@ -121,8 +123,8 @@ def test_failed_cache_builds_leave_nothing_behind(tmp_path, monkeypatch):
     class FullDisk(io.FileIO):
         def write(self, data):
             raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(data, "open", lambda p, m="r", **k: FullDisk(p, "w") if "w" in m else open(p, m, **k),
-                        raising=False)
+    full_disk = lambda p, m="r", **k: FullDisk(p, "w") if "w" in m else open(p, m, **k)
+    monkeypatch.setattr(datafiles, "open", full_disk, raising=False)
     with pytest.raises(OSError, match="space"):
         data.load_data(str(tmp_path / "corpus"), cache_dir=str(tmp_path / "c"))
     assert os.listdir(tmp_path / "c") == []
@@ -169,7 +171,7 @@ def test_a_bin_is_read_in_the_dtype_its_meta_json_declares_for_its_tokenizer(tmp
     (tmp_path / "corpus").mkdir()   # a prepared directory whose id 255 is in val only, read as of 255 ids
     (tmp_path / "corpus" / "a.txt").write_text("\xff\n" * 20)
     (tmp_path / "corpus" / "b.txt").write_text("plain text\n" * 20)
-    data.load_data(str(tmp_path / "corpus"), Small(), out=str(tmp_path / "prep"))
+    datafiles.token_ids(str(tmp_path / "corpus"), Small(), out=str(tmp_path / "prep"))
     meta = json.loads((tmp_path / "prep" / "meta.json").read_text())
     assert 255 in np.fromfile(tmp_path / "prep" / "val.bin", np.uint16) and meta["docs_val"] == 1
     (tmp_path / "prep" / "meta.json").write_text(json.dumps(dict(meta, n_val=meta["n_val"] + 1)))
@@ -199,8 +201,8 @@ def test_prepare_interrupted_by_sigterm_or_ctrl_c_leaves_no_temporary_folder(tmp
         (tmp_path / "corpus" / f"{i}.txt").write_text(TEXT * 60)
     for sig in signal.SIGTERM, signal.SIGINT:
         out = tmp_path / f"prep-{sig.name}"
-        cmd = [sys.executable, f"{ROOT}/data.py", "--data", str(tmp_path / "corpus"), "--tokenizer", tok_json,
-               "--out", str(out)]
+        cmd = [sys.executable, f"{ROOT}/datafiles.py", "--data", str(tmp_path / "corpus"), "--tokenizer",
+               tok_json, "--out", str(out)]
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, RAYON_NUM_THREADS="1"),   # SIGINT: as from a terminal
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -228,26 +230,26 @@ def test_write_atomically_replaces_all_the_files_of_a_folder_or_none(tmp_path, m
     for name in "ab":
         (tmp_path / name).write_text("old")
     with pytest.raises(OSError, match="cannot write .*a, .*b .Permission denied.: the previous one is intact"):
-        data.write_atomically(str(tmp_path), {"a": new, "b": fails})
+        datafiles.write_atomically(str(tmp_path), {"a": new, "b": fails})
     assert [p.read_text() for p in sorted(tmp_path.iterdir())] == ["old", "old"]   # no .tmp left, a unchanged
     with pytest.raises(OSError, match=r"c \(Permission denied\): nothing was written$"):   # said of the file
-        data.write_atomically(str(tmp_path), {"c": fails})
+        datafiles.write_atomically(str(tmp_path), {"c": fails})
     replace = os.replace
     def interrupted(*args):   # a Ctrl-C between the two renames is held: both files are the new ones
         os.kill(os.getpid(), signal.SIGINT)
         replace(*args)
     monkeypatch.setattr(os, "replace", interrupted)
     try:
-        data.write_atomically(str(tmp_path), {"a": new, "b": new})
+        datafiles.write_atomically(str(tmp_path), {"a": new, "b": new})
     except KeyboardInterrupt:
         pytest.fail("a Ctrl-C between the renames stopped them: the folder holds a mix")
     assert [p.read_text() for p in sorted(tmp_path.iterdir())] == ["new", "new"]
     assert signal.getsignal(signal.SIGINT) is handler   # Ctrl-C is held only while the files are renamed
 
-def prepare(monkeypatch, capsys, *argv):   # python data.py ARGV, in this process -> (exit status, stderr)
-    monkeypatch.setattr(sys, "argv", ["data.py", *argv])
+def prepare(monkeypatch, capsys, *argv):   # python datafiles.py ARGV in this process -> (exit status, stderr)
+    monkeypatch.setattr(sys, "argv", ["datafiles.py", *argv])
     try:
-        runpy.run_path(f"{ROOT}/data.py", run_name="__main__")
+        runpy.run_path(f"{ROOT}/datafiles.py", run_name="__main__")
     except SystemExit as e:   # sys.exit(text): the text on stderr, status 1
         return (1, f"{e.code}\n") if isinstance(e.code, str) else (e.code, capsys.readouterr().err)
     return 0, capsys.readouterr().err
@@ -266,19 +268,19 @@ def test_prepare_refuses_what_it_cannot_prepare_in_one_line_and_writes_nothing(t
         assert status_err[0] == status and status_err[1].startswith(f"error: {says}"), status_err
         assert status_err[1].count("\n") == 1 and sorted(os.listdir()) == ["corpus", "prep"]
     assert prepare(monkeypatch, capsys, "--data", "corpus", "--tokenizer", "", "--out", "new") == (
-        2, "error: --tokenizer is empty: pass a value (python data.py --help)\n")
+        2, "error: --tokenizer is empty: pass a value (python datafiles.py --help)\n")
 
 def test_two_prepares_into_one_out_at_once_the_loser_says_so_and_the_winner_is_kept(tmp_path, monkeypatch):
-    out, rename, other = str(tmp_path / "prep"), data.write_atomically, write_docs(tmp_path / "b", n=3)
+    out, rename, other = str(tmp_path / "prep"), datafiles.write_atomically, write_docs(tmp_path / "b", n=3)
     write_docs(tmp_path / "a")
 
     def other_first(path, write):   # the other process renames its folder to --out while this one writes
-        monkeypatch.setattr(data, "write_atomically", rename)
-        data.load_data(str(tmp_path / "b"), out=out)
+        monkeypatch.setattr(datafiles, "write_atomically", rename)
+        datafiles.token_ids(str(tmp_path / "b"), out=out)
         rename(path, write)
-    monkeypatch.setattr(data, "write_atomically", other_first)
+    monkeypatch.setattr(datafiles, "write_atomically", other_first)
     with pytest.raises(DataError, match=f"^{out} was written by another process meanwhile, not from .*a: "):
-        data.load_data(str(tmp_path / "a"), out=out)
+        datafiles.token_ids(str(tmp_path / "a"), out=out)
     d = data.load_data(out)
     assert split_docs(np.r_[d.train, d.val]) == {t.encode() for t in other.values()}
     assert sorted(os.listdir(tmp_path)) == ["a", "b", "prep"]   # no temporary folder left

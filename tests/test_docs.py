@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-import train
+import config
 from conftest import ROOT
 
-SCRIPTS = ("train.py", "evaluate.py", "bench.py", "model.py", "data.py", "docs/kit.py")
+SCRIPTS = ("train.py", "evaluate.py", "bench.py", "official.py", "datafiles.py", "docs/kit.py")
 RECORD = r"""set -u
 python() { printf '%s\x1f' "$@" >> "$LOG"; echo >> "$LOG"; }
 torchrun() { while [[ $1 != *.py ]]; do shift; done; python "$@"; }
@@ -59,7 +59,7 @@ def problems(doc, tmp_path, monkeypatch, capsys):
             bad.append(f"{where}: {e} {capsys.readouterr().err.strip()}")
         except Parsed as parsed:
             try:
-                _ = argv[0] == "train.py" and parsed.args[0].seeds and train.parse_seeds(parsed.args[0].seeds)
+                _ = argv[0] == "train.py" and parsed.args[0].seeds and config.parse_seeds(parsed.args[0].seeds)
             except SystemExit as e:
                 bad.append(f"{where}: {e}")
     return bad if found else [f"{doc}: no command found"]

@@ -13,8 +13,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import data
+import datafiles
 import evaluate as ev
 import model
+import report
 import tasks
 import train
 from conftest import CORPUS_TEXT, ROOT, checkpoint, official_dir, tiny_lm
@@ -162,14 +164,15 @@ def test_verdict_on_hand_made_curves_and_a_matrix_is_paired():
     g = torch.Generator().manual_seed(0)
     noise = 0.01 * torch.randn(40, 7, generator=g, dtype=torch.float64)
     per_seq = profile + torch.linspace(0, 2, 40)[:, None] + noise - noise.mean(0)  # the means are the profile
-    v = ev.length_generalization(per_seq, lo, hi, t_train=8)
-    assert (v["t_star"], v["generalizes_to"], v["ratio"], v["censored"]) == (4, 32, 4.0, False)
-    assert "warning" not in v
-    v = ev.length_generalization(per_seq[:, :5], lo[:5], hi[:5], t_train=8)   # flat to the end
+    short = per_seq[:, 2:3].expand(-1, 7)   # the reference: each sequence's own level in [4, 8), everywhere
+    v = ev.length_generalization(per_seq, lo, hi, 8, short)
+    assert (v["generalizes_to"], v["ratio"], v["censored"]) == (32, 4.0, False) and "warning" not in v
+    assert v["ppl_short"] == pytest.approx(math.exp(3.0))   # profile 2.0 + the offsets' mean 1.0
+    v = ev.length_generalization(per_seq[:, :5], lo[:5], hi[:5], 8, short[:, :5])   # flat to the end
     assert v["generalizes_to"] == 32 and v["censored"]
-    assert "not meaningful" in ev.length_generalization(per_seq[:5], lo, hi, 8)["warning"]
+    assert "not meaningful" in ev.length_generalization(per_seq[:5], lo, hi, 8, short[:5])["warning"]
     with pytest.raises(ValueError, match="training positions"):
-        ev.length_generalization(per_seq, lo, hi, t_train=1)
+        ev.length_generalization(per_seq, lo, hi, 1, short)
 
 def test_literal_verdict_on_hand_made_ties_a_later_minimum_and_its_type():
     # t* is the FIRST minimum of ppl[:t_train]: from the first 3.0 the 4.0 ends the run at 2, from the tied
@@ -201,7 +204,7 @@ def test_verdict_paired_with_the_same_tokens_at_a_training_length_context():
     noise = 0.01 * torch.randn(40, 6, generator=g, dtype=torch.float64)
     flat = ref + noise
     v = ev.length_generalization(flat, lo, hi, 8, ref)
-    assert v["censored"] and v["generalizes_to"] == 128 and v["p_star"] == pytest.approx(
+    assert v["censored"] and v["generalizes_to"] == 128 and v["ppl_short"] == pytest.approx(
         math.exp((ref[:, 1:] @ torch.tensor([4.0, 8, 16, 32, 64], dtype=torch.float64) / 124).mean()))
     v = ev.length_generalization(flat + torch.tensor([0, 0, 0, 0.05, 0.05, 0.05]), lo, hi, 8, ref)
     assert (v["generalizes_to"], v["censored"]) == (16, False)
@@ -211,8 +214,11 @@ def test_verdict_is_stable_across_evaluation_seeds():
     # CurveLM's NLL is flat, then rises from position 64: T_train 16 generalizes to about 64 (4x).
     lm, edges, verdicts = CurveLM(), ev.log_edges(1024, include=[16]), []
     for seed in range(3):
-        bk = ev.bucketize(ev.sequence_nll(lm, tokens(32, 1025, seed=seed), 1024, 32), edges)
-        v = ev.length_generalization(bk["per_seq"], bk["lo"], bk["hi"], 16, seed=seed)
+        x = tokens(32, 1025, seed=seed)
+        bk = ev.bucketize(ev.sequence_nll(lm, x, 1024, 32), edges)
+        short = ev.short_context_nll(lm, x, 16, 1024, 32)   # bucketed as evaluate.measure does
+        short = torch.stack([short[:, a:b].nanmean(1) for a, b in zip(bk["lo"], bk["hi"])], 1)
+        v = ev.length_generalization(bk["per_seq"], bk["lo"], bk["hi"], 16, short, seed=seed)
         verdicts.append(edges.index(v["generalizes_to"]))
     assert max(verdicts) - min(verdicts) <= 1 and 64 <= edges[min(verdicts)] <= 181, verdicts
 
@@ -238,36 +244,42 @@ def test_distances_of_known_distributions_and_the_default_cuts():
     assert ev.default_cuts(8, 1000).tolist() == ev.default_cuts(8, 8).tolist() == [0, 1, 2, 4, 5, 6, 7]
 
 @pytest.mark.parametrize("distance", ["tv", "js", "cos"])
-def test_effrem_in_one_pass_equals_one_forward_per_cut(distance):
+def test_effrem_streamed_per_row_equals_one_forward_per_cut(distance):
     lm, x = ToyLM(), tokens(7, 40)
     T, cuts = 32, [0, 31, 1, 5, 5, 16, 30, 2]                 # unsorted, repeated, both ends
     want = ev.effective_remembrance_naive(lm, x, T, cuts, distance).double()
-    torch.testing.assert_close(ev.effective_remembrance(lm, x, T, cuts, distance), want, atol=1e-6, rtol=1e-5)
-    rows = ev.effective_remembrance(lm, x, T, cuts, distance, batch_size=3, chunk_len=4, reduce=False)
+    forward, calls = lm.forward, []
+    lm.forward = lambda idx, *a, **kw: calls.append(idx.shape) or forward(idx, *a, **kw)
+    rows = ev.effective_remembrance(lm, x, T, cuts, distance, batch_size=3, chunk_len=4)
+    assert max(b for b, _ in calls) <= 3 and max(t for _, t in calls) <= 4, calls   # streamed
+    lm.forward = forward
+    assert rows.shape == (7, 8) and rows.dtype == torch.float64
     torch.testing.assert_close(rows.mean(0), want, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(rows[2], ev.effective_remembrance_naive(lm, x[2:3], T, cuts, distance).double(),
+                               atol=1e-6, rtol=1e-5)   # a row: the definition on that sequence alone
     assert (rows[:, 0] == 0).all() and ((rows >= 0) & (rows <= 1)).all() and (rows[:, 1:].mean(0) > 0).all()
-    without_zero = ev.effective_remembrance(lm, x, T, [5, 16], distance)  # adds the t = 0 reference
-    torch.testing.assert_close(without_zero, want[[3, 5]], atol=1e-6, rtol=1e-5)
+    without_zero = ev.effective_remembrance(lm, x, T, [5, 16], distance)  # t = 0 is the reference, not a cut
+    torch.testing.assert_close(without_zero.mean(0), want[[3, 5]], atol=1e-6, rtol=1e-5)
 
 def test_effrem_naive_reads_float32_logits_in_float64_and_clamps_each_row(monkeypatch):
-    # CountLM's float32 logits are the same numbers in both forms, so one forward per cut and the batched
+    # CountLM's float32 logits are the same numbers in both forms, so one forward per cut and the streamed
     # form agree to float64 rounding; a softmax in float32 is off by ~1e-8
     lm, x, T, cuts = CountLM(), tokens(6, 30, vocab=5), 24, [0, 23, 1, 4, 4, 12, 2]
     for distance in ev.DISTANCES:
-        want = ev.effective_remembrance(lm, x, T, cuts, distance)
+        want = ev.effective_remembrance(lm, x, T, cuts, distance, chunk_len=5).mean(0)
         got = ev.effective_remembrance_naive(lm, x, T, cuts, distance)
         torch.testing.assert_close(got, want, atol=1e-12, rtol=0, msg=lambda m: f"{distance}: {m}")
     # real distances leave [0, 1] only by rounding (~1e-16); one that leaves it by more shows that each
     # row is clamped before the mean
     monkeypatch.setitem(ev.DISTANCES, "wide", lambda p, q: 4 * ev.DISTANCES["tv"](p, q) - 0.1)
-    want = ev.effective_remembrance(lm, x, T, cuts, "wide")
+    want = ev.effective_remembrance(lm, x, T, cuts, "wide").mean(0)
     assert want[0] == 0 and 0 < want[1] < 1
     got = ev.effective_remembrance_naive(lm, x, T, cuts, "wide")
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
     seen, forward = [], lm.forward   # the definition: a forward of x[:, :T] and of each suffix x[:, t:T]
     monkeypatch.setattr(lm, "forward", lambda idx, *a, **kw: seen.append(idx.shape) or forward(idx, *a, **kw))
     ev.effective_remembrance_naive(lm, x, T, cuts, "tv")
-    lengths = {n for _, n in seen}   # (the batched form's calls are other lengths)
+    lengths = {n for _, n in seen}
     assert lengths <= {T - t for t in cuts} and {T - t for t in cuts if t} <= lengths, seen
     assert {b for b, _ in seen} == {len(x)}, seen
 
@@ -358,7 +370,7 @@ def paired(tmp_path_factory):
 def test_cli_end_to_end(paired, tmp_path, capsys):
     rep = paired[1]
     assert all((paired[2] / f).stat().st_size > 1000 for f in ("ppl.png", "effrem.png", "state.png"))
-    ev.show(rep, str(tmp_path))   # what the CLI printed
+    report.show(rep, str(tmp_path))   # what the CLI printed
     stdout, err = capsys.readouterr()
     assert "verdict" in stdout and "[b]" in stdout and "Gap to the Bayes floor" in stdout
     assert "only 4 sequences" in err                         # the verdict's warning, also in eval.json
@@ -422,7 +434,7 @@ def test_always_right_answers_score_one_and_wrong_ones_zero(right, monkeypatch):
     cp = tasks.copy_accuracy(None, "bytes", [4, 9], 3, seed=3)
     bb = tasks.babilong_accuracy(None, "bytes", ["qa1", "qa8"], [512], 2, seed=3)
     assert np.array(pk["exact"]).shape == (2, 3) and np.all(np.array(pk["exact"]) == right)
-    assert np.equal(pk["digits"], right).all() and cp["whole_mean"] == cp["char_mean"] == [float(right)] * 2
+    assert cp["whole_mean"] == cp["char_mean"] == [float(right)] * 2
     assert bb["acc"] == {"qa1": [float(right)], "qa8": [float(right)]} and bb["mean"] == [float(right)]
 
 def test_cli_task_scores_from_the_corpus_validation_split(tmp_path, capsys):
@@ -457,7 +469,7 @@ def test_the_verdict_bootstrap_follows_the_seed():
     assert set(verdicts) == {8, 16} and verdicts[:12] == verdicts[12:]
 
 def test_a_run_whose_corpus_changed_is_refused_and_eval_json_records_the_step(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(data, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(datafiles, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
     corpus, run, out = tmp_path / "corpus", str(tmp_path / "run"), tmp_path / "eval"
     corpus.mkdir()
     for i in range(3):   # one document held out
@@ -579,7 +591,7 @@ def test_over_seeds_a_fix_that_hurts_is_no_gain_and_a_gap_in_a_curve_is_drawn(tm
                               (MemoryError, 2, "error: out of memory (MemoryError): lower --n-seqs")]:
         def fail(*args):
             raise error
-        monkeypatch.setattr(ev, "over_seeds", fail)
+        monkeypatch.setattr(report, "over_seeds", fail)
         rc, _, err = cli(capsys, *evals, "--over-seeds", "--out", str(out))
         assert rc == code and err.startswith(word) and len(err.splitlines()) == 1, err
 

@@ -16,11 +16,13 @@ import time
 import pytest
 import torch
 
-import data
+import datafiles
 import evaluate
 import model
+import official
 import train
 from conftest import ROOT, TRAIN, checkpoint, tiny_lm
+from datafiles import DataError, TokenizerUnavailableError
 
 X, FIXTURES = torch.randint(0, 61, (2, 24)), f"{ROOT}/tests/fixtures"   # any ids: the same for both models
 
@@ -34,25 +36,25 @@ def test_hub_ids_resolve_offline_from_the_cache_and_a_local_path_wins(tmp_path, 
         (root / "refs").mkdir()
         (root / "refs" / "main").write_text("a" * 40)
     assert torch.equal(model.from_pretrained("me/run")(X)[0], tiny_lm(seed=1)(X)[0])
-    assert data.get_tokenizer("EleutherAI/gpt-neox-20b").name == data.get_tokenizer(tok_json).name
+    assert datafiles.get_tokenizer("EleutherAI/gpt-neox-20b").name == datafiles.get_tokenizer(tok_json).name
     marker = tmp_path / "hf" / "hub" / "models--no--tok" / ".no_exist" / ("a" * 40) / "tokenizer.json"
     marker.parent.mkdir(parents=True)   # the Hub said no/tok holds no tokenizer.json: a marker, not a path
     marker.touch()
     (marker.parents[2] / "refs").mkdir()
     (marker.parents[2] / "refs" / "main").write_text("a" * 40)
-    with pytest.raises(data.DataError, match=r"HF_HUB_OFFLINE=1\): run `hf download no/tok tokenizer.json`"):
-        data.get_tokenizer("no/tok")
+    with pytest.raises(DataError, match=r"HF_HUB_OFFLINE=1\): run `hf download no/tok tokenizer.json`"):
+        datafiles.get_tokenizer("no/tok")
     part = tmp_path / "hf" / "hub" / "models--org--part"   # a partial snapshot: config.json, no weights
     shutil.copytree(tmp_path / "hf" / "hub" / "models--state-spaces--m", part)
     os.remove(part / "snapshots" / ("a" * 40) / "pytorch_model.bin")
-    with pytest.raises(data.DataError, match=r"holds config.json but not pytorch_model.bin \(HF_HUB_OFFLINE="
-                                             r"1\): run `hf download org/part pytorch_model.bin`"):
+    with pytest.raises(DataError, match=r"holds config.json but not pytorch_model.bin \(HF_HUB_OFFLINE="
+                                   r"1\): run `hf download org/part pytorch_model.bin`"):
         model.from_pretrained("org/part")
     checkpoint(tmp_path / "me" / "run", lm=tiny_lm(seed=2))   # a local me/run wins over the hub's
     monkeypatch.chdir(tmp_path)
     assert torch.equal(model.from_pretrained("me/run")(X)[0], tiny_lm(seed=2)(X)[0])
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}   # the export command, in a
-    cmd = [sys.executable, f"{ROOT}/model.py", "--export", "state-spaces/m", "o"]   # process of its own
+    cmd = [sys.executable, f"{ROOT}/official.py", "--export", "state-spaces/m", "o"]   # process of its own
     runs = [subprocess.run(cmd, capture_output=True, text=True, env=env) for _ in range(2)]
     assert not runs[0].returncode and runs[1].stderr == "error: o holds a model already: pass a new OUT_DIR\n"
 
@@ -61,31 +63,31 @@ def test_export_round_trips_to_identical_logits(source, tmp_path):
     lm = model.from_pretrained(f"{FIXTURES}/{source}") if source[:2] == "hf" else \
         tiny_lm(source, vocab_size=61, pad_vocab_size_multiple=16)
     lm.backbone.norm_f.weight.data += 0.5   # post-trained: the export holds the weights as they are now
-    model.export(lm, str(tmp_path / "out"))
+    official.export(lm, str(tmp_path / "out"))
     back = model.from_pretrained(str(tmp_path / "out"))
     assert back.cfg == lm.cfg and torch.equal(back(X)[0], lm(X)[0])
     with pytest.raises(ValueError, match="official layout"):
-        model.export(tiny_lm("gla"), str(tmp_path / "gla"))
+        official.export(tiny_lm("gla"), str(tmp_path / "gla"))
 
 def test_tiktoken_file_encodes_with_its_merges_and_offline_gpt2_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
     pieces = [bytes([i]) for i in range(256)] + [b"th", b"the", b" the"]   # ranks 256, 257, 258
     (tmp_path / "x.tiktoken").write_bytes(b"".join(base64.b64encode(p) + b" %d\n" % i
                                                    for i, p in enumerate(pieces)))
-    enc, text = data.get_tokenizer(str(tmp_path / "x.tiktoken")), "the theme, the <|endoftext|>"
+    enc, text = datafiles.get_tokenizer(str(tmp_path / "x.tiktoken")), "the theme, the <|endoftext|>"
     assert enc.encode_ordinary("the the") == [257, 258] and enc.decode(enc.encode_ordinary(text)) == text
     assert (enc.eot_token, enc.n_vocab, enc.encode_single_token(b"<|endoftext|>")) == (259, 260, 259)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(data.TokenizerUnavailableError, match=r"main/vocab.bpe is not in its cache \(HF_HUB_"
-                                                             r"OFFLINE=1\): run python -c \"import tiktoken"):
-        data.get_tokenizer("gpt2")
+    with pytest.raises(TokenizerUnavailableError, match=r"main/vocab.bpe is not in its cache \(HF_HUB_"
+                                                        r"OFFLINE=1\): run python -c \"import tiktoken"):
+        datafiles.get_tokenizer("gpt2")
 
 def test_an_export_keeps_the_tokenizer_it_was_trained_with(tmp_path, tok_json, capsys):
     run, exp, ev = (str(tmp_path / d) for d in ("run", "exp", "ev"))
     train.main(TRAIN + ["--steps", "1", "--tokenizer", tok_json, "--out", run])
-    model.main(["--export", run, exp])
+    official.main(["--export", run, exp])
     with pytest.raises(SystemExit, match="holds a model already"):   # its args.json is the run's
-        model.main(["--export", exp, run])
+        official.main(["--export", exp, run])
     assert model.train_config(exp) == model.train_config(run) == json.load(open(f"{exp}/args.json"))
     with pytest.raises(SystemExit, match=r"--tokenizer bytes \(bytes\) does not match .*exp's json-"):
         train.main(["--init-from", exp, "--tokenizer", "bytes", "--out", str(tmp_path / "post")])
@@ -98,9 +100,9 @@ def test_an_export_keeps_the_tokenizer_it_was_trained_with(tmp_path, tok_json, c
 
 def test_an_interrupted_export_leaves_none_of_its_files_and_says_so(tmp_path, monkeypatch):
     ck, out = checkpoint(tmp_path / "run", seq_len=16)[0], tmp_path / "exp"
-    code = (f"import sys, time, torch; sys.path.insert(0, {ROOT!r}); import model\n"   # a slow disk
+    code = (f"import sys, time, torch; sys.path.insert(0, {ROOT!r}); import official\n"   # a slow disk
             "torch.save = lambda obj, f: (open(f, 'wb').write(b'part'), time.sleep(120))\n"
-            f"model.main(['--export', {ck!r}, {str(out)!r}])")
+            f"official.main(['--export', {ck!r}, {str(out)!r}])")
     p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while not list(tmp_path.glob("exp/*.tmp")) and time.time() < deadline:
@@ -112,7 +114,7 @@ def test_an_interrupted_export_leaves_none_of_its_files_and_says_so(tmp_path, mo
     out.mkdir()   # an empty folder of the user's: the weights written, then Ctrl-C on args.json
     monkeypatch.setattr("pathlib.Path.write_text", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(SystemExit, match="interrupted: nothing written"):
-        model.main(["--export", ck, str(out)])
+        official.main(["--export", ck, str(out)])
     assert os.listdir(out) == []   # the folder is kept
 
 def test_export_refuses_an_empty_name_or_a_file_in_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch):
@@ -121,10 +123,10 @@ def test_export_refuses_an_empty_name_or_a_file_in_one_line_and_writes_nothing(t
     (tmp_path / "file").write_text("mine")
     for args in [ck, ""], ["", "o"]:
         with pytest.raises(SystemExit, match="^2$"):
-            model.main(["--export", *args])
+            official.main(["--export", *args])
         assert capsys.readouterr().err.endswith(": CKPT and OUT_DIR must not be empty\n")
     with pytest.raises(SystemExit, match="^error: file is a file already: pass a new OUT_DIR$"):
-        model.main(["--export", ck, "file"])
+        official.main(["--export", ck, "file"])
     assert sorted(os.listdir()) == ["file", "run"] and (tmp_path / "file").read_text() == "mine"
 
 def test_a_partial_snapshot_names_the_missing_weights_and_the_command(tmp_path, monkeypatch):
@@ -136,8 +138,8 @@ def test_a_partial_snapshot_names_the_missing_weights_and_the_command(tmp_path, 
     (root / "refs").mkdir()
     (root / "refs" / "main").write_text("a" * 40)
     for load in (model.from_pretrained, model.train_config):
-        with pytest.raises(data.DataError, match=r"holds config.json but not pytorch_model.bin .*`hf "
-                                                 r"download org/partial pytorch_model.bin`"):
+        with pytest.raises(DataError, match=r"holds config.json but not pytorch_model.bin .*`hf "
+                                       r"download org/partial pytorch_model.bin`"):
             load("org/partial")
 
 class StandInHub(http.server.BaseHTTPRequestHandler):
@@ -167,8 +169,8 @@ def hub_env(endpoint, tmp_path, **env):   # a fresh HF_HOME, online, the Hub at 
     return dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=endpoint, HF_HUB_OFFLINE="0", **env)
 
 def hub_calls(env, calls):
-    """(message or path, seconds) of each data.* call (Python text), in a process of its own with env."""
-    code = ("import sys, time\nsys.path.insert(0, sys.argv[1])\nimport data\nfor call in sys.argv[2:]:\n"
+    """(message or path, seconds) of each datafiles.* call (Python text), in a process of its own with env."""
+    code = ("import sys, time\nsys.path.insert(0, sys.argv[1])\nimport datafiles\nfor call in sys.argv[2:]:\n"
             "    t = time.time()\n    try:\n        out = eval(call)\n    except Exception as e:\n"
             "        out = f'{type(e).__name__}: {e}'\n    print(repr((out, time.time() - t)))")
     r = subprocess.run([sys.executable, "-c", code, ROOT, *calls], env=env, capture_output=True, text=True,
@@ -180,8 +182,8 @@ def test_hub_ids_are_fetched_from_a_hub_that_answers_once_then_read_from_the_cac
     hub = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StandInHub)
     threading.Thread(target=hub.serve_forever, daemon=True).start()
     try:
-        calls = ["data.hub_path('org/official')"] * 2 + ["data.hub_path('org/none')",
-                                                          "data.hub_path('org/official', 'tokenizer.json')"]
+        calls = ["datafiles.hub_path('org/official')"] * 2 + [
+            "datafiles.hub_path('org/none')", "datafiles.hub_path('org/official', 'tokenizer.json')"]
         env = hub_env(f"http://127.0.0.1:{hub.server_port}", tmp_path)
         (fetched, _), (cached, _), (none, _), (no_tok, _) = hub_calls(env, calls)
     finally:
@@ -199,11 +201,12 @@ def test_a_hub_or_tiktoken_download_that_never_answers_ends_within_its_timeout_i
         stalled.bind(("127.0.0.1", 0))
         stalled.listen(16)
         url = "http://127.0.0.1:%d" % stalled.getsockname()[1]
-        calls = ["data.hub_path('org/model')", "data.get_tokenizer('org/tok')", "data.get_tokenizer('gpt2')"]
+        calls = ["datafiles.hub_path('org/model')", "datafiles.get_tokenizer('org/tok')",
+                 "datafiles.get_tokenizer('gpt2')"]
         env = hub_env(url, tmp_path, HF_HUB_ETAG_TIMEOUT="1", HF_HUB_DOWNLOAD_TIMEOUT="2", HTTPS_PROXY=url,
                       NO_PROXY="", no_proxy="", TIKTOKEN_CACHE_DIR=str(tmp_path / "tiktoken"))   # tiktoken's:
         (model_id, s1), (tok, s2), (gpt2, s3) = hub_calls(env, calls)                         # https
-        cmd = [sys.executable, f"{ROOT}/model.py", "--export", "org/model", str(tmp_path / "out")]
+        cmd = [sys.executable, f"{ROOT}/official.py", "--export", "org/model", str(tmp_path / "out")]
         export = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert max(s1, s2, s3) < 30   # the timeout of 1 s, not minutes
     for message, repo, files in (model_id, "org/model", "config.json pytorch_model.bin"), (tok, "org/tok",

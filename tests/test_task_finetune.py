@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import evaluate
 import data
 import model
+import config
 import train
 from conftest import checkpoint, logged, tiny_lm
 
@@ -34,7 +35,7 @@ def test_task_loss_is_the_mean_cross_entropy_over_answer_tokens(tmp_path, task):
     train.main(argv + ["--out", str(tmp_path / "run")])
     # step 1's loss is the initial model's on the sampler's first batch (every strategy starts from zero)
     filler = data.load_data("stdlib", seed=0).train if task == "babilong" else None
-    sampler = train.make_task_sampler(train.get_args(argv + ["--out", str(tmp_path / "new")]), 0, filler)
+    sampler = train.make_task_sampler(config.get_args(argv + ["--out", str(tmp_path / "new")]), 0, filler)
     x, y, _ = sampler.next_batch()   # its targets are -100 but on the answer tokens (test_tasks.py)
     with torch.no_grad():
         logp = model.from_pretrained(init).eval()(x)[0].float().log_softmax(-1)

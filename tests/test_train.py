@@ -1,4 +1,5 @@
-"""train.py: exact resume (also under DDP), post-training, gradient accumulation, the optimizer, the demo."""
+"""train.py: exact resume (also under DDP), post-training, gradient accumulation, the optimizer; its flags
+(config.py) and the demo (demo.py)."""
 import json
 import os
 import shutil
@@ -13,7 +14,10 @@ import numpy as np
 import pytest
 import torch
 
+import config
 import data
+import datafiles
+import demo
 import evaluate
 import interventions
 import model
@@ -93,8 +97,8 @@ def test_a_frozen_or_killed_ddp_rank_ends_the_other_in_one_line(tmp_path, how):
     assert code == 1 and message.count("\n") == 1, message
     assert ") is intact; continue with --resume" in message, message
     assert "gloo/" not in message and "GLHF" not in message, message   # gloo's source file and its advice
-    assert message.startswith("interrupted: " if "SIGTERM" in how else "error: rank 0 lost the other ranks ("
-                              + "Timed out" * (how == "frozen")), message
+    lost = "error: rank 0 lost the other ranks (" + ("Timed out" if how == "frozen" else "")
+    assert message.startswith("interrupted: " if "SIGTERM" in how else lost), message
 
 def test_under_ddp_a_broken_collective_is_one_line_and_another_error_a_traceback(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)   # as in a rank under torchrun
@@ -130,7 +134,7 @@ def test_post_training_inherits_data_seq_len_and_a_tenth_of_the_peak_lr(tmp_path
 def test_seeds_are_independent_and_post_training_reads_on(tmp_path):
     # --seed: the model's init; --data-seed (default --seed): the batches; --split-seed: the validation split
     flags = [[], ["--seed=5"], ["--seed=5", "--data-seed=0"], ["--split-seed=1"]]
-    args = [train.get_args(TRAIN + ["--out", str(tmp_path / "x"), *f]) for f in flags]
+    args = [config.get_args(TRAIN + ["--out", str(tmp_path / "x"), *f]) for f in flags]
     assert [(a.seed, a.data_seed, a.split_seed) for a in args] == [(0, 0, 0), (5, 5, 0), (5, 0, 0), (0, 0, 1)]
     samplers = [train.setup_data(a, 0)[:2] for a in args]
     batches, val = zip(*[(s.next_batch().x, v.next_batch().x) for s, v in samplers])
@@ -168,14 +172,14 @@ def test_post_training_under_ddp_each_rank_reads_on_its_own_stream(tmp_path):
 def test_demo_fig5_post_trains_the_base_five_ways_on_two_seeds(tmp_path, capsys):
     out = str(tmp_path / "demo")
     small = dict(base_steps=2, post_steps=1, n_seqs=4, eval_len=64, quiet=True)
-    assert train.demo(out, [0, 3], sigma=0.37, **small) == 0
+    assert demo.demo(out, [0, 3], sigma=0.37, **small) == 0
     report = json.load(open(os.path.join(out, "seed3", "eval.json")))
     assert [m["label"] for m in report["models"]] == ["base", "control", "random", "fitted", "SP", "TBTT",
                                                       "streams"]   # each minus the control; TBTT its streams
     refs = [m.get("diff", {}).get("reference") for m in report["models"]]
     assert refs == ["control", None, "control", "control", "control", "streams", "control"]
     post = {m["label"]: json.load(open(os.path.join(m["path"], "args.json"))) for m in report["models"]}
-    assert [post[k]["init_state"] for k in train.INTERVENTIONS] == list(train.INTERVENTIONS.values())
+    assert [post[k]["init_state"] for k in demo.INTERVENTIONS] == list(demo.INTERVENTIONS.values())
     assert post["random"]["sigma"] == 0.37 and {a["steps"] for a in post.values()} == {1, 2}
     assert [k for k, a in post.items() if a["streams"]] == ["streams"]
     seeds = json.load(open(os.path.join(out, "seeds.json")))
@@ -184,19 +188,20 @@ def test_demo_fig5_post_trains_the_base_five_ways_on_two_seeds(tmp_path, capsys)
                        if m["label"] == "SP")["diff"]["nll"][-1] for s in (0, 3)]
     assert seeds["summary"]["SP"]["diff"] == pytest.approx(np.mean(sp))
     assert os.path.exists(os.path.join(out, "seeds.png"))
-    assert train.demo(out, [3], **small) == 0  # kept
+    assert demo.demo(out, [3], **small) == 0  # kept
     assert "seed3/eval.json exists, kept" in capsys.readouterr().out
 
 def test_demo_fig2_trains_each_t_train_on_the_same_tokens_and_fig3_checkpoints_one_run(tmp_path):
-    assert [train.get_args(["--demo", *f]).demo for f in ([], ["fig2"], ["fig3"])] == ["fig5", "fig2", "fig3"]
+    figures = [config.get_args(["--demo", *f]).demo for f in ([], ["fig2"], ["fig3"])]
+    assert figures == ["fig5", "fig2", "fig3"]
     with pytest.raises(SystemExit, match="invalid choice: 'fig4'"):
-        train.get_args(["--demo", "fig4"])
+        config.get_args(["--demo", "fig4"])
     small = dict(n_seqs=4, eval_len=128, quiet=True)
-    assert train.demo(str(tmp_path / "fig2"), [1], figure="fig2", base_steps=8, **small) == 0
+    assert demo.demo(str(tmp_path / "fig2"), [1], figure="fig2", base_steps=8, **small) == 0
     models = json.load(open(tmp_path / "fig2" / "seed1" / "eval.json"))["models"]
     assert [(m["label"], m["t_train"], m["step"]) for m in models] == [
         ("T8", 8, 16), ("T16", 16, 8), ("T32", 32, 4), ("T64", 64, 2)]  # 16 x 8 x 16 tokens each
-    assert train.demo(str(tmp_path / "fig3"), [1], figure="fig3", base_steps=3, **small) == 0
+    assert demo.demo(str(tmp_path / "fig3"), [1], figure="fig3", base_steps=3, **small) == 0
     models = json.load(open(tmp_path / "fig3" / "seed1" / "eval.json"))["models"]
     assert [(m["label"], m["step"]) for m in models] == [(f"step{k}", k) for k in (1, 2, 4, 9)]
     one_run = model.from_pretrained(str(tmp_path / "fig3" / "seed1" / "run"))  # the copies: checkpoints of it
@@ -215,7 +220,7 @@ def test_a_demo_interrupted_goes_on_from_what_it_kept_to_the_same_numbers(tmp_pa
     (checkpoints every step; at step 3): the rerun resumes it, keeps every finished run and copy, and ends
     with the numbers of an uninterrupted demo. Rerun finished (eval.json removed), it trains nothing."""
     small = dict(figure=figure, base_steps=3, post_steps=2, n_seqs=4, eval_len=64, quiet=True)
-    assert train.demo(str(tmp_path / "whole"), [0], **small) == 0
+    assert demo.demo(str(tmp_path / "whole"), [0], **small) == 0
     real = train.train
     def killed(args):   # as if killed right after a checkpoint, halfway through the run
         if cut in (args.init_state, args.stop_at):
@@ -225,12 +230,12 @@ def test_a_demo_interrupted_goes_on_from_what_it_kept_to_the_same_numbers(tmp_pa
         return real(args)
     monkeypatch.setattr(train, "train", killed)
     with pytest.raises(KeyboardInterrupt):
-        train.demo(str(tmp_path / "cut"), [0], **small)
+        demo.demo(str(tmp_path / "cut"), [0], **small)
     seed = tmp_path / "cut" / "seed0"
     kept = {p: p.read_bytes() for p in seed.glob("*/ckpt.pt") if p.parent.name not in ("SP", "run")}
     assert len(kept) == (4 if figure == "fig5" else 2)   # base, control, random, fitted; step1, step2
     monkeypatch.setattr(train, "train", real)
-    assert train.demo(str(tmp_path / "cut"), [0], **small) == 0
+    assert demo.demo(str(tmp_path / "cut"), [0], **small) == 0
     out = capsys.readouterr().out
     assert all(p.read_bytes() == b for p, b in kept.items()) and out.count(", kept") == len(kept) - 2 * (
         figure == "fig3"), out   # (fig3's kept copies are skipped without training)
@@ -238,7 +243,7 @@ def test_a_demo_interrupted_goes_on_from_what_it_kept_to_the_same_numbers(tmp_pa
     assert numbers(seed) == numbers(tmp_path / "whole" / "seed0")
     os.remove(seed / "eval.json")
     copies = {p: p.read_bytes() for p in seed.glob("*/ckpt.pt")}
-    assert train.demo(str(tmp_path / "cut"), [0], **small) == 0
+    assert demo.demo(str(tmp_path / "cut"), [0], **small) == 0
     assert "python train.py" not in capsys.readouterr().out
     assert {p: p.read_bytes() for p in seed.glob("*/ckpt.pt")} == copies and numbers(seed) == numbers(
         tmp_path / "whole" / "seed0")
@@ -251,10 +256,11 @@ def test_post_training_an_official_checkpoint_on_a_tokenizer_json_corpus(tok_jso
                             ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2"))
     post, eval_out = str(tmp_path / "post"), tmp_path / "eval"
     (tmp_path / "long.txt").write_text(CORPUS_TEXT * 3)
-    monkeypatch.setattr(data, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(datafiles, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
     text = ["--data", str(tmp_path / "long.txt"), "--tokenizer", tok_json]
     train.main(TRAIN + text + ["--init-from", official, "--init-state", "sp", "--steps", "2", "--out", post])
-    assert json.load(open(os.path.join(post, "args.json")))["lr"] == pytest.approx(train.PEAK_LR["tiny"] / 10)
+    lr = json.load(open(os.path.join(post, "args.json")))["lr"]
+    assert lr == pytest.approx(config.PEAK_LR["tiny"] / 10)
     assert model.from_pretrained(post).cfg == model.from_pretrained(official).cfg
     for path in (official, post):
         argv = [path, "--t-train", "16", "--eval-len", "64", "--n-seqs", "2", "--metrics", "ppl"]
@@ -285,7 +291,7 @@ def test_optimizer_groups_honour_no_weight_decay_and_lr_scale_and_the_schedule()
     assert decay["lr"] == pytest.approx(2e-3) and decay["lr_scale"] == 2.0 and decay["weight_decay"] == 0.0
     assert group_of(lm.backbone.layers[0].mixer.o_proj.weight)["weight_decay"] == 0.01
     assert group_of(lm.backbone.norm_f.weight)["weight_decay"] == 0.0
-    args = train.get_args(["--steps", "10", "--out", "/nonexistent/out"])  # 1 warm-up step, cosine to min_lr
+    args = config.get_args(["--steps", "10", "--out", "/nonexistent/out"])  # 1 warm-up step, cosine to min_lr
     assert [train.lr_at(s, args) for s in (0, 10)] == pytest.approx([args.lr, args.min_lr])
 
 def test_the_training_loop_keeps_rwkv6_decay_at_twice_the_lr(tmp_path):
@@ -310,19 +316,19 @@ def test_a_run_that_fails_or_is_stopped_ends_in_one_line(monkeypatch, tmp_path, 
     assert word in str(stop.value) and "\n" not in str(stop.value)
 
 def test_the_demo_takes_its_own_flags_and_seeds(tmp_path):
-    args = train.get_args(["--demo", "fig2", "--seeds", "0-2", "--device", "cpu", "--quiet", "--out", "o"])
+    args = config.get_args(["--demo", "fig2", "--seeds", "0-2", "--device", "cpu", "--quiet", "--out", "o"])
     assert (args.demo, args.device, args.quiet) == ("fig2", "cpu", True)
-    assert train.parse_seeds(args.seeds) == [0, 1, 2]
-    assert train.parse_seeds("4,1") == [4, 1] and train.get_args(["--demo", "--seed", "3"]).seed == 3
-    assert train.get_args(["--tokens", "6400", "--seq-len", "8", "--batch-size", "8"]).steps == 100
+    assert config.parse_seeds(args.seeds) == [0, 1, 2]
+    assert config.parse_seeds("4,1") == [4, 1] and config.get_args(["--demo", "--seed", "3"]).seed == 3
+    assert config.get_args(["--tokens", "6400", "--seq-len", "8", "--batch-size", "8"]).steps == 100
 
 def test_a_fig3_demo_whose_copy_is_gone_past_its_step_says_so(tmp_path):
     small = dict(figure="fig3", base_steps=3, n_seqs=4, eval_len=64, quiet=True)
-    assert train.demo(str(tmp_path), [0], **small) == 0
+    assert demo.demo(str(tmp_path), [0], **small) == 0
     os.remove(tmp_path / "seed0" / "eval.json")
     shutil.rmtree(tmp_path / "seed0" / "step2")
     with pytest.raises(ValueError, match=r"run is at step 9, past 2, and .*step2 is gone: remove"):
-        train.demo(str(tmp_path), [0], **small)
+        demo.demo(str(tmp_path), [0], **small)
 
 def test_a_runtime_error_outside_torchrun_is_not_taken_for_a_lost_rank(monkeypatch, tmp_path):
     def fails(args):

@@ -1,0 +1,211 @@
+"""train.py's flags: their defaults and help (FLAGS), parsing them into a run's arguments (get_args: what a
+resumed or post-trained run inherits) and the checks of their values, each problem one line naming the flag
+and the fix. A reader of the paper can skip this file."""
+import argparse
+import math
+import os
+import re
+import sys
+
+import torch
+
+import datafiles
+import interventions
+import model
+import official
+import tasks
+
+# Peak learning rates from scratch: the paper's Table 2 for its sizes; tiny tuned for the CPU demos.
+PEAK_LR = {"tiny": 3e-3, "45m": 1.5e-3, "70m": 1.5e-3, "85m": 1.5e-3, "125m": 1e-3, "130m": 1e-3,
+           "370m": 7.5e-4, "780m": 5e-4, "1.3b": 4e-4}
+# Each flag: name, type (list: choices; bool: a switch), default, help. Not given: None until get_args().
+FLAGS = [
+    ("init-state", list(interventions.STRATEGIES), "sp", "initial state of each training sequence"),
+    ("sigma", float, 0.1, "std of the random initial state"),
+    ("p-reset", float, 0.1, "SP: probability that a row restarts from zero"),
+    ("streams", bool, False, "rows read one document in order, as TBTT (zero + --streams: TBTT's control)"),
+    ("task", ["lm"] + list(tasks.TASKS), "lm", "next tokens of --data, or a Sec. 5 task (loss: the answer)"),
+    ("copy-len", str, "50,100", "--task copy: string lengths LO,HI"),
+    ("babi-tasks", str, ",".join(tasks.BABI_TASKS), "--task babilong: the bAbI tasks hidden in --data text"),
+    ("arch", list(model.ARCHS), "mamba2", "recurrent architecture"),
+    ("size", str, "tiny", "a preset of model.PRESETS"),
+    ("init-from", str, None, "post-train this: a run directory, an official Mamba one, a hub id"),
+    ("data", str, "stdlib", "stdlib, a text file or dir, a .bin or markov:k=8 (post-training: the parent's)"),
+    ("tokenizer", str, "bytes", "bytes, gpt2 (tiktoken), a tokenizer.json, hub id (post-training: parent's)"),
+    ("seq-len", int, 64, "T_train (post-training: the parent's)"),
+    ("batch-size", int, 16, "sequences per micro-batch and process"),
+    ("grad-accum", int, 1, "micro-batches per optimizer step; each is a batch for the strategy"),
+    ("steps", int, 1500, "optimizer steps"),
+    ("tokens", float, None, "a token budget instead of --steps (e.g. 5e6)"),
+    ("lr", float, None, "peak lr (default: PEAK_LR of the size; post-training: a tenth of the parent's)"),
+    ("min-lr", float, 1e-5, "end of the cosine decay"),
+    ("warmup", float, 0.1, "fraction of the steps of linear warm-up"),
+    ("weight-decay", float, 0.01, "AdamW weight decay of the matrices"),
+    ("grad-clip", float, 1.0, "gradient norm clip (inf: none)"),
+    ("out", str, "out", "run directory (a UTF-8 path); a new run needs one without ckpt.pt"),
+    ("resume", bool, False, "resume --out as configured (--steps, intervals, --lr, --grad-clip may change)"),
+    ("ckpt-interval", int, 250, "checkpoint every N steps and at the end"),
+    ("eval-interval", int, 250, "validation loss every N steps"),
+    ("eval-batches", int, 8, "validation batches per evaluation"),
+    ("seed", int, 0, "seed of the model's init and the strategy's draws (noise, SP's resets)"),
+    ("data-seed", int, None, "seed of the training batches (default: --seed; post-training: the parent's)"),
+    ("split-seed", int, 0, "seed of a Markov corpus (post-training: parent's); text has one fixed split"),
+    ("cache-dir", str, None, "text --data tokenized once, here (default: $LENGTHGEN_CACHE_DIR, data_cache)"),
+    ("device", str, "auto", "auto (CUDA when present), cpu, cuda, cuda:1 ..."),
+    ("dist-timeout", float, 300, "torchrun: seconds a rank waits for the others (one frozen, or rank 0 "
+     "building the data cache) before every rank ends"),
+    ("stop-at", int, None, "stop after this step as if killed (to test --resume)"),
+    ("quiet", bool, False, "no progress bar"),
+    ("demo", ["fig5", "fig2", "fig3"], None, "a demo in OUT/demo[-fig2|-fig3], minutes a seed (with --out, "
+     "--seed(s), --device, --quiet): fig5 (--demo alone) the failure and the four interventions, fig2 "
+     "T_train, fig3 the training budget"),
+    ("seeds", str, None, "--demo: training seeds, e.g. 0-7 or 0,5: a demo each, then the summary over seeds")]
+DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
+# Not resumed: flags of one invocation, not of the run. May change on resume: the length, divergence remedies.
+PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo", "seeds", "cache_dir", "dist_timeout")
+DEMO_FLAGS = ("demo", "out", "seed", "seeds", "device", "quiet")   # what --demo takes
+MAY_CHANGE = ("steps", "ckpt_interval", "eval_interval", "lr", "grad_clip")
+INHERITED = ("data", "tokenizer", "seq_len", "split_seed", "arch", "size")   # post-training: the parent's
+
+def get_args(argv=None, description=None):
+    """Parse the flags, fill in each one not given: on --resume the checkpoint's (a given flag must agree, but
+    MAY_CHANGE); post-training the parent's data, tokenizer, seq_len, peak lr / 10 (App. B); then DEFAULTS."""
+    args = make_parser(description).parse_args(argv)
+    given = {k for k, v in vars(args).items() if v is not None}
+    exit_on_bad_command_line(args, given)
+    if args.resume:
+        take_checkpoint_flags(args, given)
+    if args.init_from:
+        args.init_from = datafiles.hub_path(args.init_from)   # a hub id: its cached snapshot
+    parent = parent_flags(args.init_from) if args.init_from and not args.resume else {}
+    for k, default in DEFAULTS.items():   # args.json: what is used
+        if getattr(args, k) is None:
+            setattr(args, k, parent.get(k, default) if k in INHERITED else default)
+    if args.data_seed is None:  # post-training reads on in its parent's stream (read_on)
+        args.data_seed = parent.get("data_seed", parent.get("seed", args.seed))
+    args.run_id = getattr(args, "run_id", None) or os.urandom(6).hex()   # (resumed: the checkpoint's)
+    if not args.resume:
+        set_lr_and_steps(args, given, parent)
+    return args
+
+def make_parser(description):
+    """FLAGS as argparse flags; each defaults to None, so that get_args knows which were given."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.error = lambda message: sys.exit(f"error: {message} (see python train.py --help)")
+    for name, kind, default, help in FLAGS:
+        if kind is bool:
+            kw = {"action": "store_true"}
+        elif isinstance(kind, list):
+            kw = {"choices": kind}
+        else:
+            kw = {"type": kind}
+        if name == "demo":  # --demo alone: fig5
+            kw.update(nargs="?", const="fig5")
+        if default:
+            help += f" (default {default})"
+        p.add_argument("--" + name, default=None, help=help, **kw)
+    return p
+
+def exit_on_bad_command_line(args, given):
+    """Flags that do not go together, and an --out no checkpoint could be read back from."""
+    # '' or a name of bytes not UTF-8 (argv holds them as lone surrogates, which encode() drops)
+    utf8 = args.out is None or args.out.encode(errors="ignore").decode() == args.out
+    alone = " ".join(f"--{a.replace('_', '-')}" for a in sorted(given - set(DEMO_FLAGS)))
+    for bad, message in [
+            (args.out == "" or not utf8, "--out must be a non-empty UTF-8 path (torch reads no checkpoint "
+             f"back from another name), got {args.out!r}"),
+            (args.demo and alone, f"--demo sets its training flags itself (a rerun goes on): drop {alone}"),
+            (args.seeds and not args.demo, "--seeds is for --demo: a training run takes one --seed"),
+            ({"seed", "seeds"} <= given, "--seed and --seeds both: pass one"),
+            ({"steps", "tokens"} <= given, "--steps and --tokens both set the length: pass one"),
+            (args.init_from and not args.resume and {"arch", "size"} & given,
+             "the architecture and size come from --init-from: drop --arch and --size")]:
+        if bad:
+            sys.exit(f"error: {message}")
+
+def take_checkpoint_flags(args, given):
+    """--resume: each flag not given (but PER_INVOCATION) is the checkpoint's; a given one must agree."""
+    out = args.out or DEFAULTS["out"]
+    saved = model.train_config(os.path.join(out, "ckpt.pt"))
+    if not saved:
+        sys.exit(f"error: --resume but {out}/ckpt.pt does not exist: start without --resume, or fix --out")
+    differ = [f"--{k.replace('_', '-')} {saved[k]} (given {getattr(args, k)})" for k in sorted(given)
+              if k in saved and k not in PER_INVOCATION + MAY_CHANGE and saved[k] != getattr(args, k)]
+    if differ:
+        sys.exit(f"error: --resume continues {out} as it was configured, but these flags differ: "
+                 f"{'; '.join(differ)}. Drop them, or start a new run with another --out")
+    vars(args).update({k: v for k, v in saved.items() if k not in given and k not in PER_INVOCATION})
+
+def parent_flags(init_from):
+    """What post-training inherits: the parent run's flags; an official checkpoint's arch and the preset of
+    its shape (PEAK_LR's key)."""
+    parent = model.train_config(init_from)
+    if os.path.isfile(os.path.join(init_from, "config.json")):
+        _, c = official.read(init_from)
+        shape = (c["d_model"], c["n_layer"])
+        sizes = [s for s, q in model.PRESETS[c["arch"]].items() if (q["d_model"], q["n_layer"]) == shape]
+        parent = {**parent, "arch": c["arch"], "size": sizes[0] if sizes else None}
+    return parent
+
+def set_lr_and_steps(args, given, parent):
+    """A new run's peak lr (--lr; post-training: the parent's; else PEAK_LR of the size), its lr (a tenth of
+    the peak post-training), min_lr (at most lr) and --tokens as optimizer steps."""
+    scratch_lr = None if args.init_from else args.lr
+    args.peak_lr = parent.get("peak_lr") or scratch_lr or PEAK_LR.get(args.size, 3e-3)
+    if args.lr is None:
+        args.lr = args.peak_lr / 10 if args.init_from else args.peak_lr
+    if "min_lr" not in given:
+        args.min_lr = min(args.min_lr, args.lr)
+    if args.tokens is not None and math.isfinite(args.tokens):
+        per_row = args.seq_len if args.task != "copy" else 2 * int(args.copy_len.split(",")[-1]) + 2
+        per_step = args.batch_size * per_row * int(os.environ.get("WORLD_SIZE", 1)) * args.grad_accum
+        args.steps = max(1, int(args.tokens // per_step))
+
+def exit_on_bad_flags(args):
+    """Every flag's value, in one place: the first problem is one line naming the flag and the fix."""
+    must = lambda k, ok, rule: (not ok, f"--{k.replace('_', '-')} must be {rule}, got {vars(args)[k]!r}")
+    positive = "seq_len batch_size grad_accum steps ckpt_interval eval_interval eval_batches stop_at".split()
+    lo, _, hi = (int(v) if v.isdigit() else 0 for v in args.copy_len.partition(","))   # 0: not a number
+    bad_babi = [t for t in args.babi_tasks.split(",") if t not in tasks.BABI_TASKS]
+    ckpt = os.path.join(args.out, "ckpt.pt")
+    exists = os.path.exists
+    same_run = args.init_from and os.path.realpath(args.init_from) in map(os.path.realpath, (args.out, ckpt))
+    checks = [must(k, vars(args)[k] is None or vars(args)[k] > 0, "a positive integer") for k in positive] + [
+        must("batch_size", args.batch_size * args.seq_len <= 1 << 32, "at most 2**32 tokens / --seq-len"),
+        *[must(k, 0 <= vars(args)[k] < 2**63, "in [0, 2**63)") for k in ("seed", "data_seed", "split_seed")],
+        must("device", re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device), "auto, cpu, cuda or cuda:N"),
+        must("tokens", args.tokens is None or math.isfinite(args.tokens) and args.tokens > 0,
+             "a finite number > 0"),
+        must("lr", 0 < args.lr <= 1e3, "in (0, 1e3]"),
+        must("min_lr", 0 <= args.min_lr <= args.lr, f"in [0, --lr] = [0, {args.lr:g}]"),
+        must("warmup", 0 <= args.warmup < 1, "a fraction of the steps in [0, 1)"),
+        must("weight_decay", math.isfinite(args.weight_decay) and args.weight_decay >= 0, "finite and >= 0"),
+        must("grad_clip", args.grad_clip > 0, "> 0 (inf: no clipping)"),
+        must("sigma", 0 < args.sigma <= 1e3, "in (0, 1e3] (its variance in float32)"),
+        must("p_reset", 0 <= args.p_reset <= 1, "a probability in [0, 1]"),
+        must("dist_timeout", 1 <= args.dist_timeout <= 1e7, "in [1, 1e7] seconds"),
+        (not args.init_from and args.size not in model.PRESETS[args.arch], f"unknown --size {args.size!r} "
+         f"for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}"),
+        (args.init_from and not exists(args.init_from), f"--init-from {args.init_from} does not exist"),
+        (same_run, f"--init-from and --out are the same run ({args.out}): post-training needs another --out"),
+        (exists(args.out) and not os.path.isdir(args.out), f"--out {args.out} is a file, not a directory"),
+        (args.device.startswith("cuda") and not torch.cuda.is_available(), "no CUDA here: use --device cpu"),
+        (not args.resume and exists(ckpt), f"{args.out} holds a run: --resume it, or use another --out"),
+        (args.task != "lm" and (args.init_state == "tbtt" or args.streams), "--init-state tbtt and --streams "
+         f"read documents in chunks; --task {args.task} examples are independent"),
+        (not 0 < lo <= hi, "--copy-len must be LO,HI, 0 < LO <= HI"),
+        (bad_babi, f"unknown --babi-tasks {bad_babi}: choose from {','.join(tasks.BABI_TASKS)}")]
+    if any(bad for bad, _ in checks):
+        sys.exit(f"error: {next(message for bad, message in checks if bad)}")
+
+def parse_seeds(text):
+    """--seeds "0-7" -> [0, ..., 7]; "0,5" -> [0, 5]; else one line naming the flag."""
+    seeds = []
+    if re.fullmatch(r"\d+-\d+", text):
+        lo, hi = text.split("-")
+        seeds = list(range(int(lo), int(hi) + 1))
+    elif re.fullmatch(r"\d+(,\d+)*", text):
+        seeds = [int(v) for v in text.split(",")]
+    if not seeds or len(set(seeds)) < len(seeds):
+        sys.exit(f"error: --seeds must be A-B or A,B,... (distinct integers >= 0), got {text!r}")
+    return seeds
