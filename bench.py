@@ -174,7 +174,7 @@ def bench_data(args, device=None):
         bpe.train_from_iterator([text], trainers.BpeTrainer(vocab_size=8192, special_tokens=[datafiles.EOT]))
         bpe.save(f"{tmp}/bpe.json")
         for name, tok in [(c, t) for c in ("files", "one.txt") for t in (f"{tmp}/bpe.json", "bytes")]:
-            for what in ["cache build"] + ["encode_batch_fast"] * (tok != "bytes"):
+            for what in ["cache build"] if tok == "bytes" else ["cache build", "encode_batch_fast"]:
                 child = [sys.executable, "-c", DATA_CHILD, args.code, what, f"{tmp}/{name}", tok, f"{tmp}/c"]
                 out = subprocess.run(child, capture_output=True, text=True)
                 shutil.rmtree(f"{tmp}/c", ignore_errors=True)

@@ -6,8 +6,9 @@ The paper (Buitrago Ruiz & Gu 2025, arXiv 2507.02782), Sec. 2: a recurrent layer
 Both Mamba layers take A_t = exp(dt_t A) and the input term dt_t B_t x_t, dt_t an input-dependent step size.
 Every scan (GLA's and RWKV-6's too) takes `initial_state` (h_{-1}; None: zeros) and returns `(y, final_state)`
 (h_{T-1}): training from a non-zero state (Sec. 4: State Passing, TBTT, noise) and evaluating past the
-training length need just that. Scans compute in float32 (float64 when an input is, in tests: a long product
-of decays loses too much in bf16) and return y in x's dtype, the final state in the compute dtype.
+training length need just that. Scans compute in float32 (a long product of decays loses too much in bf16;
+the naive and chunked forms in float64 when an input is, for tests; the Triton kernels always in float32)
+and return y in x's dtype, the final state in the compute dtype.
 Shapes, Mamba-2 | Mamba-1 (b batch, t time, H heads, p headdim, g groups, n d_state, d d_inner, Q chunk):
   x [b, t, H, p] | [b, t, d]; dt > 0 [b, t, H] | [b, t, d]; A < 0 [H] | [d, n]; B, C [b, t, g, n] | [b, t, n];
   h [b, H, p, n] | [b, d, n]; decay, write: a step's A_t, dt_t x_t B_t (mamba-minimal's deltaA, deltaB_u).

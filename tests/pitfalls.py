@@ -200,7 +200,7 @@ PITFALLS = [
     (4, "a tensor or a numpy integer instead of a Python int", "evaluate.py",
      "t_star = int(ppl[:t_train].argmin())",
      "t_star = ppl[:t_train].argmin()"),
-    (5, "Calling the batched `effective_remembrance`", "evaluate.py",
+    (5, "Calling the repo's streamed `effective_remembrance`", "evaluate.py",
      """    x = tokens[:, :T].to(model.device_of(lm))
 """,
      """    return effective_remembrance(lm, tokens, T, cuts, distance)

@@ -32,7 +32,8 @@ def commands(doc, tmp_path):
         log.write_text("")
         bash = subprocess.run(["/bin/bash", "-c", RECORD + block], cwd=tmp_path, capture_output=True,
                               text=True, env={"PATH": "/nonexistent", "LOG": str(log), "HOME": str(tmp_path)})
-        unset += [f"block {i + 1}: {bash.stderr.strip()}"] * ("unbound variable" in bash.stderr)
+        if "unbound variable" in bash.stderr:
+            unset.append(f"block {i + 1}: {bash.stderr.strip()}")
         found += [(i, line.split("\x1f")[:-1]) for line in log.read_text().splitlines()]
     return found, unset
 

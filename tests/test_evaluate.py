@@ -355,7 +355,9 @@ def test_bad_inputs_get_one_line_naming_the_problem(call, word, tmp_path, capsys
     paths.update(DANGLING=str(tmp_path / "dangling"), EMPTY="")
     os.chmod(tmp_path / "bad.pt", 0o755)   # (a file, not a folder, that one may write and "enter")
     argv = [paths.get(a, a).replace("CK/", ck + "/") for a in call.split()]
-    rc, _, err = cli(capsys, *argv, *["--out", str(tmp_path / "eval")] * ("--out" not in call))
+    if "--out" not in call:
+        argv += ["--out", str(tmp_path / "eval")]
+    rc, _, err = cli(capsys, *argv)
     assert rc == 2 and word in err and len(err.strip().splitlines()) == 1, (call, err)
 
 @pytest.fixture(scope="module")
