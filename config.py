@@ -111,9 +111,11 @@ def exit_on_bad_command_line(args, given):
     # '' or a name of bytes not UTF-8 (argv holds them as lone surrogates, which encode() drops)
     utf8 = args.out is None or args.out.encode(errors="ignore").decode() == args.out
     alone = " ".join(f"--{a.replace('_', '-')}" for a in sorted(given - set(DEMO_FLAGS)))
+    empty = " ".join(f"--{a.replace('_', '-')}" for a in sorted(given) if getattr(args, a) == "")
     for bad, message in [
             (args.out == "" or not utf8, "--out must be a non-empty UTF-8 path (torch reads no checkpoint "
              f"back from another name), got {args.out!r}"),
+            (empty, f"{empty} '': pass a value, or leave the flag out"),
             (args.demo and alone, f"--demo sets its training flags itself (a rerun goes on): drop {alone}"),
             (args.seeds and not args.demo, "--seeds is for --demo: a training run takes one --seed"),
             ({"seed", "seeds"} <= given, "--seed and --seeds both: pass one"),

@@ -184,6 +184,8 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     (lambda u: train.main(["--demo", "--seeds", "0,3,0", "--out", f"{u}/d"]), "distinct"),
     ("--resume --out {u}/run --dist-timeout 60 --steps 1", "below"),   # may differ on resume: not "differ"
     (lambda u: train.main(TRAIN + ["--steps=1", "--out", ""]), "--out must be"),
+    *[(lambda u, f=f: train.main(TRAIN + ["--steps=1", "--out", f"{u}/e", f, ""]), f"{f} ''")
+      for f in ("--init-from", "--data", "--cache-dir", "--tokenizer")],
     (lambda u: train.main(TRAIN + ["--steps=1", "--out", os.fsdecode(os.fsencode(u) + b"/r\xff")]), "UTF-8"),
     # the data a run reads is the data it says; one line naming the file, the problem and the fix
     ("--data {u}/prep-u8", "past uint8"), ("--data {u}/prep-u32", "do not fit"),
