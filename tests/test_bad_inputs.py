@@ -62,7 +62,10 @@ def user(tmp_path_factory, tok_json):
                "missing-weight": ({}, {"backbone.layers.1.mixer.D": None}),
                "good": ({}, {"lm_head.weight": emb.clone()}),   # a tied head stored as a tensor of its own
                "vocab-8": ({"vocab_size": -8}, {}), "pad0": ({"pad_vocab_size_multiple": 0}, {}),
-               "ssm-str": ({"ssm_cfg": "Mamba2"}, {})}
+               "ssm-str": ({"ssm_cfg": "Mamba2"}, {}), "no-vocab": ({"vocab_size": None}, {}),
+               "attention": ({"attn_layer_idx": [1]}, {}),
+               "extra-weight": ({}, {"backbone.extra.weight": torch.zeros(1)}),
+               "shape": ({}, {"backbone.norm_f.weight": torch.ones(32)})}
     for name, (cfg_edit, sd_edit) in damaged.items():   # None: the key removed
         official_dir(d / name, {k: v for k, v in {**lm.state_dict(), **sd_edit}.items() if v is not None},
                      **{k: v for k, v in {**config, **cfg_edit}.items() if v is not None})
@@ -146,7 +149,9 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     *[(lambda u, d=d: model.from_pretrained(f"{u}/{d}"), w) for d, w in (
         ("unknown-key", "n_head"), ("untied", "untied"), ("head", "lm_head"), ("nan-weights", "NaN"),
         ("int-weights", "floating point"), ("missing-weight", "missing"), ("pickle.pt", "cannot read"),
-        ("good", ""))],
+        ("good", ""), ("no-vocab", "no vocab_size"), ("attention", "hybrid MLP/attention"),
+        ("extra-weight", "unknown ['backbone.extra.weight']"),
+        ("shape", "norm_f.weight has shape [32], not [64]"))],
     # public calls with unknown names
     (lambda u: model.make_config("gla", "45m"), "unknown arch or size"),
     (lambda u: model.set_scan_impl(torch.nn.Module(), "cuda"), "scan impl"),
@@ -182,6 +187,10 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--demo --arch gla", "drop --arch --batch-size"), ("--demo fig3 --resume", "--resume"),
     (lambda u: train.main(["--demo", "--seed", "1", "--seeds", "0-2", "--out", f"{u}/d"]), "and --seeds"),
     (lambda u: train.main(["--demo", "--seeds", "0,3,0", "--out", f"{u}/d"]), "distinct"),
+    (lambda u: train.main(["--demo", "--seeds", "3-1", "--out", f"{u}/d"]), "--seeds must be"),   # no seed
+    ("--warmup 1", "--warmup"),   # all warm-up: the peak lr never reached
+    # --resume: --init-from and --arch are the checkpoint's to agree with (not the post-training rule)
+    ("--resume --out {u}/run --init-from {u}/run --arch mamba2", "these flags differ: --init-from None"),
     ("--resume --out {u}/run --dist-timeout 60 --steps 1", "below"),   # may differ on resume: not "differ"
     (lambda u: train.main(TRAIN + ["--steps=1", "--out", ""]), "--out must be"),
     *[(lambda u, f=f: train.main(TRAIN + ["--steps=1", "--out", f"{u}/e", f, ""]), f"{f} ''")

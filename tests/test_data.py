@@ -263,7 +263,8 @@ def test_prepare_refuses_what_it_cannot_prepare_in_one_line_and_writes_nothing(t
             ("prep/train.bin", "new", 1, "--data prep/train.bin is read as it is"),
             ("prep", "new", 1, "--data prep is read as it is (a Markov spec, .bin or prepared folder): "
                                "nothing to prepare into new: pass it"),
-            ("", "new", 2, "--data is empty"), ("corpus", "", 2, "--out is empty")]:   # "": not read as "."
+            ("", "new", 2, "--data is empty"), ("corpus", "", 2, "--out is empty"),   # "": not read as "."
+            ("corpus", " ", 2, "--out is empty")]:   # nor a blank name
         status_err = prepare(monkeypatch, capsys, "--data", data_, "--out", out)
         assert status_err[0] == status and status_err[1].startswith(f"error: {says}"), status_err
         assert status_err[1].count("\n") == 1 and sorted(os.listdir()) == ["corpus", "prep"]

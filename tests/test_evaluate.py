@@ -171,6 +171,11 @@ def test_verdict_on_hand_made_curves_and_a_matrix_is_paired():
     v = ev.length_generalization(per_seq[:, :5], lo[:5], hi[:5], 8, short[:, :5])   # flat to the end
     assert v["generalizes_to"] == 32 and v["censored"]
     assert "not meaningful" in ev.length_generalization(per_seq[:5], lo, hi, 8, short[:5])["warning"]
+    assert "warning" not in ev.length_generalization(per_seq[:16], lo, hi, 8, short[:16])   # MIN_SEQS: enough
+    nan_within = per_seq.clone()
+    nan_within[0, 2] = math.nan   # in [4, 8): inside t_train, where ppl_short is read, before any bucket tested
+    v = ev.length_generalization(nan_within, lo, hi, 8, short)
+    assert v["generalizes_to"] is None and "not finite" in v["warning"]
     with pytest.raises(ValueError, match="training positions"):
         ev.length_generalization(per_seq, lo, hi, 1, short)
 
@@ -317,7 +322,8 @@ BAD_ARGV = [("NOPE", "no checkpoint"), ("BAD", "corrupt"), ("CK CK --labels one"
             ("SYNTH --metrics babilong", "synthetic"), (f"OFFICIAL --data {MARKOV}", "2048"),
             ("CK --reference nope", "--reference"), ("CK --reference a=nope", "--reference"),
             ("CK --reference a b", "--reference"), ("CK --babi-tasks qa99", "unknown or repeated"),
-            ("CK --effrem-len 999", "--effrem-len 999 must lie"), ("CK --seed -1", "--seed"),  # -1: issue 19
+            ("CK --effrem-len 999", "--effrem-len 999 must lie"), ("CK --effrem-len 1", "must lie in [2, "),
+            ("CK --seed -1", "--seed"),  # -1: issue 19
             ("CK CK --labels a a", "own name"), ("CK --out CK/ckpt.pt", "--out"),
             ("CK BPE", "different tokenizers"), ("BPE --tokenizer bytes", "does not match"),
             ("CK --metrics passkey --passkey-lengths 50", "--passkey-lengths"),
@@ -426,6 +432,9 @@ def test_streamed_greedy_answer_equals_argmax_of_full_forwards():
     samples = [tasks.copy_sample("bytes", L, seed=i) for i, L in enumerate([3, 5, 3, 4, 5])]
     want = [tasks.greedy_answer(lm, tasks.split_answer(s)[0][None], s.meta["length"] + 3)[0] for s in samples]
     assert tasks._answers(lm, samples, batch_size=1) == tasks._answers(lm, samples) == want
+    # prompts of one length decoded together: as many tokens as the longest answer of the group + slack
+    a, b = (tasks.Sample(np.r_[[0] * 5, [1] * n], np.arange(5 + n) >= 5, {}) for n in (1, 4))
+    assert [len(t) for t in tasks._answers(lm, [a, b])] == [6, 6]
 
 @pytest.mark.parametrize("right", [True, False])
 def test_always_right_answers_score_one_and_wrong_ones_zero(right, monkeypatch):
@@ -459,6 +468,7 @@ def test_windows_that_would_overlap_are_refused_unless_allowed(tmp_path, capsys)
     ck, _ = checkpoint(tmp_path / "run", seq_len=8, data=str(tmp_path / "a.txt"), tokenizer="bytes", seed=0)
     argv = [ck, "--n-seqs", "4", "--eval-len", "32", "--metrics", "ppl", "--out", str(tmp_path / "eval")]
     assert "holds 99 tokens, 4 disjoint windows of 33 need 132: use fewer --n-seqs" in cli(capsys, *argv)[2]
+    assert cli(capsys, *argv[:2], "3", *argv[3:])[0] == 0   # 3 x 33 = 99: exactly enough
     assert cli(capsys, *argv, "--allow-overlap")[0] == 0
 
 def test_the_verdict_bootstrap_follows_the_seed():
@@ -518,6 +528,17 @@ def test_an_interrupt_leaves_the_previous_eval_json_with_its_own_figures(tmp_pat
     assert sorted(f.name for f in out.iterdir()) == sorted(before)
     assert (out / "ppl.png").read_bytes() != before["ppl.png"]
     assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is signal.default_int_handler
+
+def test_the_defaults_are_the_checkpoints_and_the_buckets_have_edges_at_each_t_train_and_its_half(tmp_path):
+    # t_train 8 and 10: --eval-len 16 x the larger; edges at 4, 8, and 5, 10 (off the log grid)
+    spec = "markov:k=4,alpha=0.3,doc_len=256,docs=4,val_docs=4"   # documents that hold a window of 161
+    cks = [checkpoint(tmp_path / f"run{t}", seq_len=t, data=spec, tokenizer="bytes")[0] for t in (8, 10)]
+    args = ev.parse_args([*cks, "--n-seqs", "2", "--metrics", "ppl", "--out", str(tmp_path / "ev")])
+    cfgs, t_trains, enc, refs = ev.check_args(args)
+    assert (t_trains, args.eval_len, args.tokenizer, refs) == ([8, 10], 160, "bytes", {})
+    assert ev.read_eval_data(args, cfgs, t_trains)["data"] == data.load_data(spec).name
+    assert args.windows.shape == (2, 161) and {4, 5, 8, 10, 160} <= set(args.edges)
+    assert not {5, 10} & set(ev.log_edges(160))
 
 def test_an_unwritable_out_is_refused_before_any_checkpoint_is_read(tmp_path, capsys, monkeypatch):
     ck, _ = checkpoint(tmp_path / "run", seq_len=8, data=MARKOV, tokenizer="bytes")

@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 
+import config
 import datafiles
 import evaluate
 import model
@@ -66,8 +67,10 @@ def test_export_round_trips_to_identical_logits(source, tmp_path):
     official.export(lm, str(tmp_path / "out"))
     back = model.from_pretrained(str(tmp_path / "out"))
     assert back.cfg == lm.cfg and torch.equal(back(X)[0], lm(X)[0])
-    with pytest.raises(ValueError, match="official layout"):
-        official.export(tiny_lm("gla"), str(tmp_path / "gla"))
+    for other in (tiny_lm("gla"), tiny_lm("mamba2", norm_eps=1e-6), tiny_lm("mamba1", tie_embeddings=False)):
+        with pytest.raises(ValueError, match="official layout"):   # mamba_ssm's: eps 1e-5, a tied head
+            official.export(other, str(tmp_path / "other"))
+    assert not (tmp_path / "other").exists()
 
 def test_tiktoken_file_encodes_with_its_merges_and_offline_gpt2_says_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
@@ -89,6 +92,8 @@ def test_an_export_keeps_the_tokenizer_it_was_trained_with(tmp_path, tok_json, c
     with pytest.raises(SystemExit, match="holds a model already"):   # its args.json is the run's
         official.main(["--export", exp, run])
     assert model.train_config(exp) == model.train_config(run) == json.load(open(f"{exp}/args.json"))
+    post = config.get_args(["--init-from", exp, "--out", str(tmp_path / "post")])   # post-training inherits
+    assert (post.tokenizer, post.data, post.seq_len, post.arch) == (tok_json, TRAIN[1], 16, "mamba2")
     with pytest.raises(SystemExit, match=r"--tokenizer bytes \(bytes\) does not match .*exp's json-"):
         train.main(["--init-from", exp, "--tokenizer", "bytes", "--out", str(tmp_path / "post")])
     assert evaluate.main([exp, "--tokenizer", "bytes", "--out", ev]) == 2
@@ -127,7 +132,12 @@ def test_export_refuses_an_empty_name_or_a_file_in_one_line_and_writes_nothing(t
         assert capsys.readouterr().err.endswith(": CKPT and OUT_DIR must not be empty\n")
     with pytest.raises(SystemExit, match="^error: file is a file already: pass a new OUT_DIR$"):
         official.main(["--export", ck, "file"])
-    assert sorted(os.listdir()) == ["file", "run"] and (tmp_path / "file").read_text() == "mine"
+    (tmp_path / "half").mkdir()   # any one file of an export there (its weights, no config.json) is a model
+    (tmp_path / "half" / "pytorch_model.bin").write_text("mine")
+    with pytest.raises(SystemExit, match="^error: half holds a model already: pass a new OUT_DIR$"):
+        official.main(["--export", ck, "half"])
+    assert sorted(os.listdir()) == ["file", "half", "run"] and (tmp_path / "file").read_text() == "mine"
+    assert [f.read_text() for f in (tmp_path / "half").iterdir()] == ["mine"]
 
 def test_a_partial_snapshot_names_the_missing_weights_and_the_command(tmp_path, monkeypatch):
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))

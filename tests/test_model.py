@@ -63,3 +63,15 @@ def test_the_vocabulary_is_padded_up_to_the_next_multiple_only(vocab, multiple, 
     lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=vocab, pad_vocab_size_multiple=multiple))
     assert lm.backbone.embedding.num_embeddings == lm.lm_head.out_features == rows
     assert lm(torch.zeros(1, 3, dtype=torch.long))[0].shape == (1, 3, vocab)   # without the padding rows
+
+def test_stream_ends_pieces_at_each_chunk_and_stop_and_carries_the_state():
+    # pieces end every chunk_len tokens and at each stop inside (0, T) (T - 1 too; 0, T and past T: no piece
+    # of their own), the state carried: the pieces' logits and last state are one forward's
+    lm, x = tiny_lm(vocab_size=50), torch.randint(0, 50, (2, 10))
+    with torch.no_grad():
+        full, s_full = lm(x)
+        pieces = list(model.stream(lm, x, 4, stops=[9, 2, 0, 10, 99, 2]))
+    assert [(a, b) for a, b, *_ in pieces] == [(0, 2), (2, 4), (4, 8), (8, 9), (9, 10)]
+    torch.testing.assert_close(torch.cat([p[2] for p in pieces], 1), full, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(pieces[-1][3], s_full, atol=1e-4, rtol=1e-4)
+    assert model.device_of(lm) == model.device_of(torch.nn.ReLU()) == torch.device("cpu")  # no parameters

@@ -56,6 +56,9 @@ def test_tokenizer_json_encodes_exactly_as_the_tokenizers_library(tok_json, tmp_
         ref.encode_special_tokens = False
     assert ref.encode("a<|endoftext|>b").ids[1] == enc.eot_token   # the file's special token is our eot
     assert enc.encode_single_token(tasks.COPY_SEP) != enc.encode_single_token(tasks.COPY_EOS)
+    ref.add_special_tokens(["<|extra|>"])   # a token added after training (as GPT-NeoX's): an id of the vocabulary
+    ref.save(str(tmp_path / "added.json"))
+    assert data.get_tokenizer(str(tmp_path / "added.json")).n_vocab == 301
     monkeypatch.setitem(sys.modules, "tokenizers", None)   # the library is not installed
     (tmp_path / "other.json").write_text(open(tok_json).read())
     with pytest.raises(datafiles.TokenizerUnavailableError, match="pip install tokenizers"):

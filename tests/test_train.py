@@ -321,6 +321,8 @@ def test_the_demo_takes_its_own_flags_and_seeds(tmp_path):
     assert config.parse_seeds(args.seeds) == [0, 1, 2]
     assert config.parse_seeds("4,1") == [4, 1] and config.get_args(["--demo", "--seed", "3"]).seed == 3
     assert config.get_args(["--tokens", "6400", "--seq-len", "8", "--batch-size", "8"]).steps == 100
+    copy = ["--task", "copy", "--copy-len", "5,10", "--tokens", "2200", "--batch-size", "10"]
+    assert config.get_args(copy).steps == 10   # a row: the longest string twice + SEP + EOS = 22 tokens
 
 def test_a_fig3_demo_whose_copy_is_gone_past_its_step_says_so(tmp_path):
     small = dict(figure="fig3", base_steps=3, n_seqs=4, eval_len=64, quiet=True)
@@ -329,6 +331,21 @@ def test_a_fig3_demo_whose_copy_is_gone_past_its_step_says_so(tmp_path):
     shutil.rmtree(tmp_path / "seed0" / "step2")
     with pytest.raises(ValueError, match=r"run is at step 9, past 2, and .*step2 is gone: remove"):
         demo.demo(str(tmp_path), [0], **small)
+
+def test_a_fig3_copy_is_kept_only_at_its_own_step(tmp_path):
+    # step1 holds a checkpoint at step 5 (of a demo with other steps), step2 its own: only step2 is kept
+    def at(run, step):   # a run directory whose ckpt.pt is at `step`, as train.py leaves it
+        os.makedirs(run, exist_ok=True)
+        torch.save({"step": step}, os.path.join(run, "ckpt.pt"))
+    at(tmp_path / "step1", 5)
+    at(tmp_path / "step2", 2)
+    trained = []
+    def train_run(label, argv):
+        trained.append(label)
+        at(argv[argv.index("--out") + 1], int(argv[argv.index("--stop-at") + 1]))
+    runs = demo.demo_runs("fig3", dict(demo.DEMO, base_steps=3), str(tmp_path), train_run)
+    assert trained == ["to step 1", "to step 4", "to step 9"]
+    assert {k: train.checkpoint_step(run) for k, run in runs.items()} == {f"step{k}": k for k in (1, 2, 4, 9)}
 
 def test_a_runtime_error_outside_torchrun_is_not_taken_for_a_lost_rank(monkeypatch, tmp_path):
     def fails(args):
