@@ -89,7 +89,7 @@ def demo_runs(figure, d, where, train_run):
                               f"remove {where} and run the demo again")
             os.makedirs(copy, exist_ok=True)
             datafiles.write_atomically(os.path.join(copy, "ckpt.pt"),
-                                  lambda tmp: shutil.copy(os.path.join(run, "ckpt.pt"), tmp))
+                                       lambda tmp: shutil.copy(os.path.join(run, "ckpt.pt"), tmp))
         return {f"step{budget}": copy for budget, copy in runs.items()}
     runs = {"base": os.path.join(where, "base")} | {k: os.path.join(where, k) for k in INTERVENTIONS}
     train_run("base", base + ["--steps", str(d["base_steps"]), "--out", runs["base"]])

@@ -152,7 +152,8 @@ def device_of(lm):
 def stream(lm, x, chunk_len, stops=(), last_only=False):
     """Reads x [b, T] from the zero state in pieces that end every chunk_len tokens and at each of stops,
     the state carried: yields (start, end, logits, state after the piece). Memory: one piece at a time."""
-    ends = sorted({*range(chunk_len, x.shape[1], chunk_len), *(e for e in stops if 0 < e < x.shape[1]), x.shape[1]})
+    T = x.shape[1]
+    ends = sorted({*range(chunk_len, T, chunk_len), *(e for e in stops if 0 < e < T), T})
     state = None   # the zero initial state
     for a, b in zip([0] + ends[:-1], ends):
         logits, state = lm(x[:, a:b], state, last_only=last_only)
