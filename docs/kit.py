@@ -25,7 +25,7 @@ import importlib.util
 import io
 import json
 import math
-import multiprocessing
+import multiprocessing.connection
 import os
 import pwd
 import re
@@ -80,6 +80,7 @@ ANSWER_PLACEHOLDER = "(your answer)"
 REPORT_FIELDS = ["student", "exercise", "points", "of", "status", "reason", "tests", "answer"]
 PYTEST = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly"]   # a check's tests in file order: -x stops alike
 RUNNING, STOPPING = set(), threading.Event()   # the process groups of the checks running; set: start none
+PROCESSES = threading.Lock()   # held to start a check's process or read its exit code (forkserver_exit_code)
 NEEDED = ("torch", "numpy", "pytest")  # what every check imports: missing, nothing can be graded
 
 NO_SANDBOX = ("each check runs as you: it can read your checkout and the other submissions, write wherever "
@@ -301,21 +302,38 @@ def run_check(sandbox, folder, log, args, n, timeout, threads):
                 for path in [d] + [os.path.join(d, f) for f in files]:
                     os.chown(path, sandbox.user.pw_uid, sandbox.user.pw_gid)
         p = sandbox.Process(target=pytest_in_child, args=(folder, xml, log, args, env, sandbox.user))
-        p.start()
-        with running(p.pid):
-            p.join(timeout)
-        code = p.exitcode
+        code = run_forked(p, timeout)
         if sandbox.user:
             kill_all_of(sandbox.user.pw_uid)
     if code is None:   # a time-out: the check and what it started, its group (in the sandbox: all of it)
         end(p.pid)
-        p.wait() if callable(sandbox) else p.join()
+        if callable(sandbox):
+            p.wait()
+        else:
+            multiprocessing.connection.wait([p.sentinel])
+            forkserver_exit_code(p)
         return "FAILED", "timeout", 0, 0
     if signal_of(code):
         with open(log, "a") as f:
             f.write(f"\n(the check's process ended on signal {signal_of(code)})\n")
     with open(log, errors="replace") as f:
         return outcome(code, xml, f.read(), n)
+
+def run_forked(p, timeout):
+    """Starts p, a process of processes()' server, and waits for it at most timeout seconds -> its exit code,
+    None while it runs (score's interrupt can end it meanwhile)."""
+    with PROCESSES:
+        p.start()
+    with running(p.pid):
+        multiprocessing.connection.wait([p.sentinel], timeout)
+    return forkserver_exit_code(p)
+
+def forkserver_exit_code(p):
+    """p's exit code, None while it runs. Under PROCESSES, as every start(): start() polls all the other
+    checks' processes, and two threads polling one forkserver child at once leave one of them a false 255."""
+    with PROCESSES:
+        p.join(0)
+        return p.exitcode
 
 @contextlib.contextmanager
 def running(pid):

@@ -501,6 +501,24 @@ def test_a_stopped_check_is_killed_whether_or_not_it_made_its_process_group_yet(
     time.sleep(0.2)
     assert not os.path.exists(f"/proc/{leaf}") or open(f"/proc/{leaf}/stat").read().split()[2] == "Z"
 
+def test_checks_run_side_by_side_get_their_own_exit_codes():
+    """--jobs 2 without a sandbox: a start() in one thread polls the other thread's forkserver process; read
+    at once by both, its exit code reached one as 255 (a passing check graded "crashed"). In a child Python:
+    the forkserver outlives the checks."""
+    script = """import multiprocessing, os, sys, threading
+sys.path.insert(0, sys.argv[1])
+import kit
+context, codes = multiprocessing.get_context("forkserver"), []
+def checks():
+    codes.extend(kit.run_forked(context.Process(target=os._exit, args=(3,)), 60) for _ in range(150))
+threads = [threading.Thread(target=checks) for _ in range(2)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(sorted(set(codes)), len(codes))"""
+    out = subprocess.run([sys.executable, "-c", script, os.path.join(ROOT, "docs")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.split("\n")[0] == "[3] 300", out.stdout + out.stderr
+
 @pytest.mark.parametrize("signum, how", [(signal.SIGINT, ["--exercises", "4"]),
                                          (signal.SIGTERM, ["--exercises", "4", "--no-sandbox"]),
                                          (signal.SIGINT, ["--exercises", "2,4", "--jobs", "1"])])
