@@ -3,25 +3,17 @@ tool far slower than the loop), streaming evaluation, training steps of the pape
 
     python bench.py                    # scans at T = 1k, 4k, 16k
     python bench.py --what eval        # streaming evaluation: memory vs length, Effective Remembrance cost
-    python bench.py --what train --presets mamba2:85m,gla:70m --seq-len 2048 --batch-size 8
-    python bench.py --what data --data-mb 1024   # the corpus cache's tokens/s and peak memory"""
+    python bench.py --what train --presets mamba2:85m,gla:70m --seq-len 2048 --batch-size 8"""
 import argparse
 import os
-import pathlib
-import random
 import re
 import resource
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 
 import torch
 import torch.nn.functional as F
 
 import data
-import datafiles
 import evaluate
 import gla
 import interventions
@@ -135,60 +127,11 @@ def bench_train(args, device, vocab_size=50280):
         print_row(*rows[-1].values())
     return rows
 
-# Fresh process: tokens, seconds, peak RSS (kB) of the cache build or of encode_batch_fast as data.py calls it
-DATA_CHILD = """import glob, itertools, re, sys, time
-sys.path.insert(0, sys.argv[1])
-import data, tokenizers
-what, corpus, tok, cache = sys.argv[2:]
-t, n = time.perf_counter(), 0
-if what == "cache build":
-    n = sum(len(ids) for ids in data.load_data(corpus, tok, cache_dir=cache)[1:3])
-else:
-    enc, files = tokenizers.Tokenizer.from_file(tok), sorted(glob.glob(corpus + "/*")) or [corpus]
-    pieces = ("".join(lines) for path in files for f in [open(path, encoding="utf-8")]
-              for lines in iter(lambda: f.readlines(1 << 14), []))
-    while batch := list(itertools.islice(pieces, 256)):
-        n += sum(len(e.ids) for e in enc.encode_batch_fast(batch, add_special_tokens=False))
-print(n, time.perf_counter() - t, re.search(r"VmHWM:\\s*(\\d+)", open("/proc/self/status").read())[1])"""
-
-def bench_data(args, device=None):
-    """Tokens/s and peak RSS of building the corpus cache vs tokenizers' encode_batch_fast, each in a fresh
-    process, on --data-mb of made-up text as 16 kB files and as one file; a BPE trained here, and bytes."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    rng = random.Random(0)
-    words = ["".join(rng.choices("etaoinshrdlucmfwypvbgkjqxz", k=rng.randint(1, 9))) for _ in range(5000)]
-    zipf = [1 / rank for rank in range(1, 5001)]
-    text = "".join(" ".join(rng.choices(words, zipf, k=12)) + ".\n" for _ in range(1400))   # about 100 kB
-    rounds = args.data_mb * 10
-    print(f"{rounds * len(text) / 2**20:.0f} MB, the data.py of {args.code}, RAYON_NUM_THREADS="
-          f"{os.environ.get('RAYON_NUM_THREADS', '(all cores)')}")
-    print_row("corpus, tokenizer", "measured", "tokens", "seconds", "tokens/s", "peak RSS MB")
-    with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
-        os.mkdir(f"{tmp}/files")
-        for i, j in [(i, j) for i in range(rounds) for j in range(0, len(text), 1 << 14)]:
-            pathlib.Path(f"{tmp}/files/{i:06}-{j:06}").write_text(text[j:j + (1 << 14)])
-        with open(f"{tmp}/one.txt", "w") as one:
-            one.writelines([text] * rounds)
-        bpe = Tokenizer(models.BPE())
-        bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        bpe.train_from_iterator([text], trainers.BpeTrainer(vocab_size=8192, special_tokens=[datafiles.EOT]))
-        bpe.save(f"{tmp}/bpe.json")
-        for name, tok in [(c, t) for c in ("files", "one.txt") for t in (f"{tmp}/bpe.json", "bytes")]:
-            for what in ["cache build"] if tok == "bytes" else ["cache build", "encode_batch_fast"]:
-                child = [sys.executable, "-c", DATA_CHILD, args.code, what, f"{tmp}/{name}", tok, f"{tmp}/c"]
-                out = subprocess.run(child, capture_output=True, text=True)
-                shutil.rmtree(f"{tmp}/c", ignore_errors=True)
-                if out.returncode:
-                    why = (out.stderr.strip() or "?").splitlines()[-1][:300]   # its last line: the error
-                    raise SystemExit(f"error: {what} failed: {why}")
-                n, s, kb = map(float, out.stdout.split()[-3:])
-                print_row(f"{name}, {os.path.basename(tok)}", what, int(n), s, n / s, kb / 1024)
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.error = lambda message: p.exit(2, f"error: {message}\n")  # one line, as every other bad input
     a = p.add_argument
-    a("--what", default="scans", choices=["scans", "eval", "train", "data", "all"], help="all: scans, eval")
+    a("--what", default="scans", choices=["scans", "eval", "train", "all"], help="all: scans, eval")
     a("--lengths", type=int, nargs="+", default=[1024, 4096, 16384], help="sequence lengths of the scans")
     a("--repeats", type=int, default=3, help="timed calls (train: steps) after one warm-up; best reported")
     a("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -199,21 +142,14 @@ def main(argv=None):
     a("--seq-len", type=int, default=1024, help="train: tokens per sequence")
     a("--batch-size", type=int, default=1, help="train: sequences per step")
     a("--forms", default="auto", help="train: comma-separated scan forms (auto, naive, chunked, triton)")
-    a("--data-mb", type=int, default=64, help="data: megabytes of text, as files and as one file")
-    a("--code", default=os.path.dirname(os.path.abspath(__file__)), help="data: the folder of data.py timed")
     args = p.parse_args(argv)
     lists = dict(lengths=args.lengths, presets=[s.strip() for s in args.presets.split(",")],
                  forms=args.forms.split(","))
-    for flag in ("repeats", "lengths", "scan_batch", "seq_len", "batch_size", "data_mb"):   # past 2**31: no
+    for flag in ("repeats", "lengths", "scan_batch", "seq_len", "batch_size"):   # past 2**31: no
         if not all(0 < n < 2 ** 31 for n in lists.get(flag, [vars(args)[flag]])):   # tensor of them fits
             raise SystemExit(f"error: --{flag.replace('_', '-')} {vars(args)[flag]}: need 1 to 2**31 - 1")
     if twice := [k for k, v in lists.items() if len(set(v)) < len(v)]:
         raise SystemExit(f"error: --{twice[0]} names a value twice ({lists[twice[0]]}): name each once")
-    if not args.code or not os.path.isfile(os.path.join(args.code, "data.py")):
-        raise SystemExit(f"error: --code {args.code!r} holds no data.py: pass a folder of this repo")
-    if args.what == "data" and shutil.disk_usage(tmp := tempfile.gettempdir()).free < 5 * args.data_mb << 20:
-        raise SystemExit(f"error: --data-mb {args.data_mb} needs {5 * args.data_mb} MB free in {tmp} (its "
-                         "1.08 MB of text twice, their 2-byte ids): pass less, or TMPDIR=a larger disk")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but no CUDA device is available: use --device cpu")
     device = torch.device(args.device.replace("auto", "cuda" if torch.cuda.is_available() else "cpu"))
@@ -222,7 +158,7 @@ def main(argv=None):
         raise SystemExit(f"error: --forms {args.forms}: choose from auto, naive, chunked, triton (triton: "
                          "CUDA, or on the CPU TRITON_INTERPRET=1, slow)")
     print(f"device: {device}" + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads"))
-    benches = {"scans": bench_scans, "eval": bench_eval, "train": bench_train, "data": bench_data}
+    benches = {"scans": bench_scans, "eval": bench_eval, "train": bench_train}
     for what in ("scans", "eval") if args.what == "all" else (args.what,):
         try:
             benches[what](args, device)

@@ -31,7 +31,7 @@ FLAGS = [
     ("size", str, "tiny", "a preset of model.PRESETS"),
     ("init-from", str, None, "post-train this: a run directory, an official Mamba one, a hub id"),
     ("data", str, "stdlib", "stdlib, a text file or dir, a .bin or markov:k=8 (post-training: the parent's)"),
-    ("tokenizer", str, "bytes", "bytes, gpt2 (tiktoken), a tokenizer.json, hub id (post-training: parent's)"),
+    ("tokenizer", str, "bytes", "bytes, a tokenizer.json or a hub id (post-training: the parent's)"),
     ("seq-len", int, 64, "T_train (post-training: the parent's)"),
     ("batch-size", int, 16, "sequences per micro-batch and process"),
     ("grad-accum", int, 1, "micro-batches per optimizer step; each is a batch for the strategy"),

@@ -1,5 +1,5 @@
 """The files behind --data and --tokenizer, which a reader of the paper can skip: tokenizers (bytes, a
-tokenizer.json, tiktoken), Hub ids, text tokenized once into a verified cache (or a new folder: python
+tokenizer.json), Hub ids, text tokenized once into a verified cache (or a new folder: python
 datafiles.py --data PATH --tokenizer T --out DIR), atomic writes, and DataError, the one-line bad input."""
 import argparse
 import codecs
@@ -15,7 +15,6 @@ import shutil
 import signal
 import sys
 import sysconfig
-import unittest.mock
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -111,7 +110,6 @@ class JsonTokenizer:
 
     def __init__(self, path):
         import tokenizers
-        require(os.path.isfile(path), f"no such tokenizer file {path!r}: pass a Hugging Face tokenizer.json")
         raw = pathlib.Path(path).read_bytes()
         try:
             self._tok = tokenizers.Tokenizer.from_str(raw.decode())
@@ -139,117 +137,45 @@ class JsonTokenizer:
         return ids[0]
 
 def get_tokenizer(name="bytes"):
-    """-> the tokenizer "bytes" (built in), of a tokenizer.json or .tiktoken path, a tiktoken encoding (gpt2,
-    ...) or a folder's or hub repo's tokenizer.json (EleutherAI/gpt-neox-20b); a tokenizer passes through."""
+    """-> the tokenizer "bytes" (built in), of a tokenizer.json path or a folder's or hub repo's tokenizer.json
+    (EleutherAI/gpt-neox-20b: GPT-NeoX's, as the official Mamba checkpoints); a tokenizer passes through."""
     if hasattr(name, "encode_ordinary"):
         return name
     require(isinstance(name, str) and name, f"unknown tokenizer {name!r}: use bytes or a tokenizer.json")
-    name = name if name.endswith((".json", ".tiktoken")) else hub_path(name, "tokenizer.json")
-    return _load_tokenizer(os.path.abspath(name) if name.endswith((".json", ".tiktoken")) else name)
+    if name != "bytes":
+        name = name if name.endswith(".json") else hub_path(name, "tokenizer.json")
+        require(os.path.isfile(name), f"unknown tokenizer {name!r}: pass bytes, a Hugging Face tokenizer.json or a "
+                "hub id ORG/NAME")
+        name = os.path.abspath(name)
+    return _load_tokenizer(name)
 
 @functools.lru_cache(maxsize=None)
 def _load_tokenizer(name):   # one object a name: a file is read once a process
     try:
-        if name == "bytes":
-            return ByteTokenizer()
-        if name.endswith(".json"):
-            return JsonTokenizer(name)
-        return _tiktoken_file(name) if name.endswith(".tiktoken") else _tiktoken(name)
+        return ByteTokenizer() if name == "bytes" else JsonTokenizer(name)
     except ImportError as e:   # an optional package (requirements.txt) not installed
         raise TokenizerUnavailableError(f"tokenizer {name} needs: pip install {e.name}") from None
 
-def _tiktoken_file(path):
-    """A .tiktoken file (a base64 token and its rank a line) read as gpt2's BPE, <|endoftext|> after its
-    ranks; read by its hash: tiktoken's cached copy of an older file is not used."""
-    import tiktoken.load
-    from tiktoken_ext.openai_public import r50k_pat_str   # gpt2's split pattern
-    sha = hashlib.sha256(require_file(path, "pass a .tiktoken file") and pathlib.Path(path).read_bytes())
-    try:
-        ranks = tiktoken.load.load_tiktoken_bpe(path, expected_hash=sha.hexdigest())
-    except ValueError as e:   # a line that is not "base64 rank"
-        raise DataError(f"{path}: {str(e).splitlines()[0][:150]}: pass a .tiktoken file") from None
-    gap = min(set(range(len(ranks))) - set(ranks.values()), default=len(ranks))   # the first rank missing
-    lack = min((b for b in range(256) if bytes([b]) not in ranks), default=0)   # tiktoken panics on a byte
-    for bad, problem in [(not ranks, "no tokens"),                              # it lacks
-                         (len(set(ranks.values())) < len(ranks), "two tokens share a rank"),
-                         (gap < len(ranks), f"no token has rank {gap}"),
-                         (bytes([lack]) not in ranks, f"the byte {lack:#04x} is no token")]:
-        require(not bad, f"{path}: {problem}: pass a .tiktoken file of a byte-level BPE (each rank 0..n-1 "
-                "once)")
-    return tiktoken.Encoding(f"tiktoken-{sha.hexdigest()[:12]}", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                             special_tokens={EOT: len(ranks)})
-
-def _tiktoken(name):
-    """A tiktoken encoding (gpt2: nanoGPT's ids) from tiktoken's cache (TIKTOKEN_CACHE_DIR), fetched unless
-    HF_HUB_OFFLINE=1, within HF_HUB_DOWNLOAD_TIMEOUT seconds."""
-    import requests   # installed with tiktoken
-    import tiktoken.load
-    from huggingface_hub import constants
-    known = tiktoken.list_encoding_names()
-    require(name in known, f"unknown tokenizer {name!r}: use bytes, a tiktoken encoding ({', '.join(known)})"
-            ", PATH/x.tiktoken, PATH/tokenizer.json or a hub id")
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")   # then a file not in the cache fails
-    read, urls, timeout = tiktoken.load.read_file, [], constants.HF_HUB_DOWNLOAD_TIMEOUT
-
-    def bounded_read(url):   # tiktoken's read_file, whose requests.get has no timeout: given one
-        urls.append(url)
-        require(not offline, "HF_HUB_OFFLINE=1")   # at once: no network call
-        with unittest.mock.patch.object(requests, "get", functools.partial(requests.get, timeout=timeout)):
-            return read(url)
-    with unittest.mock.patch.object(tiktoken.load, "read_file", bounded_read):
-        try:
-            return tiktoken.get_encoding(name)
-        except Exception as e:
-            stalled = f"no answer within {timeout:g} s: HF_HUB_DOWNLOAD_TIMEOUT sets it"
-            why = str(e) if offline else stalled if isinstance(e, requests.Timeout) else type(e).__name__
-            raise TokenizerUnavailableError(
-                f"tiktoken's {name}: {urls[-1] if urls else 'its files'} is not in its cache ({why}): run "
-                f"python -c \"import tiktoken; tiktoken.get_encoding('{name}')\" on a connected machine (the "
-                "same TIKTOKEN_CACHE_DIR)") from None
-
 def hub_path(name, file=None):
     """name itself where it exists (a local path wins) or is no hub id ORG/NAME, else the repo's folder in
-    huggingface_hub's cache (HF_HOME), fetched there unless HF_HUB_OFFLINE=1; file: that file of a folder.
-    A Hub that does not answer ends it after HF_HUB_ETAG_TIMEOUT seconds (default 10), in one line."""
+    huggingface_hub's cache (HF_HOME), where `hf download` put it: nothing is fetched at run time. file: that
+    file of the folder."""
     if os.path.exists(name) or not re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", name):
         return os.path.join(name, file) if file and os.path.isdir(name) else name
     import huggingface_hub as hf   # installed with tokenizers
-    from huggingface_hub import constants, errors
     layouts = [[file]] if file else [["ckpt.pt"], ["config.json", "pytorch_model.bin"]]   # ours, official
     try:
         cached = {f: hf.try_to_load_from_cache(name, f) for files in layouts for f in files}
     except ValueError as e:   # the Hub's rules for an id (no "--", ...)
         raise DataError(f"{name}: no such path, nor a hub id ({e}): check the path") from None
     cached = {f: path for f, path in cached.items() if isinstance(path, str)}   # else not cached
-    for files in layouts:   # the cache first: nothing there is fetched again
+    for files in layouts:
         if all(f in cached for f in files) and len({os.path.dirname(cached[f]) for f in files}) == 1:
             return cached[file] if file else os.path.dirname(cached[files[0]])
     missing = [f for f in layouts[-1] if f not in cached]   # what `hf download` is to fetch
-
-    def fail(why):
-        has = f"holds {' and '.join(cached)} but not" if cached else "has no"
-        return DataError(f"{name}: no such path, and the Hugging Face cache {has} {' nor '.join(missing)} "
-                         f"({why}): run `hf download {name} {' '.join(missing)}` on a connected machine "
-                         "(the same HF_HOME)")
-    if constants.HF_HUB_OFFLINE:
-        raise fail("HF_HUB_OFFLINE=1")
-    timeout = constants.HF_HUB_ETAG_TIMEOUT   # one HEAD a file, no retry (hf_hub_download retries a stalled
-    for files in layouts:                     # Hub for minutes), then the download
-        try:
-            for f in files:
-                hf.get_hf_file_metadata(hf.hf_hub_url(name, f), timeout=timeout)
-            paths = [hf.hf_hub_download(name, f, etag_timeout=timeout) for f in files]
-            return paths[0] if file else os.path.dirname(paths[0])
-        except errors.RemoteEntryNotFoundError:   # not this layout
-            continue
-        except errors.RepositoryNotFoundError:
-            raise fail("no such Hub repo, or a private one") from None
-        except Exception as e:   # a stalled or refused connection, a proxy, a full disk
-            stalled = "Timeout" in type(e).__name__   # httpx's ReadTimeout, ConnectTimeout...
-            first = str(e).splitlines()[0][:120] if str(e) else ""
-            raise fail(f"the Hub did not answer within {timeout:g} s: HF_HUB_ETAG_TIMEOUT sets it" if stalled
-                       else f"{type(e).__name__}: {first}") from None
-    raise fail("nor does the Hub repo")
+    has = f"holds {' and '.join(cached)} but not" if cached else "has no"
+    raise DataError(f"{name}: no such path, and the Hugging Face cache {has} {' nor '.join(missing)}: run "
+                    f"`hf download {name} {' '.join(missing)}` on a connected machine (the same HF_HOME)")
 
 # --- Token files: a nanoGPT .bin, a prepared folder, or text tokenized once into the cache --------------
 def token_ids(data, tokenizer="bytes", val_fraction=0.05, cache_dir=None, out=None):

@@ -248,7 +248,7 @@ def parse_args(argv):
     a("--allow-overlap", action="store_true", help="accept windows that overlap (a short validation split)")
     a("--t-train", type=positive, help="training length (default: train_config seq_len; official: 2048)")
     a("--data", help="what data.load_data reads (default: train_config data)")
-    a("--tokenizer", help="bytes, gpt2 (tiktoken), PATH/tokenizer.json, a hub id (default: the checkpoints')")
+    a("--tokenizer", help="bytes, PATH/tokenizer.json, a hub id (default: the checkpoints')")
     a("--cache-dir", help="where text --data is tokenized once (default $LENGTHGEN_CACHE_DIR, data_cache/)")
     a("--effrem-len", type=positive, help="T of EffRem_T(t) (default: --eval-len; the paper's: 4 x t_train)")
     a("--effrem-cuts", type=positive, default=32, help="number of cut points t of EffRem_T")

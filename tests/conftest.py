@@ -8,8 +8,7 @@ import sys
 import threading
 from dataclasses import asdict
 
-# No network in tests: a hub id or tiktoken file not in the cache fails at once (huggingface_hub reads this
-# at import); the tests of a Hub that answers, or never does, set it to 0 in the processes they start.
+# No network in tests (huggingface_hub reads this at import; nothing of the repo fetches at run time anyway).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest

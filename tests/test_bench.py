@@ -6,7 +6,6 @@ import torch
 
 import bench
 import model
-from conftest import ROOT
 
 def test_bench_scans_and_eval_time_agreeing_forms(capsys, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # conftest's (scan tests): no Triton column
@@ -61,16 +60,13 @@ def error_of(argv, capsys):   # bench.main's one line: its SystemExit's text, or
 @pytest.mark.parametrize("argv,says", [
     (["--lengths", "16", "0"], "--lengths [16, 0]: need 1 to 2**31 - 1"), (["--repeats", "-1"], "--repeats"),
     (["--scan-batch", "99999999999999999999"], "--scan-batch 9"), (["--seq-len", "2147483648"], "--seq-len"),
-    (["--batch-size", "0"], "--batch-size 0"), (["--data-mb", "0"], "--data-mb 0"),
+    (["--batch-size", "0"], "--batch-size 0"),
     (["--lengths", "nan"], "argument --lengths: invalid int"), (["--what", "x"], "argument --what: invalid"),
     (["--lengths", "16", "32", "16"], "--lengths names a value twice ([16, 32, 16]): name each once"),
     (["--presets", "mamba2:tiny, mamba2:tiny"], "--presets names a value twice"),
-    (["--forms", "naive,chunked,naive"], "--forms names a value twice"),
-    (["--code", ""], "--code '' holds no data.py"), (["--code", "/nonexistent"], "--code '/nonexistent' "),
-    (["--what", "data", "--data-mb", str(2 ** 30)], "--data-mb 1073741824 needs 5368709120 MB free in")])
+    (["--forms", "naive,chunked,naive"], "--forms names a value twice")])
 def test_bad_flags_are_one_line_before_anything_is_timed(argv, says, capsys, monkeypatch):
-    monkeypatch.chdir(ROOT)   # its data.py: --code "" must not read as this folder
-    for name in "bench_scans", "bench_eval", "bench_train", "bench_data":   # a check missed fails at once
+    for name in "bench_scans", "bench_eval", "bench_train":   # a check missed fails at once
         monkeypatch.setattr(bench, name, lambda *a: pytest.fail("a bench ran"))
     assert error_of(argv, capsys).startswith(f"error: {says}")
 
@@ -83,18 +79,3 @@ def test_sizes_past_memory_end_in_one_line_and_other_errors_stay_errors(monkeypa
         with pytest.raises(RuntimeError if "bug" in str(error) else SystemExit) as e:
             bench.main(["--device", "cpu", "--what", "eval"])
         assert "bug" in str(error) or str(e.value).startswith("error: eval: out of memory (")
-
-def test_data_asks_for_five_mb_of_disk_a_data_mb(monkeypatch, capsys):   # 1.08 MB of text as files and
-    monkeypatch.setattr(bench, "bench_data", lambda *a: print("ran"))   # one file, their 2-byte ids in turn
-    monkeypatch.setattr(bench, "bench_scans", lambda *a: print("ran"))
-    monkeypatch.setattr(bench.shutil, "disk_usage", lambda path: argparse.Namespace(free=15 * 2 ** 20 - 1))
-    assert error_of(["--what", "data", "--data-mb", "3"], capsys).startswith("error: --data-mb 3 needs 15 MB")
-    bench.main(["--device", "cpu", "--what", "scans", "--data-mb", "3"])   # the scans write nothing
-    monkeypatch.setattr(bench.shutil, "disk_usage", lambda path: argparse.Namespace(free=15 * 2 ** 20))
-    bench.main(["--device", "cpu", "--what", "data", "--data-mb", "3"])
-    assert capsys.readouterr().out.count("ran") == 2
-
-def test_a_failed_data_child_is_its_last_line(tmp_path):
-    (tmp_path / "data.py").write_text("raise ValueError('the first line\\nthe cause')\n")
-    with pytest.raises(SystemExit, match=r"^error: cache build failed: the cause$"):
-        bench.main(["--device", "cpu", "--what", "data", "--data-mb", "1", "--code", str(tmp_path)])

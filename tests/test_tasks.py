@@ -353,7 +353,7 @@ BAD_INPUTS = [   # (call on the folder of bad files, key words of its one-line e
     (lambda d: data.load_data(str(d / "late.bin"), tokenizer=Wide()), "uint16", "uint32"),
     (lambda d: data.get_tokenizer("gpt5"), "unknown tokenizer", "tokenizer.json"),
     (lambda d: data.get_tokenizer(None), "unknown tokenizer"),
-    (lambda d: data.get_tokenizer(str(d / "missing.json")), "no such tokenizer file"),
+    (lambda d: data.get_tokenizer(str(d / "missing.json")), "unknown tokenizer"),
     (lambda d: data.get_tokenizer(str(d / "bad.json")), "not a readable tokenizer.json"),
     (lambda d: data.get_tokenizer(str(d / "no_eot.json")), "<|endoftext|>"),
     (lambda d: data.markov_bayes_nll(np.array([[0, 9]]), 4, 0.5), "0..4"),
