@@ -1,7 +1,6 @@
 """The files behind --data and --tokenizer, which a reader of the paper can skip: tokenizers (bytes, a
-tokenizer.json), Hub ids, text tokenized once into a verified cache (or a new folder: python
-datafiles.py --data PATH --tokenizer T --out DIR), atomic writes, and DataError, the one-line bad input."""
-import argparse
+tokenizer.json), Hub ids, text tokenized once into a verified cache, atomic writes, and DataError, the
+one-line bad input."""
 import codecs
 import errno
 import functools
@@ -178,23 +177,18 @@ def hub_path(name, file=None):
                     f"`hf download {name} {' '.join(missing)}` on a connected machine (the same HF_HOME)")
 
 # --- Token files: a nanoGPT .bin, a prepared folder, or text tokenized once into the cache --------------
-def token_ids(data, tokenizer="bytes", val_fraction=0.05, cache_dir=None, out=None):
+def token_ids(data, tokenizer="bytes", val_fraction=0.05, cache_dir=None):
     """-> (train, val, info): data's token ids (often np.memmaps), each in the tokenizer's vocabulary. data: a
-    nanoGPT .bin (uint16, or meta.json's "dtype"; val: its tail), a folder this file's command wrote, or text:
+    nanoGPT .bin (uint16, or meta.json's "dtype"; val: its tail), a cache folder (its meta.json), or text:
     "stdlib" (the standard library's .py files), a text file or a folder of them, tokenized once into a cache
-    keyed by the files and the tokenizer (out: into that new folder instead), split by document."""
-    prepared = os.path.isfile(os.path.join(data, "meta.json"))
-    as_is = data.split(":")[0] == "markov" or prepared or data.endswith(".bin")
-    require(not out or not as_is, f"--data {data} is read as it is (a Markov spec, .bin or prepared folder): "
-            f"nothing to prepare into {out}: pass it to train.py")
-    require(not out or not os.path.exists(out), f"{out} exists: prepare into a new directory")
+    keyed by the files and the tokenizer, split by document."""
     enc = get_tokenizer(tokenizer)
     if data.endswith(".bin"):
         train, val, info = _nanogpt_bin(data, enc, val_fraction)
-    elif prepared:
+    elif os.path.isfile(os.path.join(data, "meta.json")):
         train, val, info = _prepared(data, _whole(data), enc)
     else:
-        train, val, info = _prepared(*_cache(data, enc, val_fraction, cache_dir, out), enc)
+        train, val, info = _prepared(*_cache(data, enc, val_fraction, cache_dir), enc)
     top = max([int(a.max()) for a in (train, val) if len(a)], default=-1)   # every id, now: not mid-training
     require(top < enc.n_vocab, f"{data} holds id {top}, past the {enc.n_vocab} of {enc.name!r}: pass its "
             "--tokenizer")
@@ -203,7 +197,7 @@ def token_ids(data, tokenizer="bytes", val_fraction=0.05, cache_dir=None, out=No
 def _nanogpt_bin(path, enc, val_fraction):   # nanoGPT's prepare.py output: memory-mapped as is, val its tail
     meta, pkl = (os.path.join(os.path.dirname(path), f) for f in ("meta.json", "meta.pkl"))
     require(not os.path.exists(pkl), f"{pkl}: {path} holds nanoGPT character-level ids (a vocabulary of its "
-            "own, no tokenizer of this repo): tokenize the text instead, python datafiles.py --data TEXT")
+            "own, no tokenizer of this repo): pass the text itself as --data")
     declared = read_json(meta, "fix or remove it") if os.path.exists(meta) else dict(dtype="uint16")
     dtype = _id_dtype(declared, meta, enc)
     size = require_file(path, "pass a nanoGPT .bin").st_size
@@ -216,7 +210,7 @@ def _nanogpt_bin(path, enc, val_fraction):   # nanoGPT's prepare.py output: memo
     n = len(tokens) - round(len(tokens) * val_fraction)
     return tokens[:n], tokens[n:], dict(key=f"{size}B")
 
-def _cache(data, enc, val_fraction, cache_dir, out):   # -> (the cache folder of data's text, its meta.json)
+def _cache(data, enc, val_fraction, cache_dir):   # -> (the cache folder of data's text, its meta.json)
     stdlib = data == "stdlib"
     root = sysconfig.get_paths()["stdlib"] if stdlib else data
     require(os.path.isdir(root) or os.path.isfile(root), f"no such file or directory {data!r}: pass a "
@@ -228,8 +222,8 @@ def _cache(data, enc, val_fraction, cache_dir, out):   # -> (the cache folder of
     require(stats, f"{root!r} holds no files: point --data at a folder of text files")
     key = hashlib.sha1(json.dumps([CACHE_VERSION, enc.name, val_fraction, stats]).encode()).hexdigest()
     stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.path.basename(data.rstrip("/")))[:100]
-    folder = out or os.path.join(cache_dir or DEFAULT_CACHE_DIR, f"{stem or 'data'}-{enc.name}-{key[:16]}")
-    require(out or not os.path.exists(folder) or os.path.isdir(folder), f"{folder} is a file where the cache "
+    folder = os.path.join(cache_dir or DEFAULT_CACHE_DIR, f"{stem or 'data'}-{enc.name}-{key[:16]}")
+    require(not os.path.exists(folder) or os.path.isdir(folder), f"{folder} is a file where the cache "
             "folder goes: remove it or pass another --cache-dir")
     meta = _whole(folder)
     if not meta and os.path.exists(folder):
@@ -237,13 +231,11 @@ def _cache(data, enc, val_fraction, cache_dir, out):   # -> (the cache folder of
         shutil.rmtree(folder)
     try:
         return folder, meta or _build(folder, data, [f for f, *_ in stats], enc, val_fraction)
-    except OSError as e:   # another process may have written the same cache meanwhile (an --out: its own)
-        require(not out or not os.path.exists(out), f"{out} was written by another process meanwhile, not "
-                f"from {data}: prepare into a new directory")
+    except OSError as e:   # another process may have written the same cache meanwhile
         meta = _whole(folder)
         fix = "shorter" if os.strerror(errno.ENAMETOOLONG) in str(e) else "writable"
         if not meta:
-            raise OSError(f"{e}: pass a {fix} {'--out' if out else '--cache-dir'}") from None
+            raise OSError(f"{e}: pass a {fix} --cache-dir") from None
         return folder, meta
 
 def _text_files(root, stdlib):
@@ -334,13 +326,13 @@ def _whole(folder):   # -> its meta.json if train.bin + val.bin have the sha1 it
 
 def _prepared(folder, meta, enc):   # -> (train, val, info) of folder's train.bin and val.bin (meta: verified)
     file = os.path.join(folder, "meta.json")
-    require(meta, f"{folder}: no train.bin and val.bin that match its meta.json: run python datafiles.py "
-            "again")
+    require(meta, f"{folder}: no train.bin and val.bin that match its meta.json: pass --data the text it was "
+            "built from")
     dtype = _id_dtype(meta, file, enc)
     bins = {s: os.path.join(folder, f"{s}.bin") for s in ("train", "val")}
     require(all(meta.get(f"n_{s}") == os.path.getsize(b) / dtype.itemsize for s, b in bins.items()),
-            f'{file}: its "dtype" {dtype} and "n_train", "n_val" do not fit train.bin, val.bin: run python '
-            "datafiles.py again")
+            f'{file}: its "dtype" {dtype} and "n_train", "n_val" do not fit train.bin, val.bin: pass --data the '
+            "text it was built from")
     train, val = [np.memmap(b, dtype, "r") if meta[f"n_{s}"] else np.zeros(0, dtype)   # an empty file cannot
                   for s, b in bins.items()]                                            # be mapped
     return train, val, dict(meta, key=meta["sha1"][:16])
@@ -357,25 +349,3 @@ def _id_dtype(meta, file, enc):   # -> the numpy dtype of the ids that a meta.js
     require(enc.n_vocab <= 1 << 8 * dtype.itemsize, f"{enc.name!r} ids are past {dtype}: write wider ids "
             f'(uint16, uint32) and declare "dtype" in {file}')
     return dtype
-
-def main(argv=None):
-    """The prepare command: python datafiles.py --data PATH --tokenizer T --out DIR."""
-    ap = argparse.ArgumentParser(description="Tokenize a corpus once into DIR/train.bin, val.bin (5% of the "
-                                 "files, drawn with seed 0; one file: its tail) and meta.json: --data DIR")
-    ap.error = lambda message: ap.exit(2, f"error: {message}\n")  # one line, as every other bad input
-    ap.add_argument("--data", required=True, help="a text file, a folder of them (a document each) or stdlib")
-    ap.add_argument("--tokenizer", default="bytes", help="bytes or PATH/tokenizer.json (DIR is read with it)")
-    ap.add_argument("--out", required=True, metavar="DIR", help="a new directory (nothing is overwritten)")
-    args = ap.parse_args(argv)
-    if empty := [k for k, v in vars(args).items() if not v.strip()]:   # "" would read as "." (--out, --data)
-        ap.error(f"--{empty[0]} is empty: pass a value (python datafiles.py --help)")
-    signal.signal(signal.SIGTERM, signal.default_int_handler)   # as Ctrl-C: write_atomically cleans up
-    try:
-        token_ids(args.data, args.tokenizer, out=os.path.normpath(args.out))
-    except (OSError, DataError, TokenizerUnavailableError) as e:
-        sys.exit(f"error: {e}")
-    except KeyboardInterrupt:
-        sys.exit(f"interrupted: {args.out} not written, no temporary file left")
-
-if __name__ == "__main__":
-    main()

@@ -198,14 +198,12 @@ def _checked_weights(path, lm, state_dict):
     return state_dict
 
 def train_config(path):
-    """train.py's arguments stored in one of our checkpoints (a ckpt.pt or the run directory holding
-    it) or beside an export (args.json); {} where there are none (an official Mamba directory) or no file
-    at path. An unreadable file is an error."""
+    """train.py's arguments stored in one of our checkpoints (a ckpt.pt or the run directory holding it); {}
+    for an official Mamba directory or no file at path. An unreadable file is an error."""
     path, cfg = weights_file(path)
-    if cfg is not None:
-        file = os.path.join(os.path.dirname(path), "args.json")
-        return datafiles.read_json(file, "restore the run's args.json") if os.path.isfile(file) else {}
-    tc = read_checkpoint(path, "cpu", mmap=True).get("train_config") if os.path.isfile(path) else {}
+    if cfg is not None or not os.path.isfile(path):
+        return {}
+    tc = read_checkpoint(path, "cpu", mmap=True).get("train_config")
     return tc if isinstance(tc, dict) else {}
 
 def data_id(corpus, split_seed):

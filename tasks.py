@@ -48,7 +48,7 @@ def copy_sample(tokenizer, length, seed=0):
     """A random string of `length` (or drawn from [lo, hi]) letters to copy: 2 * length + 3 tokens."""
     enc, (rng,) = task_tokenizer(tokenizer), np.random.default_rng(seed).spawn(1)
     lo, hi = length if isinstance(length, (tuple, list)) and len(length) == 2 else (length, length)
-    require(is_int(lo) and is_int(hi, lo), f"copy_sample: need length >= 1 or (lo, hi), 1 <= lo <= hi")
+    require(is_int(lo) and is_int(hi, lo), "copy_sample: need length >= 1 or (lo, hi), 1 <= lo <= hi")
     length = length if is_int(length) else int(rng.integers(lo, hi + 1))   # (lo, hi): drawn
     pick = rng.integers(0, len(COPY_ALPHABET), size=length)
     s = np.array([enc.encode_single_token(c.encode()) for c in COPY_ALPHABET], dtype=np.int64)[pick]

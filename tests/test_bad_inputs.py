@@ -90,7 +90,9 @@ def data_files(d, tok_json):
              "prep-no-dtype": ("bytes", dict(dtype=None)),   # None: the key removed
              "prep-bpe-as-bytes": (tok_json, dict(tokenizer="bytes", vocab_size=None))}
     for name, (tok, edit) in edits.items():
-        datafiles.token_ids(str(d / "docs"), tok, out=str(d / name))
+        datafiles.token_ids(str(d / "docs"), tok, cache_dir=str(d / "c" / name))
+        (folder,) = (d / "c" / name).iterdir()
+        folder.rename(d / name)
         meta = json.loads((d / name / "meta.json").read_text())
         (d / name / "meta.json").write_text(json.dumps({k: v for k, v in {**meta, **edit}.items() if v}))
     char_level = pickle.dumps(dict(vocab_size=1, stoi={"a": 0}, itos={0: "a"}))   # nanoGPT's shakespeare_char

@@ -1,13 +1,12 @@
 """Text corpora (data.load_data, datafiles.token_ids): tokenized in line-aligned pieces (exactly the ids of
 the whole file), split by a fixed seeded draw of the files, cached by files and tokenizer (one cache for
-every seed, verified, rebuilt when damaged), and `python datafiles.py`'s directory (nanoGPT's train.bin,
+every seed, verified, rebuilt when damaged), a cache folder as --data (nanoGPT's train.bin,
 val.bin plus meta.json)."""
 import errno
 import io
 import json
 import os
 import pathlib
-import runpy
 import shutil
 import signal
 import subprocess
@@ -87,23 +86,17 @@ def test_one_cache_for_every_seed_split_by_document_and_rebuilt_when_damaged(tmp
     d = data.load_data("stdlib", cache_dir=str(tmp_path / "stdlib"))   # the Python standard library's sources
     assert len(d.train) > 1_000_000 and len(d.val) > 10_000 and d.info["docs_train"] > 10 * d.info["docs_val"]
 
-def test_prepared_directory_loads_as_the_cache_and_is_never_overwritten(tmp_path, tok_json):
+def test_a_cache_folder_loads_as_data_itself_and_as_nanogpt_bins(tmp_path, tok_json):
     write_docs(tmp_path / "corpus")
-    corpus, prep = f"{tmp_path}/corpus", tmp_path / "prep"
-    prepare = [sys.executable, f"{ROOT}/datafiles.py", "--data", corpus, "--tokenizer", tok_json, "--out"]
-    assert subprocess.run(prepare + [str(prep)]).returncode == 0 and len(os.listdir(prep)) == 3
-    cached = data.load_data(corpus, tok_json, cache_dir=str(tmp_path / "c"))
-    prepared, meta = data.load_data(str(prep), tok_json), json.loads((prep / "meta.json").read_text())
+    cached = data.load_data(f"{tmp_path}/corpus", tok_json, cache_dir=str(tmp_path / "c"))
+    (folder,) = (tmp_path / "c").iterdir()
+    prepared, meta = data.load_data(str(folder), tok_json), json.loads((folder / "meta.json").read_text())
     assert np.array_equal(prepared.train, cached.train) and np.array_equal(prepared.val, cached.val)
     assert meta["tokenizer"] == cached.tokenizer.name and (meta["eot_token"], meta["docs_val"]) == (1, 1)
     with pytest.raises(DataError, match="--tokenizer"):
-        data.load_data(str(prep), "bytes")
-    nanogpt = data.load_data(str(prep / "train.bin"), tok_json)   # as nanoGPT's .bin: val is its tail
+        data.load_data(str(folder), "bytes")
+    nanogpt = data.load_data(str(folder / "train.bin"), tok_json)   # as nanoGPT's .bin: val is its tail
     assert np.array_equal(np.r_[nanogpt.train, nanogpt.val], cached.train) and nanogpt.vocab_size == 300
-    before = (prep / "train.bin").read_bytes()
-    r = subprocess.run(prepare + [f"{prep}/"], capture_output=True, text=True)   # not overwritten
-    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "exists" in r.stderr
-    assert (prep / "train.bin").read_bytes() == before
 
 def test_single_file_and_wide_vocabulary(tmp_path):
     ((path, text),) = write_docs(tmp_path / "a", n=1).items()         # one document: split by tokens
@@ -168,10 +161,11 @@ def test_a_bin_is_read_in_the_dtype_its_meta_json_declares_for_its_tokenizer(tmp
     (tmp_path / "meta.json").write_text('{"dtype": "uint8"}')
     with pytest.raises(DataError, match='looks like uint16 ids .*"dtype": "uint16"'):
         data.load_data(str(tmp_path / "ids.bin"), Small())
-    (tmp_path / "corpus").mkdir()   # a prepared directory whose id 255 is in val only, read as of 255 ids
+    (tmp_path / "corpus").mkdir()   # a cache folder whose id 255 is in val only, read as of 255 ids
     (tmp_path / "corpus" / "a.txt").write_text("\xff\n" * 20)
     (tmp_path / "corpus" / "b.txt").write_text("plain text\n" * 20)
-    datafiles.token_ids(str(tmp_path / "corpus"), Small(), out=str(tmp_path / "prep"))
+    datafiles.token_ids(str(tmp_path / "corpus"), Small(), cache_dir=str(tmp_path / "c"))
+    (next((tmp_path / "c").iterdir())).rename(tmp_path / "prep")
     meta = json.loads((tmp_path / "prep" / "meta.json").read_text())
     assert 255 in np.fromfile(tmp_path / "prep" / "val.bin", np.uint16) and meta["docs_val"] == 1
     (tmp_path / "prep" / "meta.json").write_text(json.dumps(dict(meta, n_val=meta["n_val"] + 1)))
@@ -195,25 +189,24 @@ def test_symlinked_folders_are_followed_once_and_a_link_cycle_ends(tmp_path):
     assert d.info["docs_train"] + d.info["docs_val"] == 13   # each file once, through the first link
     assert split_docs(np.r_[d.train, d.val]) == {t.encode() for t in texts.values()}
 
-def test_prepare_interrupted_by_sigterm_or_ctrl_c_leaves_no_temporary_folder(tmp_path, tok_json):
+def test_a_cache_build_interrupted_by_sigterm_or_ctrl_c_leaves_no_temporary_folder(tmp_path, tok_json):
     (tmp_path / "corpus").mkdir()
     for i in range(6):   # about 5 MB of BPE: seconds to tokenize, on one thread
         (tmp_path / "corpus" / f"{i}.txt").write_text(TEXT * 60)
     for sig in signal.SIGTERM, signal.SIGINT:
-        out = tmp_path / f"prep-{sig.name}"
-        cmd = [sys.executable, f"{ROOT}/datafiles.py", "--data", str(tmp_path / "corpus"), "--tokenizer",
-               tok_json, "--out", str(out)]
+        cache = tmp_path / f"cache-{sig.name}"
+        cmd = [sys.executable, f"{ROOT}/train.py", "--data", str(tmp_path / "corpus"), "--tokenizer", tok_json,
+               "--cache-dir", str(cache), "--steps", "1", "--out", str(tmp_path / f"run-{sig.name}")]
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, RAYON_NUM_THREADS="1"),   # SIGINT: as from a terminal
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.time() + 60   # until it writes its temporary folder
-        while not list(tmp_path.glob(f"{out.name}.*.tmp/train.bin")) and p.poll() is None and \
-                time.time() < deadline:
+        while not list(cache.glob("*.tmp/train.bin")) and p.poll() is None and time.time() < deadline:
             time.sleep(0.05)
         p.send_signal(sig)
         err = p.communicate(timeout=60)[1]
-        assert p.returncode == 1 and err == f"interrupted: {out} not written, no temporary file left\n", err
-        assert not out.exists() and not list(tmp_path.glob("*.tmp"))
+        assert p.returncode == 1 and err.endswith("interrupted: no checkpoint was saved: nothing to resume\n"), err
+        assert os.listdir(cache) == []
 
 def test_a_corpus_of_few_files_holds_one_whole_document_out(tmp_path):
     texts = write_docs(tmp_path / "corpus", n=4)   # 5% of 4 files rounds to 0: one is held out all the same
@@ -246,51 +239,11 @@ def test_write_atomically_replaces_all_the_files_of_a_folder_or_none(tmp_path, m
     assert [p.read_text() for p in sorted(tmp_path.iterdir())] == ["new", "new"]
     assert signal.getsignal(signal.SIGINT) is handler   # Ctrl-C is held only while the files are renamed
 
-def prepare(monkeypatch, capsys, *argv):   # python datafiles.py ARGV in this process -> (exit status, stderr)
-    monkeypatch.setattr(sys, "argv", ["datafiles.py", *argv])
-    try:
-        runpy.run_path(f"{ROOT}/datafiles.py", run_name="__main__")
-    except SystemExit as e:   # sys.exit(text): the text on stderr, status 1
-        return (1, f"{e.code}\n") if isinstance(e.code, str) else (e.code, capsys.readouterr().err)
-    return 0, capsys.readouterr().err
-
-def test_prepare_refuses_what_it_cannot_prepare_in_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
-    write_docs(tmp_path / "corpus", n=3)
-    monkeypatch.chdir(tmp_path)
-    assert prepare(monkeypatch, capsys, "--data", "corpus", "--out", "prep") == (0, "")
-    for data_, out, status, says in [
-            ("markov:k=4", "new", 1, "--data markov:k=4 is read as it is"),
-            ("prep/train.bin", "new", 1, "--data prep/train.bin is read as it is"),
-            ("prep", "new", 1, "--data prep is read as it is (a Markov spec, .bin or prepared folder): "
-                               "nothing to prepare into new: pass it"),
-            ("", "new", 2, "--data is empty"), ("corpus", "", 2, "--out is empty"),   # "": not read as "."
-            ("corpus", " ", 2, "--out is empty")]:   # nor a blank name
-        status_err = prepare(monkeypatch, capsys, "--data", data_, "--out", out)
-        assert status_err[0] == status and status_err[1].startswith(f"error: {says}"), status_err
-        assert status_err[1].count("\n") == 1 and sorted(os.listdir()) == ["corpus", "prep"]
-    assert prepare(monkeypatch, capsys, "--data", "corpus", "--tokenizer", "", "--out", "new") == (
-        2, "error: --tokenizer is empty: pass a value (python datafiles.py --help)\n")
-
-def test_two_prepares_into_one_out_at_once_the_loser_says_so_and_the_winner_is_kept(tmp_path, monkeypatch):
-    out, rename, other = str(tmp_path / "prep"), datafiles.write_atomically, write_docs(tmp_path / "b", n=3)
-    write_docs(tmp_path / "a")
-
-    def other_first(path, write):   # the other process renames its folder to --out while this one writes
-        monkeypatch.setattr(datafiles, "write_atomically", rename)
-        datafiles.token_ids(str(tmp_path / "b"), out=out)
-        rename(path, write)
-    monkeypatch.setattr(datafiles, "write_atomically", other_first)
-    with pytest.raises(DataError, match=f"^{out} was written by another process meanwhile, not from .*a: "):
-        datafiles.token_ids(str(tmp_path / "a"), out=out)
-    d = data.load_data(out)
-    assert split_docs(np.r_[d.train, d.val]) == {t.encode() for t in other.values()}
-    assert sorted(os.listdir(tmp_path)) == ["a", "b", "prep"]   # no temporary folder left
-
-def test_long_names_the_cache_fits_and_a_too_long_out_names_the_flag(tmp_path, monkeypatch, capsys):
+def test_long_names_the_cache_fits_and_a_too_long_cache_dir_names_the_flag(tmp_path):
     long = tmp_path / ("a" * 245)   # a name the file system holds; the cache folder's name is cut to fit
     texts = write_docs(long, n=2)
     d = data.load_data(str(long), cache_dir=str(tmp_path / "c"))
     assert split_docs(np.r_[d.train, d.val]) == {t.encode() for t in texts.values()}
-    status, err = prepare(monkeypatch, capsys, "--data", str(long), "--out", str(tmp_path / ("o" * 250)))
-    assert status == 1 and err.endswith(" (File name too long): nothing was written: pass a shorter --out\n")
+    with pytest.raises(OSError, match=r" \(File name too long\): nothing was written: pass a shorter --cache-dir$"):
+        data.load_data(str(long), cache_dir=str(tmp_path / ("o" * 256)))
     assert sorted(os.listdir(tmp_path)) == ["a" * 245, "c"]
