@@ -52,8 +52,6 @@ FLAGS = [
     ("split-seed", int, 0, "seed of a Markov corpus (post-training: parent's); text has one fixed split"),
     ("cache-dir", str, None, "text --data tokenized once, here (default: $LENGTHGEN_CACHE_DIR, data_cache)"),
     ("device", str, "auto", "auto (CUDA when present), cpu, cuda, cuda:1 ..."),
-    ("dist-timeout", float, 300, "torchrun: seconds a rank waits for the others (one frozen, or rank 0 "
-     "building the data cache) before every rank ends"),
     ("stop-at", int, None, "stop after this step as if killed (to test --resume)"),
     ("quiet", bool, False, "no progress bar"),
     ("demo", ["fig5", "fig2", "fig3"], None, "a demo in OUT/demo[-fig2|-fig3], minutes a seed (with --out, "
@@ -62,7 +60,7 @@ FLAGS = [
     ("seeds", str, None, "--demo: training seeds, e.g. 0-7 or 0,5: a demo each, then the summary over seeds")]
 DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
 # Not resumed: flags of one invocation, not of the run. May change on resume: the length, divergence remedies.
-PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo", "seeds", "cache_dir", "dist_timeout")
+PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo", "seeds", "cache_dir")
 DEMO_FLAGS = ("demo", "out", "seed", "seeds", "device", "quiet")   # what --demo takes
 MAY_CHANGE = ("steps", "ckpt_interval", "eval_interval", "lr", "grad_clip")
 INHERITED = ("data", "tokenizer", "seq_len", "split_seed", "arch", "size")   # post-training: the parent's
@@ -160,7 +158,7 @@ def set_lr_and_steps(args, given, parent):
         args.min_lr = min(args.min_lr, args.lr)
     if args.tokens is not None and math.isfinite(args.tokens):
         per_row = args.seq_len if args.task != "copy" else 2 * int(args.copy_len.split(",")[-1]) + 2
-        per_step = args.batch_size * per_row * int(os.environ.get("WORLD_SIZE", 1)) * args.grad_accum
+        per_step = args.batch_size * per_row * args.grad_accum
         args.steps = max(1, int(args.tokens // per_step))
 
 def exit_on_bad_flags(args):
@@ -185,7 +183,6 @@ def exit_on_bad_flags(args):
         must("grad_clip", args.grad_clip > 0, "> 0 (inf: no clipping)"),
         must("sigma", 0 < args.sigma <= 1e3, "in (0, 1e3] (its variance in float32)"),
         must("p_reset", 0 <= args.p_reset <= 1, "a probability in [0, 1]"),
-        must("dist_timeout", 1 <= args.dist_timeout <= 1e7, "in [1, 1e7] seconds"),
         (not args.init_from and args.size not in model.PRESETS[args.arch], f"unknown --size {args.size!r} "
          f"for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}"),
         (args.init_from and not exists(args.init_from), f"--init-from {args.init_from} does not exist"),

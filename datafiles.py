@@ -136,15 +136,15 @@ class JsonTokenizer:
         return ids[0]
 
 def get_tokenizer(name="bytes"):
-    """-> the tokenizer "bytes" (built in), of a tokenizer.json path or a folder's or hub repo's tokenizer.json
-    (EleutherAI/gpt-neox-20b: GPT-NeoX's, as the official Mamba checkpoints); a tokenizer passes through."""
+    """-> the tokenizer "bytes" (built in), of a tokenizer.json path, or a folder's or a hub repo's
+    tokenizer.json (EleutherAI/gpt-neox-20b: the official Mamba checkpoints'); a tokenizer passes through."""
     if hasattr(name, "encode_ordinary"):
         return name
     require(isinstance(name, str) and name, f"unknown tokenizer {name!r}: use bytes or a tokenizer.json")
     if name != "bytes":
         name = name if name.endswith(".json") else hub_path(name, "tokenizer.json")
-        require(os.path.isfile(name), f"unknown tokenizer {name!r}: pass bytes, a Hugging Face tokenizer.json or a "
-                "hub id ORG/NAME")
+        require(os.path.isfile(name), f"unknown tokenizer {name!r}: pass bytes, a Hugging Face "
+                "tokenizer.json or a hub id ORG/NAME")
         name = os.path.abspath(name)
     return _load_tokenizer(name)
 
@@ -331,8 +331,8 @@ def _prepared(folder, meta, enc):   # -> (train, val, info) of folder's train.bi
     dtype = _id_dtype(meta, file, enc)
     bins = {s: os.path.join(folder, f"{s}.bin") for s in ("train", "val")}
     require(all(meta.get(f"n_{s}") == os.path.getsize(b) / dtype.itemsize for s, b in bins.items()),
-            f'{file}: its "dtype" {dtype} and "n_train", "n_val" do not fit train.bin, val.bin: pass --data the '
-            "text it was built from")
+            f'{file}: its "dtype" {dtype} and "n_train", "n_val" do not fit train.bin, val.bin: pass --data '
+            "the text it was built from")
     train, val = [np.memmap(b, dtype, "r") if meta[f"n_{s}"] else np.zeros(0, dtype)   # an empty file cannot
                   for s, b in bins.items()]                                            # be mapped
     return train, val, dict(meta, key=meta["sha1"][:16])

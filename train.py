@@ -4,17 +4,14 @@ r"""The one training script: from scratch, or post-training a checkpoint, with a
     python train.py --init-from out/base --init-state sp --steps 300   # post-training (lr = peak/10)
     python train.py --init-from PATH/mamba2-370m --data corpus.bin --tokenizer PATH/tokenizer.json \
         --init-state sp --steps 100 --grad-accum 32      # the paper's Fig. 5 on an official checkpoint
-    torchrun --nproc_per_node 2 train.py --init-state sp               # DistributedDataParallel
 
 The interventions differ only in each sequence's initial state (interventions.py); the rest is Appendix B's
 recipe. --out: ckpt.pt (all a resume needs; atomic; finite weights), metrics.jsonl, args.json, train.lock."""
-import datetime
 import fcntl
 import json
 import math
 import os
 import pathlib
-import re
 import signal
 import sys
 import time
@@ -33,9 +30,9 @@ import interventions
 import model
 import tasks
 
-def accumulate_gradients(fwd, sampler, strategy, n_micro, device, autocast=nullcontext(), no_sync=False):
+def accumulate_gradients(lm, sampler, strategy, n_micro, device, autocast=nullcontext()):
     """The gradients of one optimizer step, the paper's loop: initial state -> forward -> backward -> observe.
-    Each micro-batch is a batch for the strategy. no_sync (DDP): all-reduce on the last micro-batch only."""
+    Each micro-batch is a batch for the strategy."""
     total = 0.0
     tokens = 0
     for micro in range(n_micro):
@@ -43,12 +40,11 @@ def accumulate_gradients(fwd, sampler, strategy, n_micro, device, autocast=nullc
         x = batch.x.to(device)
         y = batch.y.to(device)
         initial_state = strategy.initial_state(batch)
-        with fwd.no_sync() if no_sync and micro < n_micro - 1 else nullcontext():
-            with autocast:
-                logits, final_state = fwd(x, state=initial_state)
-                # task batches mark every non-answer target -100: the mean over the answer tokens
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
-            (loss / n_micro).backward()  # the gradient of the mean over the micro-batches
+        with autocast:
+            logits, final_state = lm(x, state=initial_state)
+            # task batches mark every non-answer target -100: the mean over the answer tokens
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
+        (loss / n_micro).backward()  # the gradient of the mean over the micro-batches
         strategy.observe(final_state)
         total += loss.item()
         tokens += x.numel()
@@ -58,29 +54,20 @@ def train(args):
     config.exit_on_bad_flags(args)
     if args.task != "lm":
         exit_on_bad_task(args)
-    rank = int(os.environ.get("RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    ddp = "RANK" in os.environ
-    auto = f"cuda:{rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu"
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if args.device == "auto" else args.device)
-    if ddp:  # one process per device; each rank keeps its own sampler and strategy, as one process would
-        torch.distributed.init_process_group("gloo" if device.type == "cpu" else "nccl",
-                                             timeout=datetime.timedelta(seconds=args.dist_timeout))
     os.makedirs(args.out, exist_ok=True)
-    sampler, val_sampler, vocab_size, source = setup_data(args, rank)
+    sampler, val_sampler, vocab_size, source = setup_data(args)
     val_state0 = val_sampler.state_dict()  # the same validation batches at every evaluation
     ckpt_path = os.path.join(args.out, "ckpt.pt")
-    lm, optimizer, strategy, step = setup_model(args, device, vocab_size, sampler, ckpt_path, rank, world)
-    fwd = torch.nn.parallel.DistributedDataParallel(lm) if ddp else lm  # the model is on this rank's device
+    lm, optimizer, strategy, step = setup_model(args, device, vocab_size, sampler, ckpt_path)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-    master = rank == 0
-    if master:
-        streams = " --streams" if args.streams else ""
-        batch = f"{args.grad_accum * world * args.batch_size} x {args.seq_len} tokens"
-        print(f"{lm.extra_repr()}, data {source}, --init-state {args.init_state}{streams}, {args.steps} "
-              f"steps of {batch}, lr {args.lr:g}, {device}" + (f", resuming at step {step}" if step else ""))
-    with open_run(args, step) if master else open(os.devnull, "w") as log, \
-            tqdm(total=args.steps, initial=step, disable=args.quiet or not master, file=sys.stdout) as bar:
+    streams = " --streams" if args.streams else ""
+    print(f"{lm.extra_repr()}, data {source}, --init-state {args.init_state}{streams}, {args.steps} steps of "
+          f"{args.grad_accum * args.batch_size} x {args.seq_len} tokens, lr {args.lr:g}, {device}" +
+          (f", resuming at step {step}" if step else ""))
+    with open_run(args, step) as log, \
+            tqdm(total=args.steps, initial=step, disable=args.quiet, file=sys.stdout) as bar:
         t0 = time.time()
         start = step
         saved_step = step or None  # resumed: the checkpoint's step
@@ -89,38 +76,33 @@ def train(args):
             for group in optimizer.param_groups:
                 group["lr"] = lr * group["lr_scale"]
             optimizer.zero_grad(set_to_none=True)
-            loss, tokens = accumulate_gradients(fwd, sampler, strategy, args.grad_accum, device, amp, ddp)
+            loss, tokens = accumulate_gradients(lm, sampler, strategy, args.grad_accum, device, amp)
             grad_norm = torch.nn.utils.clip_grad_norm_(lm.parameters(), args.grad_clip).item()
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # stop before breaking the weights
                 diverged(args, step + 1, f"loss {loss:g}, gradient norm {grad_norm:g}", saved_step)
             optimizer.step()
             step += 1
             record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                      "tokens_per_s": tokens * world * (step - start) / max(time.time() - t0, 1e-9)}
+                      "tokens_per_s": tokens * (step - start) / max(time.time() - t0, 1e-9)}
             save = step % args.ckpt_interval == 0 or step == args.steps
             if save or step % args.eval_interval == 0:
                 val_sampler.load_state_dict(val_state0)
                 record["val_loss"] = evaluate_loss(lm, val_sampler, args.eval_batches, device, amp)
-            print(json.dumps(record), file=log, flush=True)  # other ranks: to os.devnull, no bar
+            print(json.dumps(record), file=log, flush=True)
             bar.set_postfix({k: f"{v:.3g}" for k, v in record.items() if k != "step"})
             bar.update(1)
             if save:
                 if not math.isfinite(record["val_loss"]):  # only weights with a finite val loss are saved
                     diverged(args, step, "the validation loss", saved_step)
-                save_checkpoint(ckpt_path, lm, optimizer, step, args, sampler, strategy, rank, world)
+                save_checkpoint(ckpt_path, lm, optimizer, step, args, sampler, strategy)
                 saved_step = step
-    if master:
-        print(f"done: step {step}, {time.time() - t0:.0f}s, " + (f"checkpoint {ckpt_path} (step {saved_step})"
-              if saved_step else "no checkpoint (--stop-at before the first --ckpt-interval)"))
-    if ddp:  # the ranks leave together: none closes its connections while another still uses them
-        del fwd
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    print(f"done: step {step}, {time.time() - t0:.0f}s, " + (f"checkpoint {ckpt_path} (step {saved_step})"
+          if saved_step else "no checkpoint (--stop-at before the first --ckpt-interval)"))
     return lm
 
-def setup_data(args, rank):
+def setup_data(args):
     """-> (sampler, val_sampler, vocab_size, the data's name): windows of --data, or --task's examples."""
-    corpus = read_corpus(args, rank) if args.task in ("lm", "babilong") else None  # passkey, copy: no --data
+    corpus = read_corpus(args) if args.task in ("lm", "babilong") else None  # passkey, copy: no --data
     # what the run read, kept in its checkpoint: a resume must read the same, post-training the same tokenizer
     now = dict(tokenizer_id=data.get_tokenizer(args.tokenizer).name,
                data_id=model.data_id(corpus, args.split_seed) if corpus else None)
@@ -135,23 +117,19 @@ def setup_data(args, rank):
     if args.task == "lm":
         Sampler = data.DocumentStreams if args.init_state == "tbtt" or args.streams else data.RandomWindows
         eot = (corpus.eot_token,) if Sampler is data.DocumentStreams else ()
-        sampler = Sampler(corpus.train, *eot, args.batch_size, args.seq_len, args.data_seed + rank)
+        sampler = Sampler(corpus.train, *eot, args.batch_size, args.seq_len, args.data_seed)
         val_sampler = data.RandomWindows(corpus.val, args.batch_size, args.seq_len, 10_000)
         if args.init_from and not args.resume:
-            read_on(sampler, args.init_from, rank)
+            read_on(sampler, args.init_from)
     else:  # babilong hides its stories in --data text (train / val split); passkey and copy bring their own
-        sampler = make_task_sampler(args, args.data_seed + rank, corpus and corpus.train)
+        sampler = make_task_sampler(args, args.data_seed, corpus and corpus.train)
         val_sampler = make_task_sampler(args, 10_000, corpus and corpus.val)
     vocab_size = corpus.vocab_size if corpus else data.get_tokenizer(args.tokenizer).n_vocab
     return sampler, val_sampler, vocab_size, corpus.name if corpus else args.task
 
-def read_corpus(args, rank):
+def read_corpus(args):
     """--data as data.load_data reads it, more than --seq-len tokens in each split (text for babilong)."""
-    if rank:   # under torchrun rank 0 tokenizes --data into the cache first, then the others read it
-        torch.distributed.barrier()
     corpus = data.load_data(args.data, args.tokenizer, args.split_seed, cache_dir=args.cache_dir)
-    if rank == 0 and torch.distributed.is_initialized():
-        torch.distributed.barrier()
     if args.task == "babilong" and corpus.tokenizer is None:
         raise ValueError(f"--task babilong hides its stories in --data text, but {corpus.name} is not text")
     for split, tokens in (("training", corpus.train), ("validation", corpus.val)):
@@ -159,15 +137,15 @@ def read_corpus(args, rank):
                      f"tokens, --seq-len {args.seq_len} needs more: use more text or a smaller --seq-len")
     return corpus
 
-def setup_model(args, device, vocab_size, sampler, path, rank, world):
+def setup_model(args, device, vocab_size, sampler, path):
     """-> (lm, optimizer, strategy, step): new, --init-from's, or resumed from `path` with the sampler."""
     torch.manual_seed(args.seed)
     resume = model.read_checkpoint(path, device) if args.resume else None
     if resume and not {"model_config", "model", "optimizer", "step", "sampler", "strategy"} <= resume.keys():
         raise ValueError(f"{path} is not a checkpoint of train.py: it cannot be resumed")
-    if resume and len(resume["sampler"]) != world:
-        raise ValueError(f"{path} was saved by {len(resume['sampler'])} processes, this run has {world}: "
-                         f"resume with as many (torchrun --nproc_per_node {len(resume['sampler'])})")
+    if resume and len(resume["sampler"]) != 1:   # one sampler state a process that trained it
+        raise ValueError(f"{path} was saved by {len(resume['sampler'])} processes, train.py runs one: start "
+                         "a new run")
     if resume:
         lm = model.LM(model.ModelConfig(**resume["model_config"]))
     elif args.init_from:
@@ -185,12 +163,12 @@ def setup_model(args, device, vocab_size, sampler, path, rank, world):
         raise ValueError(f"--steps {args.steps} is below the step of {path} ({resume['step']}): pass more")
     optimizer = make_optimizer(lm.to(device), args.lr, args.weight_decay, device)
     strategy = interventions.make_strategy(args.init_state, lm, args.batch_size, sigma=args.sigma,
-                                           p_reset=args.p_reset, seed=args.seed + rank)
+                                           p_reset=args.p_reset, seed=args.seed)
     if resume:
         lm.load_state_dict(resume["model"])
         optimizer.load_state_dict(resume["optimizer"])
-        sampler.load_state_dict(resume["sampler"][rank])
-        strategy.load_state_dict(resume["strategy"][rank])
+        sampler.load_state_dict(resume["sampler"][0])
+        strategy.load_state_dict(resume["strategy"][0])
     return lm, optimizer, strategy, resume["step"] if resume else 0
 
 def main(argv=None):
@@ -205,18 +183,11 @@ def main(argv=None):
         return train(args)
     except (OSError, ValueError, datafiles.TokenizerUnavailableError) as e:  # bad input: one line, no trace
         sys.exit(f"error: {e}")
-    except (MemoryError, RuntimeError) as e:  # the CPU allocator's out of memory is a plain RuntimeError, as
-        # are gloo's timed-out or broken collectives under torchrun
-        if isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e):
-            sys.exit("error: out of memory: lower --batch-size (and raise --grad-accum) or --seq-len")
-        distributed = "gloo" in str(e) or isinstance(e, torch.distributed.DistError)
-        if not (distributed and torch.distributed.is_initialized()):
+    except (MemoryError, RuntimeError) as e:  # the CPU allocator's out of memory is a plain RuntimeError
+        if not (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)):
             raise
-        why = re.sub(r"^\[[^]]*\] ", "", str(e)).split(". ")[0]  # without gloo's source file and advice
-        sys.exit(f"error: rank {os.environ['RANK']} lost the other ranks ({why}): one is frozen or ended, or "
-                 f"was busy longer than --dist-timeout {args.dist_timeout:g} s (building a large data cache: "
-                 f"raise it); {last_checkpoint(args)}")
-    except KeyboardInterrupt:  # Ctrl-C, SIGTERM; under torchrun once a collective returns (--dist-timeout)
+        sys.exit("error: out of memory: lower --batch-size (and raise --grad-accum) or --seq-len")
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM
         if args and args.demo:
             sys.exit("interrupted: rerun the same command to go on: finished runs are kept, the one "
                      "interrupted resumes")
@@ -258,11 +229,11 @@ def make_optimizer(lm, lr, weight_decay, device):
     groups = [dict(params=ps, weight_decay=wd, lr_scale=s, lr=lr * s) for (wd, s), ps in groups.items()]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
 
-def read_on(sampler, parent, rank):
+def read_on(sampler, parent):
     """Post-training reads on where the parent's sampler (same kind, seed) stopped: new data, as the paper."""
     path = os.path.join(parent, "ckpt.pt") if os.path.isdir(parent) else parent
     states = model.read_checkpoint(path, "cpu").get("sampler", []) if os.path.isfile(path) else []
-    state = dict(states[rank]) if rank < len(states) else {}
+    state = dict(states[0]) if states else {}
     if state.keys() == sampler.state_dict().keys() and state["seed"] == sampler.seed:
         if "row_doc" in state:  # every row starts the next unread document
             state.update(row_doc=[-1] * sampler.batch_size, row_pos=[0] * sampler.batch_size)
@@ -341,15 +312,12 @@ def open_run(args, step):
         with open(path, "a") as log:
             yield log
 
-def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy, rank, world):
-    """All a resume needs, with every rank's sampler and strategy state: every rank continues exactly."""
-    states = [{"sampler": sampler.state_dict(), "strategy": strategy.state_dict()}] * world
-    if world > 1:
-        torch.distributed.all_gather_object(states, states[0])
-    if rank == 0:
-        ckpt = {"model_config": vars(lm.cfg), "model": lm.state_dict(), "optimizer": optimizer.state_dict(),
-                "train_config": vars(args), "step": step, **{k: [g[k] for g in states] for k in states[0]}}
-        datafiles.write_atomically(path, lambda tmp: torch.save(ckpt, tmp))
+def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy):
+    """All a resume needs: it continues exactly. The sampler's and the strategy's states: one a process."""
+    ckpt = {"model_config": vars(lm.cfg), "model": lm.state_dict(), "optimizer": optimizer.state_dict(),
+            "train_config": vars(args), "step": step, "sampler": [sampler.state_dict()],
+            "strategy": [strategy.state_dict()]}
+    datafiles.write_atomically(path, lambda tmp: torch.save(ckpt, tmp))
 
 if __name__ == "__main__":
     main()

@@ -1,5 +1,5 @@
 """The commands the documents show still parse against the scripts' command lines: each ```bash block runs
-in bash with `python` (and torchrun) recording its arguments instead of running, then every recorded command
+in bash with `python` recording its arguments instead of running, then every recorded command
 goes through its script's own argparse, stopped before the script does any work."""
 import argparse
 import os
@@ -16,7 +16,6 @@ from conftest import ROOT
 SCRIPTS = ("train.py", "evaluate.py", "bench.py", "datafiles.py", "docs/kit.py")
 RECORD = r"""set -u
 python() { printf '%s\x1f' "$@" >> "$LOG"; echo >> "$LOG"; }
-torchrun() { while [[ $1 != *.py ]]; do shift; done; python "$@"; }
 """
 
 class Parsed(Exception):

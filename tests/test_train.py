@@ -1,13 +1,11 @@
-"""train.py: exact resume (also under DDP), post-training, gradient accumulation, the optimizer; its flags
+"""train.py: exact resume, post-training, gradient accumulation, the optimizer; its flags
 (config.py) and the demo (demo.py)."""
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 import types
 
 import numpy as np
@@ -36,87 +34,6 @@ def test_resume_after_interrupt_reproduces_the_loss_trajectory(tmp_path, flags):
     train.main(["--out", b, "--resume", "--device", "cpu", "--quiet"])   # the configuration: the checkpoint's
     assert logged(a) == logged(b) and len(logged(a)) == 8  # step 4's row is dropped, then redone
 
-DDP_RUN = """import os, sys, torch, train
-lm = train.main(sys.argv[1:])  # then each rank saves the weights it ends with, in --out (the last argument)
-torch.save(lm.state_dict(), os.path.join(sys.argv[-1], f"rank{os.environ['RANK']}.pt"))
-"""
-
-def test_two_process_gloo_ddp_resumes_exactly(tmp_path):
-    # --grad-accum 2: each rank all-reduces once a step, on its last micro-batch, so the ranks stay equal
-    (tmp_path / "ddp.py").write_text(DDP_RUN)
-
-    def torchrun(*flags):
-        with socket.socket() as s:   # a free port, so that runs side by side do not collide
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-               str(tmp_path / "ddp.py"), *TRAIN, "--steps", "4", "--ckpt-interval", "2", "--device", "cpu",
-               "--grad-accum", "2", *flags]
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)   # ddp.py imports train
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-    a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    torchrun("--out", a)
-    torchrun("--stop-at", "3", "--out", b)
-    torchrun("--resume", "--out", b)
-    ckpt = torch.load(os.path.join(b, "ckpt.pt"), weights_only=True)
-    assert ckpt["step"] == 4 and len(ckpt["sampler"]) == len(ckpt["strategy"]) == 2
-    weights = [torch.load(f"{run}/rank{r}.pt", weights_only=True) for run in (a, b) for r in (0, 1)]
-    assert all(torch.equal(weights[1][k], weights[0][k]) for k in weights[0])   # a's rank 1 = its rank 0
-    assert logged(a) == logged(b) and all(torch.equal(w[k], weights[0][k]) for w in weights[2:] for k in w)
-
-@pytest.mark.parametrize("how", ["frozen", "frozen, then rank 0 sent SIGTERM", "killed"])
-def test_a_frozen_or_killed_ddp_rank_ends_the_other_in_one_line(tmp_path, how):
-    # 2 gloo ranks (train.py processes with the environment torchrun gives them); once training, rank 1
-    # freezes (SIGSTOP): rank 0 ends after --dist-timeout, in one line; a SIGTERM while it waits is obeyed
-    # then; rank 1 killed: rank 0 ends at once
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = tmp_path / "run"
-    flags = TRAIN + ["--steps=100000", "--ckpt-interval=5", "--device=cpu", "--dist-timeout=5",
-                     "--out", str(out)]
-    ranks = [subprocess.Popen([sys.executable, f"{ROOT}/train.py", *flags], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, env=dict(os.environ, MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank), OMP_NUM_THREADS="1"))
-             for rank in (0, 1)]
-    try:
-        deadline = time.time() + 120
-        while not (out / "ckpt.pt").exists() and time.time() < deadline and ranks[0].poll() is None:
-            time.sleep(0.1)
-        os.kill(ranks[1].pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
-        if "SIGTERM" in how:
-            time.sleep(1)   # rank 0 waits in gloo for rank 1 by now
-            os.kill(ranks[0].pid, signal.SIGTERM)
-        code = ranks[0].wait(timeout=60)   # a TimeoutExpired: rank 0 still waits for rank 1
-    finally:
-        for p in ranks:
-            p.kill()   # SIGKILL: the frozen one too
-            p.wait()   # reaped: no process of this test outlives it
-    message = ranks[0].stderr.read()
-    assert code == 1 and message.count("\n") == 1, message
-    assert ") is intact; continue with --resume" in message, message
-    assert "gloo/" not in message and "GLHF" not in message, message   # gloo's source file and its advice
-    lost = "error: rank 0 lost the other ranks (" + ("Timed out" if how == "frozen" else "")
-    assert message.startswith("interrupted: " if "SIGTERM" in how else lost), message
-
-def test_under_ddp_a_broken_collective_is_one_line_and_another_error_a_traceback(tmp_path, monkeypatch):
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)   # as in a rank under torchrun
-    monkeypatch.setenv("RANK", "1")
-
-    def main_raising(text):
-        def fail(args):
-            raise RuntimeError(text)
-        monkeypatch.setattr(train, "train", fail)
-        train.main(TRAIN + ["--out", str(tmp_path / "run")])
-    with pytest.raises(SystemExit) as e:
-        main_raising("[/x/gloo/transport/tcp/pair.cc:9] Connection closed by peer [::1]:4. Check its logs")
-    assert e.value.code == ("error: rank 1 lost the other ranks (Connection closed by peer [::1]:4): one is "
-                            "frozen or ended, or was busy longer than --dist-timeout 300 s (building a large "
-                            "data cache: raise it); no checkpoint was saved: nothing to resume")
-    with pytest.raises(RuntimeError, match="^a bug$"):
-        main_raising("a bug")
-
 def test_post_training_inherits_data_seq_len_and_a_tenth_of_the_peak_lr(tmp_path):
     # a base trained at --lr 1e-3 (not the tiny preset's 3e-3): post-training defaults to 1e-4, its data and
     # T_train; a second post-training still to 1e-4 (peak_lr is inherited); each checkpoint loads back
@@ -136,11 +53,11 @@ def test_seeds_are_independent_and_post_training_reads_on(tmp_path):
     flags = [[], ["--seed=5"], ["--seed=5", "--data-seed=0"], ["--split-seed=1"]]
     args = [config.get_args(TRAIN + ["--out", str(tmp_path / "x"), *f]) for f in flags]
     assert [(a.seed, a.data_seed, a.split_seed) for a in args] == [(0, 0, 0), (5, 5, 0), (5, 0, 0), (0, 0, 1)]
-    samplers = [train.setup_data(a, 0)[:2] for a in args]
+    samplers = [train.setup_data(a)[:2] for a in args]
     batches, val = zip(*[(s.next_batch().x, v.next_batch().x) for s, v in samplers])
     assert torch.equal(batches[0], batches[2]) and not torch.equal(batches[0], batches[1])
     assert torch.equal(val[0], val[1]) and torch.equal(val[0], val[2]) and not torch.equal(val[0], val[3])
-    init = [train.setup_model(a, torch.device("cpu"), 5, None, "", 0, 1)[0].state_dict() for a in args[:3]]
+    init = [train.setup_model(a, torch.device("cpu"), 5, None, "")[0].state_dict() for a in args[:3]]
     assert all(torch.equal(init[1][k], init[2][k]) for k in init[1])
     assert not all(torch.equal(init[0][k], init[1][k]) for k in init[0])
     # post-training (another --seed) reads on where its parent's sampler (--data-seed 2) stopped:
@@ -154,20 +71,6 @@ def test_seeds_are_independent_and_post_training_reads_on(tmp_path):
     assert ckpt("zero-post") == {"seed": 2, "step": 5}  # batches 4 and 5 of the stream the base read 1-3 of
     parent, post = ckpt("tbtt"), ckpt("tbtt-post")  # 4 rows, documents of 200 tokens: none ends in 5 chunks
     assert (parent["cursor"], post["cursor"]) == (4, 8) and not set(parent["row_doc"]) & set(post["row_doc"])
-
-def test_post_training_under_ddp_each_rank_reads_on_its_own_stream(tmp_path):
-    # a parent saved by 2 ranks after 3 steps (rank r draws its batches with --data-seed + r): rank r of the
-    # post-training continues rank r's stream, the parent's 4th batch next
-    tokens = np.arange(5000) % 251
-    parent = [data.RandomWindows(tokens, 4, 16, seed=rank) for rank in (0, 1)]
-    for sampler in parent * 3:
-        sampler.next_batch()
-    torch.save({"sampler": [sampler.state_dict() for sampler in parent]}, tmp_path / "ckpt.pt")
-    for rank, sampler in enumerate(parent):
-        post = data.RandomWindows(tokens, 4, 16, seed=rank)
-        train.read_on(post, str(tmp_path), rank)
-        assert post.state_dict() == {"seed": rank, "step": 3}
-        assert torch.equal(post.next_batch().x, sampler.next_batch().x)
 
 def test_demo_fig5_post_trains_the_base_five_ways_on_two_seeds(tmp_path, capsys):
     out = str(tmp_path / "demo")
@@ -346,13 +249,6 @@ def test_a_fig3_copy_is_kept_only_at_its_own_step(tmp_path):
     runs = demo.demo_runs("fig3", dict(demo.DEMO, base_steps=3), str(tmp_path), train_run)
     assert trained == ["to step 1", "to step 4", "to step 9"]
     assert {k: train.checkpoint_step(run) for k, run in runs.items()} == {f"step{k}": k for k in (1, 2, 4, 9)}
-
-def test_a_runtime_error_outside_torchrun_is_not_taken_for_a_lost_rank(monkeypatch, tmp_path):
-    def fails(args):
-        raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Read error: a bug, not a lost rank")
-    monkeypatch.setattr(train, "train", fails)
-    with pytest.raises(RuntimeError, match="a bug"):   # a traceback: nothing to advise
-        train.main(TRAIN + ["--out", str(tmp_path / "run")])
 
 def test_stopped_before_any_checkpoint_the_last_line_names_none(tmp_path, capsys):
     for _ in range(2):   # the folder of a run stopped before its first checkpoint takes a new run
