@@ -12,7 +12,6 @@ import torch
 import datafiles
 import interventions
 import model
-import official
 import tasks
 
 # Peak learning rates from scratch: the paper's Table 2 for its sizes; tiny tuned for the CPU demos.
@@ -141,7 +140,7 @@ def parent_flags(init_from):
     its shape (PEAK_LR's key)."""
     parent = model.train_config(init_from)
     if os.path.isfile(os.path.join(init_from, "config.json")):
-        _, c = official.read(init_from)
+        _, c = model.read_official(init_from)
         shape = (c["d_model"], c["n_layer"])
         sizes = [s for s, q in model.PRESETS[c["arch"]].items() if (q["d_model"], q["n_layer"]) == shape]
         parent = {**parent, "arch": c["arch"], "size": sizes[0] if sizes else None}

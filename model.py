@@ -10,7 +10,7 @@ interventions (State Passing, TBTT) and streaming evaluation rely on. state=None
 
 Module names follow mamba_ssm's MambaLMHeadModel (backbone.embedding, backbone.layers.{i}.norm,
 backbone.layers.{i}.mixer, backbone.norm_f, lm_head) so official Mamba checkpoints load as they are
-(their layout: official.py)."""
+(read_official)."""
 import math
 import os
 from dataclasses import dataclass, field
@@ -20,7 +20,6 @@ import torch.nn as nn
 
 import datafiles
 import gla
-import official
 import rwkv
 import ssm
 
@@ -159,7 +158,7 @@ def stream(lm, x, chunk_len, stops=(), last_only=False):
         logits, state = lm(x[:, a:b], state, last_only=last_only)
         yield a, b, logits, state
 
-# --- loading: our checkpoints (train.py's ckpt.pt), official Mamba LMs (their layout: official.py) ----
+# --- loading: our checkpoints (train.py's ckpt.pt), official Mamba LMs (mamba_ssm's layout) -----------
 def from_pretrained(path, device="cpu"):
     """Our checkpoint (train.py's ckpt.pt or its directory), a state-spaces/mamba directory (config.json +
     pytorch_model.bin, Mamba-1 or -2) or a hub id of one. What cannot load faithfully is an error.
@@ -216,7 +215,7 @@ def weights_file(path):
     (its pytorch_model.bin, its ModelConfig) for an official directory or hub id; a missing file is named."""
     path = datafiles.hub_path(path)
     if os.path.isdir(path) and not os.path.exists(os.path.join(path, "ckpt.pt")):
-        weights, fields = official.read(path)
+        weights, fields = read_official(path)
         return weights, ModelConfig(**fields)
     return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path, None
 
@@ -232,3 +231,34 @@ def read_checkpoint(path, device, **kw):
         why = f"truncated, corrupt or not a torch checkpoint: {type(e).__name__}"
         raise ValueError(f"cannot read {path} ({why}): copy it again whole, or pass a ckpt.pt written by "
                          "train.py") from None
+
+# The keys of mamba_ssm's MambaConfig (config.json of the state-spaces/mamba* checkpoints); the sizes are
+# positive integers.
+OFFICIAL_KEYS = set("d_model n_layer vocab_size ssm_cfg d_intermediate attn_layer_idx attn_cfg rms_norm "
+                    "residual_in_fp32 fused_add_norm pad_vocab_size_multiple tie_embeddings".split())
+OFFICIAL_SIZES = ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple")
+
+def read_official(path):
+    """-> (path's pytorch_model.bin, the model.ModelConfig fields of its config.json) of a state-spaces/mamba
+    directory. What this repo cannot load faithfully, or a missing file, is a one-line error."""
+    file = os.path.join(path, "config.json")
+    weights = os.path.join(path, "pytorch_model.bin")
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"{path}: no ckpt.pt (ours), no config.json + pytorch_model.bin (official)")
+    c = datafiles.read_json(file, "re-download it")
+    ssm_cfg = c.get("ssm_cfg") or {}
+    checks = [*((k not in c, f"no {k}") for k in OFFICIAL_SIZES[:3]),
+              *((k in c and not (type(c[k]) is int and c[k] > 0), f"{k} {c[k]!r}") for k in OFFICIAL_SIZES),
+              (not isinstance(ssm_cfg, dict), f"ssm_cfg {ssm_cfg!r}"),
+              (c.get("d_intermediate") or c.get("attn_layer_idx"), "hybrid MLP/attention layers"),
+              (not c.get("rms_norm", True), "LayerNorm"),
+              (not c.get("tie_embeddings", True), "untied embeddings")]
+    bad = sorted(set(c) - OFFICIAL_KEYS) + [problem for failed, problem in checks if failed]
+    if bad:
+        raise ValueError(f"{file}: not a Mamba LM this repo loads faithfully ({', '.join(bad)})")
+    if not os.path.isfile(weights):  # a hub id's partial snapshot is named by datafiles.hub_path
+        raise FileNotFoundError(f"{path} holds config.json but no pytorch_model.bin (a partial download?): "
+                                f"run `hf download ORG/NAME pytorch_model.bin --local-dir {path}`")
+    mixer = dict(ssm_cfg)
+    arch = "mamba2" if mixer.pop("layer", "Mamba1") == "Mamba2" else "mamba1"
+    return weights, dict(arch=arch, mixer=mixer, **{k: c[k] for k in OFFICIAL_SIZES if k in c})
