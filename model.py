@@ -248,7 +248,8 @@ def read_official(path):
     c = datafiles.read_json(file, "re-download it")
     ssm_cfg = c.get("ssm_cfg") or {}
     checks = [*((k not in c, f"no {k}") for k in OFFICIAL_SIZES[:3]),
-              *((k in c and not (type(c[k]) is int and c[k] > 0), f"{k} {c[k]!r}") for k in OFFICIAL_SIZES),
+              *((k in c and not (type(c[k]) is int and c[k] > 0), f"{k} {c.get(k)!r}")
+                for k in OFFICIAL_SIZES),
               (not isinstance(ssm_cfg, dict), f"ssm_cfg {ssm_cfg!r}"),
               (c.get("d_intermediate") or c.get("attn_layer_idx"), "hybrid MLP/attention layers"),
               (not c.get("rms_norm", True), "LayerNorm"),
