@@ -45,10 +45,11 @@ def sequence_nll(lm, tokens, chunk_len=512, batch_size=8, progress=False):
     tokens, _ = _require_eval_inputs(tokens, min_len=2)
     out = torch.empty(tokens.shape[0], tokens.shape[1] - 1)
     for r in tqdm(range(0, len(tokens), batch_size), desc="ppl", disable=not progress):
-        x = tokens[r:r + batch_size].to(model.device_of(lm))
-        for a, b, logits, _ in model.stream(lm, x[:, :-1], chunk_len):   # from the zero state
-            nll = F.cross_entropy(logits.float().mT, x[:, a + 1:b + 1], reduction="none")
-            out[r:r + len(x), a:b] = nll.cpu()
+        x, state = tokens[r:r + batch_size].to(model.device_of(lm)), None  # None: the zero initial state
+        for a in range(0, out.shape[1], chunk_len):
+            logits, state = lm(x[:, a:-1][:, :chunk_len], state)
+            nll = F.cross_entropy(logits.float().mT, x[:, a + 1:][:, :chunk_len], reduction="none")
+            out[r:r + len(x), a:a + chunk_len] = nll.cpu()
     return out
 
 def position_nll(lm, tokens, chunk_len=512, batch_size=8):
