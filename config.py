@@ -198,12 +198,11 @@ def exit_on_bad_flags(args):
 
 def parse_seeds(text):
     """--seeds "0-7" -> [0, ..., 7]; "0,5" -> [0, 5]; else one line naming the flag."""
-    seeds = []
-    if re.fullmatch(r"\d+-\d+", text):
-        lo, hi = text.split("-")
+    lo, dash, hi = text.partition("-")
+    if dash and lo.isdecimal() and hi.isdecimal():
         seeds = list(range(int(lo), int(hi) + 1))
-    elif re.fullmatch(r"\d+(,\d+)*", text):
-        seeds = [int(v) for v in text.split(",")]
-    if not seeds or len(set(seeds)) < len(seeds):
+    else:
+        seeds = [int(v) if v.isdecimal() else -1 for v in text.split(",")]
+    if not seeds or min(seeds) < 0 or len(set(seeds)) < len(seeds):
         sys.exit(f"error: --seeds must be A-B or A,B,... (distinct integers >= 0), got {text!r}")
     return seeds

@@ -14,7 +14,6 @@ import shutil
 import signal
 import sys
 import sysconfig
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from tqdm import tqdm
@@ -272,22 +271,17 @@ def _build(folder, label, files, enc, val_fraction):
                 eot_token=enc.eot_token, docs_train=len(texts) - len(val), docs_val=len(val),
                 skipped_files=len(files) - len(texts))
 
-    def write(tmp):   # batches of pieces, each encoded on every core while the next is read, this one written
+    def write(tmp):   # batches of pieces, each encoded on every core
         os.makedirs(tmp)
         for split, paths in ("train", [f for f in texts if f not in val]), ("val", sorted(val)):
             docs = tqdm(paths, f"tokenizing {label}", delay=1, leave=False)
             pieces = ((eot if i == 0 else b"", p) for path in docs for i, p in enumerate(_pieces(path, cut)))
-            with open(os.path.join(tmp, f"{split}.bin"), "wb") as f, ThreadPoolExecutor(1) as pool:
-                batch = list(itertools.islice(pieces, BATCH_PIECES))   # [(eot or b"", text)]
-                job = pool.submit(encode, [p for _, p in batch])
-                while batch:
-                    after = list(itertools.islice(pieces, BATCH_PIECES))
-                    ids = job.result()
-                    job = pool.submit(encode, [p for _, p in after])   # encoded while this batch is written
+            with open(os.path.join(tmp, f"{split}.bin"), "wb") as f:
+                while batch := list(itertools.islice(pieces, BATCH_PIECES)):   # [(eot or b"", text)]
+                    ids = encode([p for _, p in batch])
                     chunk = b"".join(e + np.asarray(t, dtype).tobytes() for (e, _), t in zip(batch, ids))
                     sha1.update(chunk)
                     f.write(chunk)
-                    batch = after
         if val_fraction and not val:   # one document: its last tokens are the val split (the sha1 holds)
             tokens = np.memmap(os.path.join(tmp, "train.bin"), dtype, "r")
             n = len(tokens) - round(len(tokens) * val_fraction)

@@ -123,7 +123,7 @@ def train_main(argv):
 ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit with code 1, "": code 0)
     # 1. a run is never overwritten
     ("--out {u}/run", "--resume"), ("--init-from {u}/run --out {u}/run", "same run"),
-    ("--resume --out {u}/nothing", "does not exist"),
+    ("--resume --out {u}/nothing", "does not exist: start without --resume"),
     # 3. flags that would train backwards or not at all
     ("--min-lr -1", "--min-lr"), ("--min-lr 1", "--min-lr"), ("--grad-clip 0", "--grad-clip"),
     ("--weight-decay -5", "--weight-decay"), ("--tokens 0", "--tokens"), ("--tokens nan", "--tokens"),

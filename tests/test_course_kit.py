@@ -518,6 +518,25 @@ print(sorted(set(codes)), len(codes))"""
     out = subprocess.run([sys.executable, "-c", script, os.path.join(ROOT, "docs")], capture_output=True,
                          text=True, timeout=120)
     assert out.stdout.split("\n")[0] == "[3] 300", out.stdout + out.stderr
+    ready, held = os.pipe(), []   # and deterministically: both happen under the kit's lock
+    os.write(ready[1], b"x")
+
+    class Ended:   # a check's process that has ended: its sentinel is readable
+        pid, sentinel = -1, ready[0]
+
+        def start(self):
+            held.append(kit.PROCESSES.locked())
+
+        def join(self, timeout):
+            held.append(kit.PROCESSES.locked())
+
+        @property
+        def exitcode(self):
+            held.append(kit.PROCESSES.locked())
+            return 0
+    assert kit.run_forked(Ended(), 5) == 0 and held == [True, True, True]
+    os.close(ready[0])
+    os.close(ready[1])
 
 @pytest.mark.parametrize("signum, how", [(signal.SIGINT, ["--exercises", "4"]),
                                          (signal.SIGTERM, ["--exercises", "4", "--no-sandbox"]),

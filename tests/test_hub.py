@@ -62,8 +62,8 @@ def test_a_hub_id_not_in_the_cache_is_never_fetched_even_online_and_names_the_co
         hub.bind(("127.0.0.1", 0))
         hub.listen(16)
         url = "http://127.0.0.1:%d" % hub.getsockname()[1]
-        env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=url, HF_HUB_OFFLINE="0", HTTPS_PROXY=url,
-                   HTTP_PROXY=url, NO_PROXY="", no_proxy="")
+        env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT=url, HF_HUB_OFFLINE="0",
+                   HTTPS_PROXY=url, HTTP_PROXY=url, NO_PROXY="", no_proxy="")
         calls = [[f"{ROOT}/train.py", "--init-from", "org/model", "--out", str(tmp_path / "post")],
                  [f"{ROOT}/train.py", *TRAIN, "--tokenizer", "org/tok", "--out", str(tmp_path / "run")]]
         runs = [subprocess.run([sys.executable, *c], env=env, capture_output=True, text=True, timeout=120)
@@ -72,3 +72,15 @@ def test_a_hub_id_not_in_the_cache_is_never_fetched_even_online_and_names_the_co
     for r, missing in zip(runs, ("config.json nor pytorch_model.bin", "tokenizer.json")):
         assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
         assert f"the Hugging Face cache has no {missing}: run `hf download " in r.stderr
+
+def test_a_relative_tokenizer_path_is_the_file_it_names_from_the_working_folder(tmp_path, monkeypatch,
+                                                                                tok_json):
+    for folder, extra in (("a", ""), ("b", "\n")):   # two tokenizer.json files, one name: t/tokenizer.json
+        (tmp_path / folder / "t").mkdir(parents=True)
+        (tmp_path / folder / "t" / "tokenizer.json").write_text(open(tok_json).read() + extra)
+    names = []
+    for folder in ("a", "b"):
+        monkeypatch.chdir(tmp_path / folder)
+        names.append(datafiles.get_tokenizer("t/tokenizer.json").name)
+    assert names[0] != names[1]   # each process-wide cache entry is a file, not a name
+    assert names[1] == datafiles.get_tokenizer(str(tmp_path / "b" / "t" / "tokenizer.json")).name

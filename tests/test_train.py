@@ -223,7 +223,12 @@ def test_the_demo_takes_its_own_flags_and_seeds(tmp_path):
     assert (args.demo, args.device, args.quiet) == ("fig2", "cpu", True)
     assert config.parse_seeds(args.seeds) == [0, 1, 2]
     assert config.parse_seeds("4,1") == [4, 1] and config.get_args(["--demo", "--seed", "3"]).seed == 3
+    for bad in ("1-x", "-1", "1,x", "3-1", "", "2,2"):
+        with pytest.raises(SystemExit, match="^error: --seeds must be A-B or A,B"):
+            config.parse_seeds(bad)
     assert config.get_args(["--tokens", "6400", "--seq-len", "8", "--batch-size", "8"]).steps == 100
+    assert config.get_args(["--tokens", "6400", "--seq-len", "8", "--batch-size", "8", "--grad-accum", "2"]
+                           ).steps == 50   # a step: two micro-batches
     copy = ["--task", "copy", "--copy-len", "5,10", "--tokens", "2200", "--batch-size", "10"]
     assert config.get_args(copy).steps == 10   # a row: the longest string twice + SEP + EOS = 22 tokens
 
@@ -249,6 +254,15 @@ def test_a_fig3_copy_is_kept_only_at_its_own_step(tmp_path):
     runs = demo.demo_runs("fig3", dict(demo.DEMO, base_steps=3), str(tmp_path), train_run)
     assert trained == ["to step 1", "to step 4", "to step 9"]
     assert {k: train.checkpoint_step(run) for k, run in runs.items()} == {f"step{k}": k for k in (1, 2, 4, 9)}
+
+def test_a_step_counts_all_its_micro_batches_in_the_first_line_and_in_tokens_per_s(tmp_path, capsys,
+                                                                                   monkeypatch):
+    clock = iter(range(10, 10_000, 10))   # train.py's clock: each reading 10 s after the last
+    monkeypatch.setattr(train, "time", types.SimpleNamespace(time=lambda: float(next(clock))))
+    train.main(TRAIN + ["--grad-accum", "3", "--steps", "4", "--out", str(tmp_path)])
+    assert "steps of 12 x 16 tokens" in capsys.readouterr().out.splitlines()[0]   # 3 x --batch-size 4
+    rate = logged(str(tmp_path), "tokens_per_s")
+    assert rate == {step: 3 * 4 * 16 / 10 for step in (1, 2, 3, 4)}   # each step 10 s later: a steady rate
 
 def test_stopped_before_any_checkpoint_the_last_line_names_none(tmp_path, capsys):
     for _ in range(2):   # the folder of a run stopped before its first checkpoint takes a new run
