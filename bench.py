@@ -35,12 +35,14 @@ def times(fn, repeats, device):
     """Sorted seconds of `repeats` calls after a warm-up (allocation, compilation), and the peak memory in
     bytes: on CUDA allocated by torch, on the CPU the process's resident peak (Linux's ru_maxrss: kB)."""
     cuda = device.type == "cuda"
-    sync, out = torch.cuda.synchronize if cuda else (lambda: None), []
-    torch.cuda.reset_peak_memory_stats() if cuda else None
+    out = []
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     for _ in range(repeats + 1):  # the warm-up call (not reported) also absorbs any work queued before
         t = time.perf_counter()
         fn()
-        sync()
+        if cuda:
+            torch.cuda.synchronize()
         out.append(time.perf_counter() - t)
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return sorted(out[1:]), peak * (1 if cuda else 1024)
@@ -48,7 +50,8 @@ def times(fn, repeats, device):
 def scan_inputs(name, T, b=1, seed=0, paper=False):
     """Random inputs and a non-zero initial state; paper=True: one layer of the paper's 130m / 70m models."""
     g = torch.Generator().manual_seed(seed)
-    r, A = (lambda *s: torch.randn(*s, generator=g)), (lambda *s: -torch.rand(*s, generator=g) - 0.5)  # A < 0
+    r = lambda *s: torch.randn(*s, generator=g)
+    A = lambda *s: -torch.rand(*s, generator=g) - 0.5  # A < 0
     if name == "ssd (mamba2)":
         h, p, n = (24, 64, 128) if paper else (4, 64, 64)
         return (r(b, T, h, p), F.softplus(r(b, T, h) - 2), A(h), r(b, T, 1, n), r(b, T, 1, n)), r(b, h, p, n)
@@ -62,7 +65,8 @@ def scan_inputs(name, T, b=1, seed=0, paper=False):
 
 def bench_scans(args, device):
     """Best forward time of each form (ms), and its distance from the loop: max |difference| / max |loop|."""
-    rows, forms_timed = [], 3 if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1" else 2
+    forms_timed = 3 if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1" else 2
+    rows = []
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     print_row("scan", "T", "naive ms", "chunked ms", "speed-up", "triton ms", "rel diff")
     for name, forms, T in [(n, f, T) for n, f in SCANS.items() for T in args.lengths]:
@@ -80,14 +84,16 @@ def bench_scans(args, device):
 def bench_eval(args, device, lengths=(8192, 131072), T=1024):
     """position_nll per length, shortest first (flat peak memory: no growth); EffRem vs its definition."""
     lm = model.LM(model.make_config("mamba2", "tiny", vocab_size=257)).to(device)
-    x, rows = torch.randint(0, 257, (2, max(lengths) + 1), device=device), []
+    x = torch.randint(0, 257, (2, max(lengths) + 1), device=device)
+    rows = []
     print_row("position_nll tokens", "peak MB", "seconds", "tokens/s")
     for L in sorted(lengths):
         (s, *_), peak = times(lambda: evaluate.position_nll(lm, x[:, :L + 1], 1024), args.repeats, device)
         rows.append(dict(tokens=L, peak_mb=peak / 2 ** 20, seconds=s))
         print_row(L, peak / 2 ** 20, s, 2 * L / s)
     xe = x[:, :T].repeat(4, 1)  # 8 sequences
-    cuts, out = evaluate.default_cuts(T, 32), []
+    cuts = evaluate.default_cuts(T, 32)
+    out = []
     forms = {"streamed": lambda: out.append(evaluate.effective_remembrance(lm, xe, T, cuts).mean(0)),
              "one forward per cut": lambda: out.append(evaluate.effective_remembrance_naive(lm, xe, T, cuts))}
     print_row(f"EffRem_{T}, 8 seqs", "seconds")
@@ -106,7 +112,8 @@ def bench_train(args, device, vocab_size=50280):
     except ValueError as e:
         raise SystemExit(f"error: {e}")
     print_row(f"preset (T {args.seq_len})", "form", "params", "best s", "median s", "tokens/s", "peak GB")
-    rows, cuda = [], device.type == "cuda"
+    rows = []
+    cuda = device.type == "cuda"
     for name, form in [(p, f) for p in names for f in args.forms.split(",")]:
         lm = model.set_scan_impl(model.LM(cfgs[name]).to(device), form)
         optimizer = train.make_optimizer(lm, lr=1e-4, weight_decay=0.01, device=device)  # lr: no cost

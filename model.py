@@ -117,7 +117,8 @@ class LM(nn.Module):
         (not detached). last_only: logits [b, 1, vocab_size] of the last position only (a cheaper head)."""
         state = [None] * len(self.backbone.layers) if state is None else state
         assert len(state) == len(self.backbone.layers), "one state dict per layer"
-        x, final_state = self.backbone.embedding(idx), []
+        x = self.backbone.embedding(idx)
+        final_state = []
         for block, s in zip(self.backbone.layers, state):
             x, s = block(x, s)
             final_state.append(s)
