@@ -395,13 +395,12 @@ def run(args):
     cfgs, t_trains, enc, refs = check_args(args)
     result = dict(args=dict(vars(args)), tokenizer=args.tokenizer, models=[])
     result.update(read_eval_data(args, cfgs, t_trains))
-    vocab = max(int(args.windows.max()) + 1 if _asks(args, LM_METRICS) else 0,
+    n_ids = max(int(args.windows.max()) + 1 if _asks(args, LM_METRICS) else 0,
                 enc.n_vocab if _asks(args, TASK_METRICS) else 0)
+    markov = args.optimal is not None and not _asks(args, TASK_METRICS)   # its ids: states, no tokenizer
     for path, label, t_train, c in zip(args.ckpts, args.labels, t_trains, cfgs):
         lm = model.from_pretrained(path, device=args.device)
-        require(vocab <= lm.cfg.vocab_size <= 2 * enc.n_vocab, f"{path}: the data / tokenizer has {vocab} "
-                f"token ids (--tokenizer {args.tokenizer}: {enc.n_vocab}), the model {lm.cfg.vocab_size}: "
-                "use the ones it was trained with (an official model: --tokenizer PATH/tokenizer.json)")
+        model.check_vocabulary(lm, n_ids, None if markov else enc.n_vocab, path)
         step = getattr(lm, "step", None)   # the checkpoint's, read with its weights (a run may go on)
         result["models"].append(measure(lm, t_train, args, label=label, path=path, step=step,
                                         train_seed=c.get("seed")))   # --over-seeds tells runs apart by it

@@ -206,6 +206,14 @@ def train_config(path):
     tc = read_checkpoint(path, "cpu", mmap=True).get("train_config")
     return tc if isinstance(tc, dict) else {}
 
+def check_vocabulary(lm, n_ids, n_vocab, name):
+    """name's model must read every id of its data (n_ids of them), and have at most twice its tokenizer's
+    n_vocab ids (None: Markov states, no tokenizer): more is an LM of another tokenizer (an official one)."""
+    if n_ids > lm.cfg.vocab_size or n_vocab and lm.cfg.vocab_size > 2 * n_vocab:
+        tokenizer = f", the tokenizer {n_vocab}" if n_vocab else ""
+        raise ValueError(f"{name} has a vocabulary of {lm.cfg.vocab_size}, the data {n_ids} ids{tokenizer}: "
+                         "pass the --tokenizer it was trained with (official: PATH/tokenizer.json)")
+
 def data_id(corpus, split_seed):
     """What a checkpoint records of the data it read (train.py; --resume and evaluate.py compare it): the
     corpus, its content's key (the token ids' hash; a .bin's size) and the split seed."""

@@ -153,12 +153,9 @@ def setup_model(args, device, vocab_size, sampler, path):
     else:
         lm = model.LM(model.make_config(args.arch, args.size, vocab_size=vocab_size))
     args.arch = lm.cfg.arch
-    n_vocab = data.get_tokenizer(args.tokenizer).n_vocab
-    if lm.cfg.vocab_size < vocab_size:
-        raise ValueError(f"the data's vocabulary ({vocab_size}) exceeds the model's: use its --tokenizer")
-    if lm.cfg.vocab_size > 2 * n_vocab and args.init_from and not args.resume:  # an official LM on bytes
-        raise ValueError(f"--init-from {args.init_from} has a vocabulary of {lm.cfg.vocab_size}, --tokenizer "
-                         f"{args.tokenizer} {n_vocab}: pass the model's --tokenizer PATH/tokenizer.json")
+    markov = args.task == "lm" and args.data.split(":")[0] == "markov"   # its ids: states, no tokenizer
+    n_vocab = None if markov else data.get_tokenizer(args.tokenizer).n_vocab
+    model.check_vocabulary(lm, vocab_size, n_vocab, args.init_from if args.init_from else path)
     if resume and args.steps < resume["step"]:
         raise ValueError(f"--steps {args.steps} is below the step of {path} ({resume['step']}): pass more")
     optimizer = make_optimizer(lm.to(device), args.lr, args.weight_decay, device)

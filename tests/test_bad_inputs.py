@@ -23,7 +23,7 @@ import evaluate
 import interventions
 import model
 import train
-from conftest import CORPUS_TEXT, ROOT, TRAIN, logged, official_dir, tiny_lm
+from conftest import CORPUS_TEXT, ROOT, TRAIN, checkpoint, logged, official_dir, tiny_lm
 
 @pytest.fixture(scope="module")
 def user(tmp_path_factory, tok_json):
@@ -175,9 +175,9 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--init-from {u}/cut-short.pt", "truncated"),
     (lambda u: model.from_pretrained(f"{u}/cut-short.pt"), "copy it again whole"),
     ("--init-from {u}/config-only", "config.json but no pytorch_model.bin"),
-    # an --out no checkpoint could be read back from
     # a value a flag check accepts must be one the run can use; no flag is ignored
-    ("--lr 1e300", "--lr"), ("--stop-at 0", "--stop-at"), ("--stop-at -3", "--stop-at"), ("--init-state random --sigma 1e300", "--sigma"),
+    ("--lr 1e300", "--lr"), ("--stop-at 0", "--stop-at"), ("--stop-at -3", "--stop-at"),
+    ("--init-state random --sigma 1e300", "--sigma"),
     ("--tokens 12800", "--steps and --tokens both"), ("--seeds 0-3", "--seeds is for --demo"),
     ("--demo --arch gla", "drop --arch --batch-size"), ("--demo fig3 --resume", "--resume"),
     (lambda u: train.main(["--demo", "--seed", "1", "--seeds", "0-2", "--out", f"{u}/d"]), "and --seeds"),
@@ -322,10 +322,21 @@ def test_a_run_refuses_another_tokenizer_or_changed_data(tmp_path, tok_json, mon
     lm = tiny_lm(vocab_size=50280)   # an official directory of GPT-NeoX's vocabulary, without --tokenizer
     official = official_dir(tmp_path / "neox", lm.state_dict(), d_model=64, n_layer=2, vocab_size=50280,
                             ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2"))
-    assert "--tokenizer PATH" in train_main(TRAIN + ["--init-from", official, "--out", f"{tmp_path}/y"])[1]
-    argv = [official, "--t-train", "16", "--eval-len", "64", "--data", TRAIN[1], "--out", f"{tmp_path}/ev"]
+    post = TRAIN + ["--init-from", official, "--data", str(text), "--out", f"{tmp_path}/y"]
+    assert "--tokenizer it was trained with" in train_main(post)[1]
+    argv = [official, "--t-train", "16", "--eval-len", "64", "--n-seqs", "2", "--data", str(text), "--out",
+            f"{tmp_path}/ev"]
     assert evaluate.main(argv) == 2
     assert "tokenizer.json" in capsys.readouterr().err and not list(tmp_path.rglob("*.tmp"))
+    # Markov ids are states, no tokenizer's: a vocabulary past twice the bytes' is no tokenizer mismatch
+    big = checkpoint(tmp_path / "big", lm=tiny_lm(vocab_size=600), seq_len=16, data=TRAIN[1])[0]
+    argv = [big, "--metrics", "ppl", "--eval-len", "64", "--n-seqs", "2", "--out", f"{tmp_path}/ev2"]
+    assert evaluate.main(argv) == 0, capsys.readouterr().err
+    small = checkpoint(tmp_path / "small", lm=tiny_lm(vocab_size=5), seq_len=16, data=TRAIN[1])[0]   # k=4
+    argv = [small, "--metrics", "ppl", "--eval-len", "64", "--n-seqs", "2", "--data", "markov:k=8,docs=40",
+            "--out", f"{tmp_path}/ev3"]
+    assert evaluate.main(argv) == 2   # k=8: ids 0-8, past the model's 5
+    assert "small has a vocabulary of 5, the data 9 ids: pass the --tokenizer" in capsys.readouterr().err
 
 def test_a_wider_bin_is_declared_in_meta_json(tmp_path):
     ids = np.arange(3000) % 200 + 10
