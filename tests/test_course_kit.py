@@ -363,7 +363,7 @@ def test_the_gradescope_autograder_grades_a_submission_as_score_does(copy, tmp_p
     if namespaces and kit.find_sandbox()[0] is None:
         pytest.skip(kit.find_sandbox()[1])   # .ci/run installs bubblewrap
     if not namespaces and not nobody_can_run_this_python():
-        pytest.skip("run as root, with a Python that the user nobody can run (.ci/run's venv is)")
+        pytest.skip("run as root, with a Python that the user nobody can run (not one under /root)")
     leave = ("    import subprocess\n    subprocess.Popen(['sleep', '41.25'], start_new_session=True)\n"
              f"    open('{tmp_path}/autograder/results/results.json', 'w').write('{{}}')\n")
     steal = (leave + "    import importlib.util\n    spec = importlib.util.spec_from_file_location('ref', "
