@@ -57,10 +57,10 @@ def train(args):
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if args.device == "auto" else args.device)
     os.makedirs(args.out, exist_ok=True)
-    sampler, val_sampler, vocab_size, source = setup_data(args)
+    sampler, val_sampler, vocab_size, n_vocab, source = setup_data(args)
     val_state0 = val_sampler.state_dict()  # the same validation batches at every evaluation
     ckpt_path = os.path.join(args.out, "ckpt.pt")
-    lm, optimizer, strategy, step = setup_model(args, device, vocab_size, sampler, ckpt_path)
+    lm, optimizer, strategy, step = setup_model(args, device, vocab_size, n_vocab, sampler, ckpt_path)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     streams = " --streams" if args.streams else ""
     print(f"{lm.extra_repr()}, data {source}, --init-state {args.init_state}{streams}, {args.steps} steps of "
@@ -101,7 +101,8 @@ def train(args):
     return lm
 
 def setup_data(args):
-    """-> (sampler, val_sampler, vocab_size, the data's name): windows of --data, or --task's examples."""
+    """-> (sampler, val_sampler, vocab_size, the tokenizer's n_vocab (Markov states: None), the data's
+    name): windows of --data, or --task's examples."""
     corpus = read_corpus(args) if args.task in ("lm", "babilong") else None  # passkey, copy: no --data
     # what the run read, kept in its checkpoint: a resume must read the same, post-training the same tokenizer
     now = dict(tokenizer_id=data.get_tokenizer(args.tokenizer).name,
@@ -124,8 +125,10 @@ def setup_data(args):
     else:  # babilong hides its stories in --data text (train / val split); passkey and copy bring their own
         sampler = make_task_sampler(args, args.data_seed, corpus and corpus.train)
         val_sampler = make_task_sampler(args, 10_000, corpus and corpus.val)
-    vocab_size = corpus.vocab_size if corpus else data.get_tokenizer(args.tokenizer).n_vocab
-    return sampler, val_sampler, vocab_size, corpus.name if corpus else args.task
+    tokenizer = corpus.tokenizer if corpus else data.get_tokenizer(args.tokenizer)   # Markov: None
+    n_vocab = tokenizer.n_vocab if tokenizer else None
+    vocab_size = corpus.vocab_size if corpus else n_vocab
+    return sampler, val_sampler, vocab_size, n_vocab, corpus.name if corpus else args.task
 
 def read_corpus(args):
     """--data as data.load_data reads it, more than --seq-len tokens in each split (text for babilong)."""
@@ -137,7 +140,7 @@ def read_corpus(args):
                      f"tokens, --seq-len {args.seq_len} needs more: use more text or a smaller --seq-len")
     return corpus
 
-def setup_model(args, device, vocab_size, sampler, path):
+def setup_model(args, device, vocab_size, n_vocab, sampler, path):
     """-> (lm, optimizer, strategy, step): new, --init-from's, or resumed from `path` with the sampler."""
     torch.manual_seed(args.seed)
     resume = model.read_checkpoint(path, device) if args.resume else None
@@ -153,8 +156,6 @@ def setup_model(args, device, vocab_size, sampler, path):
     else:
         lm = model.LM(model.make_config(args.arch, args.size, vocab_size=vocab_size))
     args.arch = lm.cfg.arch
-    markov = args.task == "lm" and args.data.split(":")[0] == "markov"   # its ids: states, no tokenizer
-    n_vocab = None if markov else data.get_tokenizer(args.tokenizer).n_vocab
     model.check_vocabulary(lm, vocab_size, n_vocab, args.init_from if args.init_from else path)
     if resume and args.steps < resume["step"]:
         raise ValueError(f"--steps {args.steps} is below the step of {path} ({resume['step']}): pass more")
@@ -229,7 +230,7 @@ def make_optimizer(lm, lr, weight_decay, device):
 def read_on(sampler, parent):
     """Post-training reads on where the parent's sampler (same kind, seed) stopped: new data, as the paper."""
     path = os.path.join(parent, "ckpt.pt") if os.path.isdir(parent) else parent
-    states = model.read_checkpoint(path, "cpu").get("sampler", []) if os.path.isfile(path) else []
+    states = model.read_checkpoint(path, "cpu", mmap=True).get("sampler", []) if os.path.isfile(path) else []
     state = dict(states[0]) if states else {}
     if state.keys() == sampler.state_dict().keys() and state["seed"] == sampler.seed:
         if "row_doc" in state:  # every row starts the next unread document

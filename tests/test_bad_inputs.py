@@ -332,6 +332,8 @@ def test_a_run_refuses_another_tokenizer_or_changed_data(tmp_path, tok_json, mon
     big = checkpoint(tmp_path / "big", lm=tiny_lm(vocab_size=600), seq_len=16, data=TRAIN[1])[0]
     argv = [big, "--metrics", "ppl", "--eval-len", "64", "--n-seqs", "2", "--out", f"{tmp_path}/ev2"]
     assert evaluate.main(argv) == 0, capsys.readouterr().err
+    wide = ["--data", "markov:k=600,alpha=0.5,doc_len=200,docs=20,val_docs=4"]   # 601 ids, past 2 x 257
+    assert train_main(TRAIN + wide + ["--steps", "1", "--out", f"{tmp_path}/wide"]) == (0, "")
     small = checkpoint(tmp_path / "small", lm=tiny_lm(vocab_size=5), seq_len=16, data=TRAIN[1])[0]   # k=4
     argv = [small, "--metrics", "ppl", "--eval-len", "64", "--n-seqs", "2", "--data", "markov:k=8,docs=40",
             "--out", f"{tmp_path}/ev3"]

@@ -57,7 +57,7 @@ def test_seeds_are_independent_and_post_training_reads_on(tmp_path):
     batches, val = zip(*[(s.next_batch().x, v.next_batch().x) for s, v in samplers])
     assert torch.equal(batches[0], batches[2]) and not torch.equal(batches[0], batches[1])
     assert torch.equal(val[0], val[1]) and torch.equal(val[0], val[2]) and not torch.equal(val[0], val[3])
-    init = [train.setup_model(a, torch.device("cpu"), 5, None, "")[0].state_dict() for a in args[:3]]
+    init = [train.setup_model(a, torch.device("cpu"), 5, None, None, "")[0].state_dict() for a in args[:3]]
     assert all(torch.equal(init[1][k], init[2][k]) for k in init[1])
     assert not all(torch.equal(init[0][k], init[1][k]) for k in init[0])
     # post-training (another --seed) reads on where its parent's sampler (--data-seed 2) stopped:
