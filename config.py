@@ -9,7 +9,6 @@ import sys
 
 import torch
 
-import datafiles
 import interventions
 import model
 import tasks
@@ -28,9 +27,9 @@ FLAGS = [
     ("babi-tasks", str, ",".join(tasks.BABI_TASKS), "--task babilong: the bAbI tasks hidden in --data text"),
     ("arch", list(model.ARCHS), "mamba2", "recurrent architecture"),
     ("size", str, "tiny", "a preset of model.PRESETS"),
-    ("init-from", str, None, "post-train this: a run directory, an official Mamba one, a hub id"),
-    ("data", str, "stdlib", "stdlib, a text file or dir, a .bin or markov:k=8 (post-training: the parent's)"),
-    ("tokenizer", str, "bytes", "bytes, a tokenizer.json or a hub id (post-training: the parent's)"),
+    ("init-from", str, None, "post-train this: a run directory or an official Mamba one (GPU.md)"),
+    ("data", str, "stdlib", "stdlib, a text file or dir, its cache folder, markov:k=8 (post-training: parent's)"),
+    ("tokenizer", str, "bytes", "bytes or a tokenizer.json (post-training: the parent's)"),
     ("seq-len", int, 64, "T_train (post-training: the parent's)"),
     ("batch-size", int, 16, "sequences per micro-batch and process"),
     ("grad-accum", int, 1, "micro-batches per optimizer step; each is a batch for the strategy"),
@@ -72,8 +71,6 @@ def get_args(argv=None, description=None):
     exit_on_bad_command_line(args, given)
     if args.resume:
         take_checkpoint_flags(args, given)
-    if args.init_from:
-        args.init_from = datafiles.hub_path(args.init_from)   # a hub id: its cached snapshot
     parent = parent_flags(args.init_from) if args.init_from and not args.resume else {}
     for k, default in DEFAULTS.items():   # args.json: what is used
         if getattr(args, k) is None:

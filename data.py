@@ -22,7 +22,7 @@ Batch = collections.namedtuple("Batch", "x y new_doc")
 # --- 1. load_data ----------------------------------------------------------------------------------------
 def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache_dir=None):
     """data: "markov:k=8,..." (MARKOV_DEFAULTS, drawn with `seed`), or the token ids datafiles.token_ids
-    reads with the tokenizer: "stdlib" (offline text), text (cached in cache_dir), a prepared folder, .bin."""
+    reads with the tokenizer: "stdlib" (offline text), text (cached in cache_dir) or a cache folder."""
     require(isinstance(data, str) and data and is_int(seed, 0) and isinstance(val_fraction, (int, float)) and
             0 <= val_fraction < 1, "load_data: need a data name, seed >= 0 and val_fraction in [0, 1)")
     if data.split(":")[0] == "markov":

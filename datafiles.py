@@ -1,5 +1,5 @@
 """The files behind --data and --tokenizer, which a reader of the paper can skip: tokenizers (bytes, a
-tokenizer.json), Hub ids, text tokenized once into a verified cache, atomic writes, and DataError, the
+tokenizer.json), text tokenized once into a verified cache, atomic writes, and DataError, the
 one-line bad input."""
 import codecs
 import errno
@@ -135,15 +135,15 @@ class JsonTokenizer:
         return ids[0]
 
 def get_tokenizer(name="bytes"):
-    """-> the tokenizer "bytes" (built in), of a tokenizer.json path, or a folder's or a hub repo's
-    tokenizer.json (EleutherAI/gpt-neox-20b: the official Mamba checkpoints'); a tokenizer passes through."""
+    """-> the tokenizer "bytes" (built in), or of a tokenizer.json path or a folder holding one (GPT-NeoX's:
+    the official Mamba checkpoints'); a tokenizer passes through."""
     if hasattr(name, "encode_ordinary"):
         return name
     require(isinstance(name, str) and name, f"unknown tokenizer {name!r}: use bytes or a tokenizer.json")
     if name != "bytes":
-        name = name if name.endswith(".json") else hub_path(name, "tokenizer.json")
-        require(os.path.isfile(name), f"unknown tokenizer {name!r}: pass bytes, a Hugging Face "
-                "tokenizer.json or a hub id ORG/NAME")
+        name = os.path.join(name, "tokenizer.json") if os.path.isdir(name) else name
+        require(os.path.isfile(name), f"unknown tokenizer {name!r}: pass bytes or a Hugging Face "
+                "tokenizer.json (`hf download ORG/NAME tokenizer.json --local-dir DIR`: DIR/tokenizer.json)")
         name = os.path.abspath(name)
     return _load_tokenizer(name)
 
@@ -154,37 +154,13 @@ def _load_tokenizer(name):   # one object a name: a file is read once a process
     except ImportError as e:   # an optional package (requirements.txt) not installed
         raise TokenizerUnavailableError(f"tokenizer {name} needs: pip install {e.name}") from None
 
-def hub_path(name, file=None):
-    """name itself where it exists (a local path wins) or is no hub id ORG/NAME, else the repo's folder in
-    huggingface_hub's cache (HF_HOME), where `hf download` put it: nothing is fetched at run time. file: that
-    file of the folder."""
-    if os.path.exists(name) or not re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", name):
-        return os.path.join(name, file) if file and os.path.isdir(name) else name
-    import huggingface_hub as hf   # installed with tokenizers
-    layouts = [[file]] if file else [["ckpt.pt"], ["config.json", "pytorch_model.bin"]]   # ours, official
-    try:
-        cached = {f: hf.try_to_load_from_cache(name, f) for files in layouts for f in files}
-    except ValueError as e:   # the Hub's rules for an id (no "--", ...)
-        raise DataError(f"{name}: no such path, nor a hub id ({e}): check the path") from None
-    cached = {f: path for f, path in cached.items() if isinstance(path, str)}   # else not cached
-    for files in layouts:
-        if all(f in cached for f in files) and len({os.path.dirname(cached[f]) for f in files}) == 1:
-            return cached[file] if file else os.path.dirname(cached[files[0]])
-    missing = [f for f in layouts[-1] if f not in cached]   # what `hf download` is to fetch
-    has = f"holds {' and '.join(cached)} but not" if cached else "has no"
-    raise DataError(f"{name}: no such path, and the Hugging Face cache {has} {' nor '.join(missing)}: run "
-                    f"`hf download {name} {' '.join(missing)}` on a connected machine (the same HF_HOME)")
-
 # --- Token files: a nanoGPT .bin, a prepared folder, or text tokenized once into the cache --------------
 def token_ids(data, tokenizer="bytes", val_fraction=0.05, cache_dir=None):
-    """-> (train, val, info): data's token ids (often np.memmaps), each in the tokenizer's vocabulary. data: a
-    nanoGPT .bin (uint16, or meta.json's "dtype"; val: its tail), a cache folder (its meta.json), or text:
-    "stdlib" (the standard library's .py files), a text file or a folder of them, tokenized once into a cache
-    keyed by the files and the tokenizer, split by document."""
+    """-> (train, val, info): data's token ids (np.memmaps), each in the tokenizer's vocabulary. data: a cache
+    folder (its meta.json), or text: "stdlib" (the standard library's .py files), a text file or a folder of
+    them, tokenized once into a cache keyed by the files and the tokenizer, split by document."""
     enc = get_tokenizer(tokenizer)
-    if data.endswith(".bin"):
-        train, val, info = _nanogpt_bin(data, enc, val_fraction)
-    elif os.path.isfile(os.path.join(data, "meta.json")):
+    if os.path.isfile(os.path.join(data, "meta.json")):
         train, val, info = _prepared(data, _whole(data), enc)
     else:
         train, val, info = _prepared(*_cache(data, enc, val_fraction, cache_dir), enc)
@@ -193,27 +169,11 @@ def token_ids(data, tokenizer="bytes", val_fraction=0.05, cache_dir=None):
             "--tokenizer")
     return train, val, info
 
-def _nanogpt_bin(path, enc, val_fraction):   # nanoGPT's prepare.py output: memory-mapped as is, val its tail
-    meta, pkl = (os.path.join(os.path.dirname(path), f) for f in ("meta.json", "meta.pkl"))
-    require(not os.path.exists(pkl), f"{pkl}: {path} holds nanoGPT character-level ids (a vocabulary of its "
-            "own, no tokenizer of this repo): pass the text itself as --data")
-    declared = read_json(meta, "fix or remove it") if os.path.exists(meta) else dict(dtype="uint16")
-    dtype = _id_dtype(declared, meta, enc)
-    size = require_file(path, "pass a nanoGPT .bin").st_size
-    require(size and not size % dtype.itemsize, f"{path!r} holds {size} bytes, not whole {dtype} ids: "
-            f"pass a nanoGPT .bin (another dtype: declare it in {meta})")
-    tokens = np.memmap(path, dtype=dtype, mode="r")
-    wider = {"uint8": "uint16", "uint16": "uint32"}.get(dtype.name)   # small ids of a wider dtype read as
-    require(not wider or len(tokens) < 4 or tokens[1::2].any() or not tokens[::2].any(),   # id, 0, id, 0
-            f'{path!r} looks like {wider} ids (odd {dtype}s all 0): declare "dtype": "{wider}" in {meta}')
-    n = len(tokens) - round(len(tokens) * val_fraction)
-    return tokens[:n], tokens[n:], dict(key=f"{size}B")
-
 def _cache(data, enc, val_fraction, cache_dir):   # -> (the cache folder of data's text, its meta.json)
     stdlib = data == "stdlib"
     root = sysconfig.get_paths()["stdlib"] if stdlib else data
     require(os.path.isdir(root) or os.path.isfile(root), f"no such file or directory {data!r}: pass a "
-            f"directory or a text file (patterns are not expanded), a .bin, stdlib or markov:k=8,...")
+            f"directory or a text file (patterns are not expanded), stdlib or markov:k=8,...")
     stats = []   # the cache's key: each file's size and mtime
     for f in sorted(_text_files(root, stdlib)):
         st = require_file(f, "make it readable, or leave it out of --data")   # no FIFO, nothing unreadable
@@ -322,24 +282,16 @@ def _prepared(folder, meta, enc):   # -> (train, val, info) of folder's train.bi
     file = os.path.join(folder, "meta.json")
     require(meta, f"{folder}: no train.bin and val.bin that match its meta.json: pass --data the text it was "
             "built from")
-    dtype = _id_dtype(meta, file, enc)
+    claims = {k: meta[k] for k in ("tokenizer", "vocab_size") if k in meta}
+    require(claims.items() <= dict(tokenizer=enc.name, vocab_size=enc.n_vocab).items(), f"{file} declares "
+            f"{json.dumps(claims)[1:-1]}, not the {enc.n_vocab} ids of {enc.name}: pass the --tokenizer it "
+            "names")
     bins = {s: os.path.join(folder, f"{s}.bin") for s in ("train", "val")}
-    require(all(meta.get(f"n_{s}") == os.path.getsize(b) / dtype.itemsize for s, b in bins.items()),
+    dtype = meta.get("dtype")
+    itemsize = {"uint16": 2, "uint32": 4}.get(dtype)   # the dtypes _build writes
+    require(itemsize and all(meta.get(f"n_{s}") == os.path.getsize(b) / itemsize for s, b in bins.items()),
             f'{file}: its "dtype" {dtype} and "n_train", "n_val" do not fit train.bin, val.bin: pass --data '
             "the text it was built from")
     train, val = [np.memmap(b, dtype, "r") if meta[f"n_{s}"] else np.zeros(0, dtype)   # an empty file cannot
                   for s, b in bins.items()]                                            # be mapped
     return train, val, dict(meta, key=meta["sha1"][:16])
-
-def _id_dtype(meta, file, enc):   # -> the numpy dtype of the ids that a meta.json declares for this tokenizer
-    names = ("uint8", "uint16", "uint32")
-    require(meta.get("dtype") in names, f'{file} declares no "dtype" of {", ".join(names)} (got '
-            f'{meta.get("dtype")!r}): write the one its ids have')
-    dtype = np.dtype(meta["dtype"])
-    claims = {k: meta[k] for k in ("tokenizer", "vocab_size") if k in meta}
-    require(claims.items() <= dict(tokenizer=enc.name, vocab_size=enc.n_vocab).items(), f"{file} declares "
-            f"{json.dumps(claims)[1:-1]}, not the {enc.n_vocab} ids of {enc.name}: pass the --tokenizer it "
-            "names")
-    require(enc.n_vocab <= 1 << 8 * dtype.itemsize, f"{enc.name!r} ids are past {dtype}: write wider ids "
-            f'(uint16, uint32) and declare "dtype" in {file}')
-    return dtype

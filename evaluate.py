@@ -241,14 +241,14 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.error = lambda message: ap.exit(2, f"error: {message}\n")  # one line, as every other bad input
     a, positive = ap.add_argument, lambda text: _ints(text, one=True)
-    a("ckpts", nargs="+", metavar="CKPT", help="train.py's ckpt.pt (or its dir), official Mamba dir, hub id")
+    a("ckpts", nargs="+", metavar="CKPT", help="train.py's ckpt.pt (or its dir), or an official Mamba dir")
     a("--metrics", default="ppl,effrem,state", help=f"subset of {','.join(LM_METRICS + TASK_METRICS)}")
     a("--eval-len", type=positive, help="tokens per evaluation window (default: 16 x the largest t_train)")
     a("--n-seqs", type=positive, default=64, help=f"evaluation windows (the verdict needs >= {MIN_SEQS})")
     a("--allow-overlap", action="store_true", help="accept windows that overlap (a short validation split)")
     a("--t-train", type=positive, help="training length (default: train_config seq_len; official: 2048)")
     a("--data", help="what data.load_data reads (default: train_config data)")
-    a("--tokenizer", help="bytes, PATH/tokenizer.json, a hub id (default: the checkpoints')")
+    a("--tokenizer", help="bytes or PATH/tokenizer.json (default: the checkpoints')")
     a("--cache-dir", help="where text --data is tokenized once (default $LENGTHGEN_CACHE_DIR, data_cache/)")
     a("--effrem-len", type=positive, help="T of EffRem_T(t) (default: --eval-len; the paper's: 4 x t_train)")
     a("--effrem-cuts", type=positive, default=32, help="number of cut points t of EffRem_T")
@@ -299,7 +299,7 @@ def check_args(args):
     require(not args.labels or len(args.ckpts) == len(args.labels) == len(set(args.labels)), f"--labels "
             f"{' '.join(args.labels or [])}: give each of the {len(args.ckpts)} checkpoints its own name")
     for p in args.ckpts:
-        require(os.path.exists(datafiles.hub_path(p)), f"no checkpoint at {p}: check the path (OUT/ckpt.pt)")
+        require(os.path.exists(p), f"no checkpoint at {p}: check the path (OUT/ckpt.pt)")
     files = [os.path.realpath(model.weights_file(p)[0]) for p in args.ckpts]   # a run's folder is its ckpt.pt
     require(len(set(files)) == len(files), f"{' '.join(args.ckpts)}: one checkpoint twice: pass each once")
     cfgs = [model.train_config(p) for p in args.ckpts]  # a corrupt checkpoint is reported as corrupt

@@ -162,7 +162,7 @@ def stream(lm, x, chunk_len, stops=(), last_only=False):
 # --- loading: our checkpoints (train.py's ckpt.pt), official Mamba LMs (mamba_ssm's layout) -----------
 def from_pretrained(path, device="cpu"):
     """Our checkpoint (train.py's ckpt.pt or its directory), a state-spaces/mamba directory (config.json +
-    pytorch_model.bin, Mamba-1 or -2) or a hub id of one. What cannot load faithfully is an error.
+    pytorch_model.bin, Mamba-1 or -2). What cannot load faithfully is an error.
     lm.step: the training step of our checkpoint (None: official)."""
     path, cfg = weights_file(path)
     ours = cfg is None
@@ -221,8 +221,7 @@ def data_id(corpus, split_seed):
 
 def weights_file(path):
     """-> (the file holding path's weights, None) for ours (a ckpt.pt or its run directory), or
-    (its pytorch_model.bin, its ModelConfig) for an official directory or hub id; a missing file is named."""
-    path = datafiles.hub_path(path)
+    (its pytorch_model.bin, its ModelConfig) for an official directory; a missing file is named."""
     if os.path.isdir(path) and not os.path.exists(os.path.join(path, "ckpt.pt")):
         weights, fields = read_official(path)
         return weights, ModelConfig(**fields)
@@ -266,7 +265,7 @@ def read_official(path):
     bad = sorted(set(c) - OFFICIAL_KEYS) + [problem for failed, problem in checks if failed]
     if bad:
         raise ValueError(f"{file}: not a Mamba LM this repo loads faithfully ({', '.join(bad)})")
-    if not os.path.isfile(weights):  # a hub id's partial snapshot is named by datafiles.hub_path
+    if not os.path.isfile(weights):
         raise FileNotFoundError(f"{path} holds config.json but no pytorch_model.bin (a partial download?): "
                                 f"run `hf download ORG/NAME pytorch_model.bin --local-dir {path}`")
     mixer = dict(ssm_cfg)

@@ -2,7 +2,7 @@ r"""The one training script: from scratch, or post-training a checkpoint, with a
 
     python train.py --init-state sp                      # the CPU default: tiny Mamba-2, stdlib bytes
     python train.py --init-from out/base --init-state sp --steps 300   # post-training (lr = peak/10)
-    python train.py --init-from PATH/mamba2-370m --data corpus.bin --tokenizer PATH/tokenizer.json \
+    python train.py --init-from PATH/mamba2-370m --data corpus/ --tokenizer PATH/tokenizer.json \
         --init-state sp --steps 100 --grad-accum 32      # the paper's Fig. 5 on an official checkpoint
 
 The interventions differ only in each sequence's initial state (interventions.py); the rest is Appendix B's

@@ -8,7 +8,7 @@ import sys
 import threading
 from dataclasses import asdict
 
-# No network in tests (huggingface_hub reads this at import; nothing of the repo fetches at run time anyway).
+# No network in tests (huggingface_hub, which tokenizers imports, reads this at import).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest

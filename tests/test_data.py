@@ -86,7 +86,7 @@ def test_one_cache_for_every_seed_split_by_document_and_rebuilt_when_damaged(tmp
     d = data.load_data("stdlib", cache_dir=str(tmp_path / "stdlib"))   # the Python standard library's sources
     assert len(d.train) > 1_000_000 and len(d.val) > 10_000 and d.info["docs_train"] > 10 * d.info["docs_val"]
 
-def test_a_cache_folder_loads_as_data_itself_and_as_nanogpt_bins(tmp_path, tok_json):
+def test_a_cache_folder_loads_as_data_itself(tmp_path, tok_json):
     write_docs(tmp_path / "corpus")
     cached = data.load_data(f"{tmp_path}/corpus", tok_json, cache_dir=str(tmp_path / "c"))
     (folder,) = (tmp_path / "c").iterdir()
@@ -95,8 +95,6 @@ def test_a_cache_folder_loads_as_data_itself_and_as_nanogpt_bins(tmp_path, tok_j
     assert meta["tokenizer"] == cached.tokenizer.name and (meta["eot_token"], meta["docs_val"]) == (1, 1)
     with pytest.raises(DataError, match="--tokenizer"):
         data.load_data(str(folder), "bytes")
-    nanogpt = data.load_data(str(folder / "train.bin"), tok_json)   # as nanoGPT's .bin: val is its tail
-    assert np.array_equal(np.r_[nanogpt.train, nanogpt.val], cached.train) and nanogpt.vocab_size == 300
 
 def test_single_file_and_wide_vocabulary(tmp_path):
     ((path, text),) = write_docs(tmp_path / "a", n=1).items()         # one document: split by tokens
@@ -144,23 +142,7 @@ class Small:   # a vocabulary that just fits uint8: Latin-1 (others read 1), eot
     name, n_vocab, eot_token = "small", 256, 0
     encode_ordinary = staticmethod(lambda text: [ord(c) if 0 < ord(c) < 256 else 1 for c in text])
 
-def test_a_bin_is_read_in_the_dtype_its_meta_json_declares_for_its_tokenizer(tmp_path):
-    ids = np.arange(3000) % 256
-    ids.astype(np.uint8).tofile(tmp_path / "ids.bin")
-    (tmp_path / "meta.json").write_text('{"dtype": "uint8", "tokenizer": "small", "vocab_size": 256}')
-    d = data.load_data(str(tmp_path / "ids.bin"), Small(), val_fraction=0.1)
-    assert d.train.dtype == np.uint8 and np.array_equal(np.r_[d.train, d.val], ids)
-    for meta, word in (('{"dtype": "uint8", "vocab_size": 300}', '"vocab_size": 300, not the 256 ids of sm'),
-                       ('{"dtype": "uint8", "tokenizer": "gpt2"}', '"tokenizer": "gpt2", not'),
-                       ('{"dtype": "uint8"}', "'bytes' ids are past uint8"),   # bytes: 257 ids
-                       ('{"tokenizer": "small"}', 'declares no "dtype"'), ("{dtype", "not readable JSON")):
-        (tmp_path / "meta.json").write_text(meta)
-        with pytest.raises(DataError, match=word):
-            data.load_data(str(tmp_path / "ids.bin"), "bytes" if "past" in word else Small())
-    ids[5:9].astype(np.uint16).tofile(tmp_path / "ids.bin")   # uint16 ids declared uint8 (even 4): an error
-    (tmp_path / "meta.json").write_text('{"dtype": "uint8"}')
-    with pytest.raises(DataError, match='looks like uint16 ids .*"dtype": "uint16"'):
-        data.load_data(str(tmp_path / "ids.bin"), Small())
+def test_a_cache_folder_is_read_as_its_meta_json_says_for_its_tokenizer(tmp_path):
     (tmp_path / "corpus").mkdir()   # a cache folder whose id 255 is in val only, read as of 255 ids
     (tmp_path / "corpus" / "a.txt").write_text("\xff\n" * 20)
     (tmp_path / "corpus" / "b.txt").write_text("plain text\n" * 20)
@@ -175,10 +157,11 @@ def test_a_bin_is_read_in_the_dtype_its_meta_json_declares_for_its_tokenizer(tmp
     fewer = type("Fewer", (Small,), dict(name="fewer", n_vocab=255))()
     with pytest.raises(DataError, match="prep holds id 255, past the 255 of 'fewer': pass its --tokenizer"):
         data.load_data(str(tmp_path / "prep"), fewer)
-    (tmp_path / "meta.json").unlink()
-    (tmp_path / "meta.json").mkdir()   # an unreadable meta.json: the one line too
-    with pytest.raises(DataError, match=r"meta.json is not readable JSON \(IsADirectoryError\): fix"):
-        data.load_data(str(tmp_path / "ids.bin"), Small())
+    for claim, word in ((dict(vocab_size=300), '"vocab_size": 300, not the 256 ids of small'),
+                        (dict(tokenizer="gpt2"), '"tokenizer": "gpt2", "vocab_size": 256, not')):
+        (tmp_path / "prep" / "meta.json").write_text(json.dumps(dict(meta, **claim)))
+        with pytest.raises(DataError, match=word):
+            data.load_data(str(tmp_path / "prep"), Small())
 
 def test_symlinked_folders_are_followed_once_and_a_link_cycle_ends(tmp_path):
     texts = write_docs(tmp_path / "elsewhere", n=12)
@@ -247,3 +230,22 @@ def test_long_names_the_cache_fits_and_a_too_long_cache_dir_names_the_flag(tmp_p
     with pytest.raises(OSError, match=r" \(File name too long\): nothing was written: pass a shorter --cache-dir$"):
         data.load_data(str(long), cache_dir=str(tmp_path / ("o" * 256)))
     assert sorted(os.listdir(tmp_path)) == ["a" * 245, "c"]
+
+def test_a_tokenizer_is_a_file_or_a_folder_holding_one_and_a_relative_path_is_the_file_it_names(
+        tmp_path, monkeypatch, tok_json):
+    for folder, extra in (("a", ""), ("b", "\n")):   # two tokenizer.json files, one name: t/tokenizer.json
+        (tmp_path / folder / "t").mkdir(parents=True)
+        (tmp_path / folder / "t" / "tokenizer.json").write_text(open(tok_json).read() + extra)
+    names = []
+    for folder in ("a", "b"):
+        monkeypatch.chdir(tmp_path / folder)
+        names.append(datafiles.get_tokenizer("t/tokenizer.json").name)
+    assert names[0] != names[1]   # each process-wide cache entry is a file, not a name
+    assert names[1] == datafiles.get_tokenizer(str(tmp_path / "b" / "t" / "tokenizer.json")).name
+    assert names[1] == datafiles.get_tokenizer("t").name   # a folder: its tokenizer.json
+    with pytest.raises(DataError, match=r"unknown tokenizer 'org/tok': pass bytes or a Hugging Face "
+                                        r"tokenizer.json \(`hf download ORG/NAME tokenizer.json"):
+        datafiles.get_tokenizer("org/tok")   # no such path: nothing is fetched
+    (tmp_path / "b" / "empty").mkdir()
+    with pytest.raises(DataError, match=r"unknown tokenizer 'empty/tokenizer.json'"):
+        datafiles.get_tokenizer("empty")   # a folder without one

@@ -18,7 +18,6 @@ from babi import BABI_TASKS
 from conftest import CORPUS_TEXT
 from data import DataError, DocumentStreams, RandomWindows, TaskSampler
 from tasks import babi_mixture, babi_sample, passkey_sample
-from test_data import Wide
 
 EOT = 256   # the bytes tokenizer's end-of-text id
 BYTES = data.get_tokenizer("bytes")
@@ -88,7 +87,7 @@ def test_random_windows_and_eval_windows():
     ws = data.eval_windows(stream, n=10, length=51, seed=0, eot_token=EOT)
     assert (ws[:, 0] == EOT).all() and (ws[:, 1:] != EOT).all() and len({tuple(r.tolist()) for r in ws}) == 10
 
-@pytest.mark.parametrize("eot_after", [False, True], ids=["eot_before", "nanogpt_eot_after"])
+@pytest.mark.parametrize("eot_after", [False, True], ids=["eot_before", "eot_after"])
 def test_document_streams_keep_the_eot_and_flag_exactly_the_new_documents(eot_after):
     seq_len, b = 8, 3
     tokens, docs = make_stream([30, 40, 7, 100, 17, 8, 55, 25, 3, 64])
@@ -331,10 +330,6 @@ def bad(tmp_path_factory, tok_json):   # a folder of bad files
     spec = json.load(open(tok_json))
     spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] != "<|endoftext|>"]
     (d / "no_eot.json").write_text(json.dumps(spec))
-    late = np.zeros((1 << 20) + 10, dtype=np.uint16)
-    late[-3] = 300                                   # beyond the bytes vocabulary, far past the file's head
-    late.tofile(d / "late.bin")
-    (d / "odd.bin").write_bytes(b"\x01\x02\x03")
     return d
 
 STREAM = make_stream([50] * 20)[0]
@@ -348,9 +343,6 @@ BAD_INPUTS = [   # (call on the folder of bad files, key words of its one-line e
     (lambda d: data.load_data("markov:k=eight"), "k=eight"),
     (lambda d: data.load_data("markov:k=1"), "2 <= k"),
     (lambda d: data.load_data("markov:shared=-1"), "shared >= 0"),
-    (lambda d: data.load_data(str(d / "late.bin")), "300", "--tokenizer"),
-    (lambda d: data.load_data(str(d / "odd.bin")), "uint16"),
-    (lambda d: data.load_data(str(d / "late.bin"), tokenizer=Wide()), "uint16", "uint32"),
     (lambda d: data.get_tokenizer("gpt5"), "unknown tokenizer", "tokenizer.json"),
     (lambda d: data.get_tokenizer(None), "unknown tokenizer"),
     (lambda d: data.get_tokenizer(str(d / "missing.json")), "unknown tokenizer"),
