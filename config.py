@@ -28,7 +28,7 @@ FLAGS = [
     ("arch", list(model.ARCHS), "mamba2", "recurrent architecture"),
     ("size", str, "tiny", "a preset of model.PRESETS"),
     ("init-from", str, None, "post-train this: a run directory or an official Mamba one (GPU.md)"),
-    ("data", str, "stdlib", "stdlib, a text file or dir, its cache folder, markov:k=8 (post-training: parent's)"),
+    ("data", str, "stdlib", "stdlib, text (a file, a dir, its cache), markov:k=8 (post-training: parent's)"),
     ("tokenizer", str, "bytes", "bytes or a tokenizer.json (post-training: the parent's)"),
     ("seq-len", int, 64, "T_train (post-training: the parent's)"),
     ("batch-size", int, 16, "sequences per micro-batch and process"),
