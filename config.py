@@ -1,6 +1,5 @@
-"""train.py's flags: their defaults and help (FLAGS), parsing them into a run's arguments (get_args: what a
-resumed or post-trained run inherits) and the checks of their values, each problem one line naming the flag
-and the fix. A reader of the paper can skip this file."""
+"""train.py's flags (FLAGS), parsing them into a run's arguments (get_args: what a resumed or post-trained
+run inherits) and the checks of their values, one line a problem. A reader of the paper can skip this file."""
 import argparse
 import math
 import os
@@ -52,9 +51,8 @@ FLAGS = [
     ("device", str, "auto", "auto (CUDA when present), cpu, cuda, cuda:1 ..."),
     ("stop-at", int, None, "stop after this step as if killed (to test --resume)"),
     ("quiet", bool, False, "no progress bar"),
-    ("demo", ["fig5", "fig2", "fig3"], None, "a demo in OUT/demo[-fig2|-fig3], minutes a seed (with --out, "
-     "--seed(s), --device, --quiet): fig5 (--demo alone) the failure and the four interventions, fig2 "
-     "T_train, fig3 the training budget"),
+    ("demo", bool, False, "the demo in OUT/demo, minutes a seed (with --out, --seed(s), --device, --quiet): "
+     "Fig. 5, the failure and the four interventions"),
     ("seeds", str, None, "--demo: training seeds, e.g. 0-7 or 0,5: a demo each, then the summary over seeds")]
 DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
 # Not resumed: flags of one invocation, not of the run. May change on resume: the length, divergence remedies.
@@ -72,9 +70,8 @@ def get_args(argv=None, description=None):
     if args.resume:
         take_checkpoint_flags(args, given)
     parent = parent_flags(args.init_from) if args.init_from and not args.resume else {}
-    for k, default in DEFAULTS.items():   # args.json: what is used
-        if getattr(args, k) is None:
-            setattr(args, k, parent.get(k, default) if k in INHERITED else default)
+    vars(args).update({k: parent.get(k, default) if k in INHERITED else default   # args.json: what is used
+                       for k, default in DEFAULTS.items() if getattr(args, k) is None})
     if args.data_seed is None:  # post-training reads on in its parent's stream (read_on)
         args.data_seed = parent.get("data_seed", parent.get("seed", args.seed))
     args.run_id = getattr(args, "run_id", None) or os.urandom(6).hex()   # (resumed: the checkpoint's)
@@ -87,14 +84,8 @@ def make_parser(description):
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.error = lambda message: sys.exit(f"error: {message} (see python train.py --help)")
     for name, kind, default, help in FLAGS:
-        if kind is bool:
-            kw = {"action": "store_true"}
-        elif isinstance(kind, list):
-            kw = {"choices": kind}
-        else:
-            kw = {"type": kind}
-        if name == "demo":  # --demo alone: fig5
-            kw.update(nargs="?", const="fig5")
+        kw = ({"action": "store_true"} if kind is bool else
+              {"choices": kind} if isinstance(kind, list) else {"type": kind})
         if default:
             help += f" (default {default})"
         p.add_argument("--" + name, default=None, help=help, **kw)
@@ -133,8 +124,7 @@ def take_checkpoint_flags(args, given):
     vars(args).update({k: v for k, v in saved.items() if k not in given and k not in PER_INVOCATION})
 
 def parent_flags(init_from):
-    """What post-training inherits: the parent run's flags; an official checkpoint's arch and the preset of
-    its shape (PEAK_LR's key)."""
+    """What post-training inherits: the parent run's flags; an official one's arch and its shape's preset."""
     parent = model.train_config(init_from)
     if os.path.isfile(os.path.join(init_from, "config.json")):
         _, c = model.read_official(init_from)
@@ -144,18 +134,16 @@ def parent_flags(init_from):
     return parent
 
 def set_lr_and_steps(args, given, parent):
-    """A new run's peak lr (--lr; post-training: the parent's; else PEAK_LR of the size), its lr (a tenth of
-    the peak post-training), min_lr (at most lr) and --tokens as optimizer steps."""
-    scratch_lr = None if args.init_from else args.lr
-    args.peak_lr = parent.get("peak_lr") or scratch_lr or PEAK_LR.get(args.size, 3e-3)
+    """A new run's peak lr (--lr, post-training the parent's, else PEAK_LR), lr, min_lr, --tokens as steps."""
+    args.peak_lr = (parent.get("peak_lr") if args.init_from else args.lr) or PEAK_LR.get(args.size, 3e-3)
     if args.lr is None:
         args.lr = args.peak_lr / 10 if args.init_from else args.peak_lr
     if "min_lr" not in given:
         args.min_lr = min(args.min_lr, args.lr)
     if args.tokens is not None and math.isfinite(args.tokens):
-        per_row = args.seq_len if args.task != "copy" else 2 * int(args.copy_len.split(",")[-1]) + 2
-        per_step = args.batch_size * per_row * args.grad_accum
-        args.steps = max(1, int(args.tokens // per_step))
+        hi = args.copy_len.split(",")[-1]   # copy: the longest string twice + SEP + EOS (a bad one: refused)
+        per_row = 2 * int(hi) + 2 if args.task == "copy" and hi.isdecimal() else args.seq_len
+        args.steps = max(1, int(args.tokens // (args.batch_size * per_row * args.grad_accum)))
 
 def exit_on_bad_flags(args):
     """Every flag's value, in one place: the first problem is one line naming the flag and the fix."""
@@ -170,12 +158,11 @@ def exit_on_bad_flags(args):
         must("batch_size", args.batch_size * args.seq_len <= 1 << 32, "at most 2**32 tokens / --seq-len"),
         *[must(k, 0 <= vars(args)[k] < 2**63, "in [0, 2**63)") for k in ("seed", "data_seed", "split_seed")],
         must("device", re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device), "auto, cpu, cuda or cuda:N"),
-        must("tokens", args.tokens is None or math.isfinite(args.tokens) and args.tokens > 0,
-             "a finite number > 0"),
+        must("tokens", args.tokens is None or 0 < args.tokens < math.inf, "a finite number > 0"),
         must("lr", 0 < args.lr <= 1e3, "in (0, 1e3]"),
         must("min_lr", 0 <= args.min_lr <= args.lr, f"in [0, --lr] = [0, {args.lr:g}]"),
         must("warmup", 0 <= args.warmup < 1, "a fraction of the steps in [0, 1)"),
-        must("weight_decay", math.isfinite(args.weight_decay) and args.weight_decay >= 0, "finite and >= 0"),
+        must("weight_decay", 0 <= args.weight_decay < math.inf, "finite and >= 0"),
         must("grad_clip", args.grad_clip > 0, "> 0 (inf: no clipping)"),
         must("sigma", 0 < args.sigma <= 1e3, "in (0, 1e3] (its variance in float32)"),
         must("p_reset", 0 <= args.p_reset <= 1, "a probability in [0, 1]"),

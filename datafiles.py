@@ -29,9 +29,6 @@ codecs.register_error("nul", lambda e: ("\0", e.end))   # an invalid UTF-8 byte 
 class DataError(ValueError):
     """Bad input (data, tokenizer, task or metric arguments); the message is one line naming the fix."""
 
-class TokenizerUnavailableError(RuntimeError):
-    """A tokenizer that cannot be loaded on this machine (a package or, offline, its files missing)."""
-
 def require(ok, message):   # bad input: a one-line DataError naming the problem and the fix
     if not ok:
         raise DataError(message)
@@ -152,7 +149,7 @@ def _load_tokenizer(name):   # one object a name: a file is read once a process
     try:
         return ByteTokenizer() if name == "bytes" else JsonTokenizer(name)
     except ImportError as e:   # an optional package (requirements.txt) not installed
-        raise TokenizerUnavailableError(f"tokenizer {name} needs: pip install {e.name}") from None
+        raise DataError(f"tokenizer {name} needs: pip install {e.name}") from None
 
 # --- Token files: a nanoGPT .bin, a prepared folder, or text tokenized once into the cache --------------
 def token_ids(data, tokenizer="bytes", val_fraction=0.05, cache_dir=None):

@@ -179,7 +179,7 @@ def main(argv=None):
             import demo   # here: demo.py imports this file
             return demo.main(args)
         return train(args)
-    except (OSError, ValueError, datafiles.TokenizerUnavailableError) as e:  # bad input: one line, no trace
+    except (OSError, ValueError) as e:  # bad input: one line, no trace
         sys.exit(f"error: {e}")
     except (MemoryError, RuntimeError) as e:  # the CPU allocator's out of memory is a plain RuntimeError
         if not (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)):

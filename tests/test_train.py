@@ -2,7 +2,6 @@
 (config.py) and the demo (demo.py)."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -94,40 +93,22 @@ def test_demo_fig5_post_trains_the_base_five_ways_on_two_seeds(tmp_path, capsys)
     assert demo.demo(out, [3], **small) == 0  # kept
     assert "seed3/eval.json exists, kept" in capsys.readouterr().out
 
-def test_demo_fig2_trains_each_t_train_on_the_same_tokens_and_fig3_checkpoints_one_run(tmp_path):
-    figures = [config.get_args(["--demo", *f]).demo for f in ([], ["fig2"], ["fig3"])]
-    assert figures == ["fig5", "fig2", "fig3"]
-    with pytest.raises(SystemExit, match="invalid choice: 'fig4'"):
-        config.get_args(["--demo", "fig4"])
-    small = dict(n_seqs=4, eval_len=128, quiet=True)
-    assert demo.demo(str(tmp_path / "fig2"), [1], figure="fig2", base_steps=8, **small) == 0
-    models = json.load(open(tmp_path / "fig2" / "seed1" / "eval.json"))["models"]
-    assert [(m["label"], m["t_train"], m["step"]) for m in models] == [
-        ("T8", 8, 16), ("T16", 16, 8), ("T32", 32, 4), ("T64", 64, 2)]  # 16 x 8 x 16 tokens each
-    assert demo.demo(str(tmp_path / "fig3"), [1], figure="fig3", base_steps=3, **small) == 0
-    models = json.load(open(tmp_path / "fig3" / "seed1" / "eval.json"))["models"]
-    assert [(m["label"], m["step"]) for m in models] == [(f"step{k}", k) for k in (1, 2, 4, 9)]
-    one_run = model.from_pretrained(str(tmp_path / "fig3" / "seed1" / "run"))  # the copies: checkpoints of it
-    torch.testing.assert_close(model.from_pretrained(models[-1]["path"]).state_dict(), one_run.state_dict())
-    assert json.load(open(tmp_path / "fig3" / "seed1" / "run" / "args.json"))["steps"] == 9
-
 def numbers(where):
     """What a demo's eval.json says of its models, without where they lie."""
     report = json.load(open(os.path.join(where, "eval.json")))
     return [(m["label"], m["ppl"], m.get("diff")) for m in report["models"]]
 
-@pytest.mark.parametrize("figure, cut", [("fig5", "sp"), ("fig3", 4)])
-def test_a_demo_interrupted_goes_on_from_what_it_kept_to_the_same_numbers(tmp_path, monkeypatch, capsys,
-                                                                           figure, cut):
-    """fig5 stopped inside SP's post-training (a checkpoint at step 1 of 2), fig3 inside its stage to step 4
-    (checkpoints every step; at step 3): the rerun resumes it, keeps every finished run and copy, and ends
-    with the numbers of an uninterrupted demo. Rerun finished (eval.json removed), it trains nothing."""
-    small = dict(figure=figure, base_steps=3, post_steps=2, n_seqs=4, eval_len=64, quiet=True)
+def test_a_demo_interrupted_goes_on_from_what_it_kept_to_the_same_numbers(tmp_path, monkeypatch, capsys):
+    """Stopped inside SP's post-training (a checkpoint at step 1 of 2): the rerun resumes it, keeps every
+    finished run, and ends with the numbers of an uninterrupted demo. Rerun finished (eval.json removed), it
+    trains nothing."""
+    small = dict(base_steps=3, post_steps=2, n_seqs=4, eval_len=64, quiet=True)
     assert demo.demo(str(tmp_path / "whole"), [0], **small) == 0
     real = train.train
     def killed(args):   # as if killed right after a checkpoint, halfway through the run
-        if cut in (args.init_state, args.stop_at):
-            args.stop_at, args.ckpt_interval = args.stop_at - 1 if figure == "fig3" else 1, 1
+        if args.init_state == "sp":
+            args.stop_at = 1
+            args.ckpt_interval = 1
             real(args)
             raise KeyboardInterrupt
         return real(args)
@@ -135,14 +116,13 @@ def test_a_demo_interrupted_goes_on_from_what_it_kept_to_the_same_numbers(tmp_pa
     with pytest.raises(KeyboardInterrupt):
         demo.demo(str(tmp_path / "cut"), [0], **small)
     seed = tmp_path / "cut" / "seed0"
-    kept = {p: p.read_bytes() for p in seed.glob("*/ckpt.pt") if p.parent.name not in ("SP", "run")}
-    assert len(kept) == (4 if figure == "fig5" else 2)   # base, control, random, fitted; step1, step2
+    kept = {p: p.read_bytes() for p in seed.glob("*/ckpt.pt") if p.parent.name != "SP"}
+    assert len(kept) == 4   # base, control, random, fitted
     monkeypatch.setattr(train, "train", real)
     assert demo.demo(str(tmp_path / "cut"), [0], **small) == 0
     out = capsys.readouterr().out
-    assert all(p.read_bytes() == b for p, b in kept.items()) and out.count(", kept") == len(kept) - 2 * (
-        figure == "fig3"), out   # (fig3's kept copies are skipped without training)
-    assert ("--resume" in out.split("SP:" if figure == "fig5" else "to step 4:")[-1].splitlines()[0]), out
+    assert all(p.read_bytes() == b for p, b in kept.items()) and out.count(", kept") == len(kept), out
+    assert "--resume" in out.split("SP:")[-1].splitlines()[0], out
     assert numbers(seed) == numbers(tmp_path / "whole" / "seed0")
     os.remove(seed / "eval.json")
     copies = {p: p.read_bytes() for p in seed.glob("*/ckpt.pt")}
@@ -219,8 +199,8 @@ def test_a_run_that_fails_or_is_stopped_ends_in_one_line(monkeypatch, tmp_path, 
     assert word in str(stop.value) and "\n" not in str(stop.value)
 
 def test_the_demo_takes_its_own_flags_and_seeds(tmp_path):
-    args = config.get_args(["--demo", "fig2", "--seeds", "0-2", "--device", "cpu", "--quiet", "--out", "o"])
-    assert (args.demo, args.device, args.quiet) == ("fig2", "cpu", True)
+    args = config.get_args(["--demo", "--seeds", "0-2", "--device", "cpu", "--quiet", "--out", "o"])
+    assert (bool(args.demo), args.device, args.quiet) == (True, "cpu", True)
     assert config.parse_seeds(args.seeds) == [0, 1, 2]
     assert config.parse_seeds("4,1") == [4, 1] and config.get_args(["--demo", "--seed", "3"]).seed == 3
     for bad in ("1-x", "-1", "1,x", "3-1", "", "2,2"):
@@ -231,29 +211,9 @@ def test_the_demo_takes_its_own_flags_and_seeds(tmp_path):
                            ).steps == 50   # a step: two micro-batches
     copy = ["--task", "copy", "--copy-len", "5,10", "--tokens", "2200", "--batch-size", "10"]
     assert config.get_args(copy).steps == 10   # a row: the longest string twice + SEP + EOS = 22 tokens
-
-def test_a_fig3_demo_whose_copy_is_gone_past_its_step_says_so(tmp_path):
-    small = dict(figure="fig3", base_steps=3, n_seqs=4, eval_len=64, quiet=True)
-    assert demo.demo(str(tmp_path), [0], **small) == 0
-    os.remove(tmp_path / "seed0" / "eval.json")
-    shutil.rmtree(tmp_path / "seed0" / "step2")
-    with pytest.raises(ValueError, match=r"run is at step 9, past 2, and .*step2 is gone: remove"):
-        demo.demo(str(tmp_path), [0], **small)
-
-def test_a_fig3_copy_is_kept_only_at_its_own_step(tmp_path):
-    # step1 holds a checkpoint at step 5 (of a demo with other steps), step2 its own: only step2 is kept
-    def at(run, step):   # a run directory whose ckpt.pt is at `step`, as train.py leaves it
-        os.makedirs(run, exist_ok=True)
-        torch.save({"step": step}, os.path.join(run, "ckpt.pt"))
-    at(tmp_path / "step1", 5)
-    at(tmp_path / "step2", 2)
-    trained = []
-    def train_run(label, argv):
-        trained.append(label)
-        at(argv[argv.index("--out") + 1], int(argv[argv.index("--stop-at") + 1]))
-    runs = demo.demo_runs("fig3", dict(demo.DEMO, base_steps=3), str(tmp_path), train_run)
-    assert trained == ["to step 1", "to step 4", "to step 9"]
-    assert {k: train.checkpoint_step(run) for k, run in runs.items()} == {f"step{k}": k for k in (1, 2, 4, 9)}
+    with pytest.raises(SystemExit, match="^error: --copy-len must be LO,HI"):   # read for --tokens first
+        config.exit_on_bad_flags(config.get_args(["--task", "copy", "--copy-len", "x", "--tokens", "100",
+                                                   "--out", str(tmp_path)]))
 
 def test_a_step_counts_all_its_micro_batches_in_the_first_line_and_in_tokens_per_s(tmp_path, capsys,
                                                                                    monkeypatch):
