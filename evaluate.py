@@ -273,10 +273,9 @@ def parse_args(argv):
 
 def _ints(text, one=False, lo=1):  # an argparse type: "128,256" -> [128, 256]; one=True: "128" -> 128
     kind = "a positive integer" if one else "comma-separated distinct positive integers"
-    kind = kind if lo else "in [0, 2**63)"
     values = [int(v) if v.isdecimal() else -1 for v in text.split(",")]
     if not all(lo <= v < 2**63 for v in values) or len(set(values)) < len(values) or one and "," in text:
-        raise argparse.ArgumentTypeError(f"must be {kind}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be {kind if lo else 'in [0, 2**63)'}, got {text!r}")
     return values[0] if one else values
 
 def _require_values_and_out(args):
@@ -376,7 +375,7 @@ def read_eval_data(args, cfgs, t_trains):
         out["data"] = corpus.name
         if corpus.optimal_nll:
             try:
-                args.optimal = bucketize(torch.as_tensor(corpus.optimal_nll(args.windows)), args.edges)
+                args.optimal = bucketize(corpus.optimal_nll(args.windows), args.edges)
             except ValueError as e:
                 raise ValueError(f"no exact loss floor at --eval-len {args.eval_len}: {e}") from None
             out["optimal"] = {k: v for k, v in args.optimal.items() if k != "per_seq"}

@@ -19,6 +19,8 @@ def sem(x):
     x = torch.as_tensor(x, dtype=torch.float64)
     return x.std(0) / math.sqrt(len(x)) if len(x) > 1 else x[0] * math.nan
 
+COLORS = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]  # run i's: COLORS[i % len(COLORS)]
+
 # ==== One evaluation: each curve is printed (a few columns) and drawn (a PNG panel) from one table ====
 CTX = "context length (dotted: T_train)"
 # curve -> PNG file holding its panel (None: printed only), title, x label, y label, scale (log x, log-log)
@@ -54,32 +56,8 @@ def _curves(m):
             out[key] = [(m[key]["lengths"], m[key][y], se and m[key][se], label, key != "copy" and t)]
     return out
 
-def _print_verdicts(report):
-    """Per model a line: its size and, under ppl, the verdict and the perplexity at T_train contexts."""
-    for m in report["models"]:
-        step = "" if m.get("step") is None else f", step {m['step']}"
-        print(f"[{m['label']}] {m['arch']}, {m['params']:,} params, t_train {m['t_train']}{step}")
-        if (v := m.get("verdict", {})).get("ratio") is not None:
-            censored = "+" if v["censored"] else ""
-            print(f"  verdict: generalizes to T = {v['generalizes_to']}{censored} ({v['ratio']:.1f}x "
-                  f"t_train); perplexity at T_train contexts {v['ppl_short']:.4g}")
-        if "warning" in v:
-            print(f"warning: {m['label']}: {v['warning']}", file=sys.stderr)
-
-def _print_tables(panels):
-    """Each panel's curves at 8 columns (log-spaced where x is), the models together."""
-    for name, rows in panels.items():
-        _, title, xlabel, ylabel, _ = PANELS[name]
-        print(f"\n{title}: {ylabel}", end="")
-        for i, (_, x, y, _, legend, _) in enumerate(rows):
-            cols = sorted({round(k * (len(x) - 1) / 7) for k in range(8)})
-            if i == 0 or list(x) != list(rows[i - 1][1]):
-                print(f"\n  {xlabel.split(' (')[0]:<26}" + "".join(f"{round(x[j]):>11}" for j in cols))
-            cells = ["n/a" if y[j] is None else f"{y[j]:.4g}" for j in cols]
-            print(f"  {legend:<26}" + "".join(f"{v:>11}" for v in cells))
-
-def _draw(report, panels, colors):
-    """-> {file: Figure}: the panels grouped by PANELS' file, and passkey's length x depth grid (Fig. 7)."""
+def _draw(report, panels):
+    """-> {file: its write(tmp)}: the panels grouped by PANELS' file, passkey's length x depth (Fig. 7)."""
     figs = {}
     for file in dict.fromkeys(PANELS[name][0] for name in panels if PANELS[name][0]):
         names = [name for name in panels if PANELS[name][0] == file]
@@ -98,9 +76,9 @@ def _draw(report, panels, colors):
                 ax.fill_between(x, y - se, y + se, color=color, alpha=0.25)
                 if line_at:
                     ax.axvline(line_at, color=color, ls=":", lw=1)
-            for color, m in zip(colors, report["models"] if name == "ppl" else []):  # the verdict's level
+            for i, m in enumerate(report["models"] if name == "ppl" else []):  # the verdicts' levels
                 if m["verdict"]["ppl_short"] is not None:
-                    ax.axhline(m["verdict"]["ppl_short"], color=color, ls="--", lw=0.8)
+                    ax.axhline(m["verdict"]["ppl_short"], color=COLORS[i % len(COLORS)], ls="--", lw=0.8)
             if name == "ppl" and "optimal" in report:  # the models' buckets: x of the first curve
                 ax.plot(panels[name][0][1], report["optimal"]["ppl"], "k--", lw=1, label="Bayes-optimal")
             ax.legend(fontsize=8)
@@ -113,20 +91,33 @@ def _draw(report, panels, colors):
             ax.set(title=f"{m['label']}: exact match (dotted: T_train)", xlabel="total length (tokens)",
                    ylabel="insertion depth", xticks=range(len(p["lengths"])), xticklabels=p["lengths"],
                    yticks=range(len(p["depths"])), yticklabels=[f"{d:.2f}" for d in p["depths"]])
-    return figs
+    return {f: lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=120) for f, fig in figs.items()}
 
 def show(report, out):
     """Per model the verdict; each curve printed (8 columns, models together) and drawn in its PANELS PNG;
     the report written as out/eval.json, all files together (datafiles.write_atomically)."""
-    _print_verdicts(report)
-    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-    panels = {name: rows for name in PANELS if (rows := [(colors[i % len(colors)], *c)  # panels with a curve
+    for m in report["models"]:   # its size and, under ppl, the verdict and the perplexity at T_train contexts
+        step = "" if m.get("step") is None else f", step {m['step']}"
+        print(f"[{m['label']}] {m['arch']}, {m['params']:,} params, t_train {m['t_train']}{step}")
+        if (v := m.get("verdict", {})).get("ratio") is not None:
+            print(f"  verdict: generalizes to T = {v['generalizes_to']}{'+' if v['censored'] else ''} "
+                  f"({v['ratio']:.1f}x t_train); perplexity at T_train contexts {v['ppl_short']:.4g}")
+        if "warning" in v:
+            print(f"warning: {m['label']}: {v['warning']}", file=sys.stderr)
+    panels = {name: rows for name in PANELS if (rows := [(COLORS[i % len(COLORS)], *c)  # panels with a curve
               for i, m in enumerate(report["models"]) for c in _curves(m).get(name, [])])}
-    _print_tables(panels)
-    figs = _draw(report, panels, colors)
-    os.makedirs(out, exist_ok=True)
+    for name, rows in panels.items():   # x at 8 columns (log-spaced where x is), a header where x changes
+        _, title, xlabel, ylabel, _ = PANELS[name]
+        print(f"\n{title}: {ylabel}", end="")
+        for i, (_, x, y, _, legend, _) in enumerate(rows):
+            cols = sorted({round(k * (len(x) - 1) / 7) for k in range(8)})
+            if i == 0 or list(x) != list(rows[i - 1][1]):
+                print(f"\n  {xlabel.split(' (')[0]:<26}" + "".join(f"{round(x[j]):>11}" for j in cols))
+            cells = ["n/a" if y[j] is None else f"{y[j]:.4g}" for j in cols]
+            print(f"  {legend:<26}" + "".join(f"{v:>11}" for v in cells))
     writes = {"eval.json": lambda tmp: pathlib.Path(tmp).write_text(json.dumps(report, indent=1)),
-              **{f: lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=120) for f, fig in figs.items()}}
+              **_draw(report, panels)}
+    os.makedirs(out, exist_ok=True)
     datafiles.write_atomically(out, writes)   # all files at once: the previous ones or all the new
     old = [os.path.join(out, f) for f in sorted({p[0] for p in PANELS.values() if p[0]} | {"passkey.png"})
            if f not in writes and os.path.isfile(os.path.join(out, f))]   # of the eval.json just replaced
@@ -143,57 +134,55 @@ def _seed_row(m):  # a run's values in its last bucket; gap: to the Bayes floor 
                 ppl_within=b["ppl"][b["hi"].index(m["t_train"])], t_train=m["t_train"], **last)
 
 def over_seeds(reports, out):
-    """Per seed and run: the verdict, the perplexity in the last bucket within T_train and in the last bucket,
-    and (paired runs) the last bucket's NLL - the reference's; over the seeds their mean +- s.e. and the worst
-    seed -> a table, seeds.{json,png}."""
+    """Per seed and run its _seed_row; over the seeds mean +- s.e. (paired: the worst seed) -> seeds.*"""
     runs = {seed: {m["label"]: m for m in r["models"]} for seed, r in reports.items()}
-    mean_sem = lambda a: (a.mean(0), sem(a).tolist())  # over the seeds (axis 0)
     seeds, labels = list(runs), list(runs[next(iter(runs))])
-    paired = [k for k in labels if "diff" in runs[seeds[0]][k]]  # minus the reference (fig5: the control)
+    paired = {k: m["diff"].get("reference", "reference") for k, m in runs[seeds[0]].items() if "diff" in m}
     rows = {s: {k: _seed_row(m) for k, m in r.items()} for s, r in runs.items()}
+    mean_sem = lambda k, a: {k: np.mean(a, 0), f"{k}_sem": sem(a).tolist()}  # over the seeds (axis 0)
+    pm = lambda v, k, sign="": f"{v[k]:{sign}.3f} +- {v[k + '_sem']:.3f}" if k in v else "-"
     print("\nper seed: verdict (Def. 3.2; +: censored), PPL in the last bucket <= T_train and in the last; "
           "there the gap to the Bayes floor and NLL - the reference's (paired), +- s.e. over sequences")
     print(f"{'seed':>5} {'run':>16} {'verdict':>8} {'PPL<=T':>8} {'PPL last':>9} {'gap':>17} {'- ref':>18}")
-    pm = lambda v, k: f"{v[k]:+.3f} +- {v[k + '_sem']:.3f}" if k in v else "-"
     for s, r in rows.items():
         for k, v in r.items():
             verdict = f"{v['verdict']}{'+' if v['censored'] else ''}"
             print(f"{s:>5} {k:>16} {verdict:>8} {v['ppl_within']:>8.3f} {v['ppl_last']:>9.3f} "
-                  f"{pm(v, 'gap'):>17} {pm(v, 'diff'):>18}")
-    summary, colors = {}, matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+                  f"{pm(v, 'gap', '+'):>17} {pm(v, 'diff', '+'):>18}")
+    summary = {}
     left, right = matplotlib.figure.Figure(figsize=(13, 4.5), layout="tight").subplots(1, 2)
-    for i, (color, label) in enumerate(zip(colors * 2, labels)):
+    for i, label in enumerate(labels):
+        color = COLORS[i % len(COLORS)]
         b = [runs[s][label]["ppl"]["buckets"] for s in seeds]
         x = [np.sqrt((lo + 1) * hi) for lo, hi in zip(b[0]["lo"], b[0]["hi"])]  # a bucket's geometric middle
         nll = np.array([c["nll"] for c in b], dtype=float)  # [seeds, buckets]; null (NaN) -> a gap
-        mean, band = mean_sem(nll)
+        mean, band = nll.mean(0), sem(nll).numpy()
         left.plot(x, np.exp(nll.T), color=color, lw=0.5, alpha=0.4)
         left.plot(x, np.exp(mean), color=color, lw=2, label=label)
         left.fill_between(x, np.exp(mean - band), np.exp(mean + band), color=color, alpha=0.25)
         left.axvline(rows[seeds[0]][label]["t_train"], color=color, ls=":", lw=1)
         v = [rows[s][label] for s in seeds]
-        last = np.array([r["ppl_last"] for r in v])
+        last = [r["ppl_last"] for r in v]
         fails = sum(not r["censored"] and r["verdict"] <= 32 * r["t_train"] for r in v)
-        summary[label] = u = dict(zip(("ppl_last", "ppl_last_sem"), mean_sem(last)), fails_within_32x=fails,
-                                  verdicts=[r["verdict"] for r in v])
+        summary[label] = u = {**mean_sem("ppl_last", last), "fails_within_32x": fails,
+                              "verdicts": [r["verdict"] for r in v]}
         if "gap" in v[0]:
-            u.update(zip(("gap_last", "gap_last_sem"), mean_sem(np.array([r["gap"] for r in v]))))
-        print(f"{label}: PPL last {u['ppl_last']:.3f} +- {u['ppl_last_sem']:.3f} over the seeds" + (
-              f", gap {u['gap_last']:.3f} +- {u['gap_last_sem']:.3f}" if "gap" in v[0] else "") +
-              f", fails within 32 x T_train on {fails} of {len(v)}")
+            u.update(mean_sem("gap_last", [r["gap"] for r in v]))
+        gap = f", gap {pm(u, 'gap_last')}" if "gap" in v[0] else ""
+        print(f"{label}: PPL last {pm(u, 'ppl_last')} over the seeds{gap}, fails within 32 x T_train on "
+              f"{fails} of {len(v)}")
         if label in paired:  # over the seeds: each seed's paired difference d and its s.e.
             d, se = np.array([(r["diff"], r["diff_sem"]) for r in v]).T
-            u.update(zip(("diff", "diff_sem"), mean_sem(d)), worst=d.max(), worst_seed=seeds[int(d.argmax())],
-                     beyond_3_sem=int((d < -3 * se).sum()))
-            u["reference"] = runs[seeds[0]][label]["diff"].get("reference", "reference")
-            print(f"  {label} - {u['reference']}: {u['diff']:+.3f} +- {u['diff_sem']:.3f}, worst "
-                  f"{u['worst']:+.3f} (seed {u['worst_seed']}), below -3 s.e. on {u['beyond_3_sem']} seeds")
-            xs = np.arange(len(d)) + 0.6 * (paired.index(label) / len(paired) - 0.3)  # side by side per seed
+            u.update(mean_sem("diff", d), worst=d.max(), worst_seed=seeds[int(d.argmax())],
+                     beyond_3_sem=int((d < -3 * se).sum()), reference=paired[label])
+            print(f"  {label} - {u['reference']}: {pm(u, 'diff', '+')}, worst {u['worst']:+.3f} (seed "
+                  f"{u['worst_seed']}), below -3 s.e. on {u['beyond_3_sem']} seeds")
+            xs = np.arange(len(d)) + 0.6 * (list(paired).index(label) / len(paired) - 0.3)  # side by side
             right.errorbar(xs, d, se, fmt="o", ms=4, color=color, label=f"{label} - {u['reference']}")
             right.axhspan(u["diff"] - u["diff_sem"], u["diff"] + u["diff_sem"], color=color, alpha=0.15)
         elif not paired:  # each seed's last-bucket perplexity per run
             right.plot([i] * len(last), last, "o", color=color, alpha=0.5)
-            right.errorbar([i], [last.mean()], [mean_sem(last)[1]], fmt="s", ms=8, capsize=4, color=color)
+            right.errorbar([i], [u["ppl_last"]], [u["ppl_last_sem"]], fmt="s", ms=8, capsize=4, color=color)
     left.set(xscale="log", yscale="log", title="Position-wise perplexity (thin: a seed; thick: mean +- s.e.)",
              xlabel="context length (dotted: T_train)", ylabel="perplexity")
     if paired:
@@ -215,8 +204,7 @@ def over_seeds(reports, out):
 
 def read_reports(paths, names=None):
     """--over-seeds: {name: report} of the eval.json files (or folders) `paths`, named `names` (default: the
-    folders): the same runs made with the same flags, each seed's checkpoints its own; checked before anything
-    is written."""
+    folders), checked before anything is written: same runs, same flags, each seed's own checkpoints."""
     files = [p if p.endswith(".json") else os.path.join(p, "eval.json") for p in paths]
     names = names or [os.path.basename(os.path.dirname(os.path.abspath(f))) for f in files]
     require(len(names) == len(set(names)) == len(set(map(os.path.realpath, files))) == len(files) > 1,
@@ -233,8 +221,7 @@ def read_reports(paths, names=None):
             ids = {(m["path"], m.get("step"), m.get("train_seed")): 0 for m in runs.values() if "path" in m}
             flags[name] = {k: {"--t-train": m["t_train"], "edges (--eval-len)": m["ppl"]["buckets"]["hi"],
                                "--reference": (m.get("diff") or {}).get("reference", "diff" in m),
-                               "--data (a Bayes gap)": "gap" in m}
-                           for k, m in runs.items()}
+                               "--data (a Bayes gap)": "gap" in m} for k, m in runs.items()}
         except (ValueError, LookupError, TypeError, AttributeError) as e:   # empty, cut short, a list, ...
             raise ValueError(f"--over-seeds: {f} is not an eval.json of this script ({type(e).__name__}: "
                              f"{e}): pass the --out folders of evaluate.py --metrics ppl") from None
