@@ -667,3 +667,10 @@ def test_a_figure_the_new_evaluation_did_not_make_is_removed_and_named(tmp_path,
     assert stdout.strip().endswith(f"wrote {out}/eval.json, {out}/ppl.png; removed the previous evaluation's "
                                    f"{out}/passkey.png, {out}/state.png")
     assert json.load(open(out / "eval.json"))["models"][0]["train_seed"] == 3   # (--over-seeds)
+
+def test_over_seeds_summarises_every_run_past_the_colour_cycle(tmp_path, capsys):
+    labels = [f"r{i}" for i in range(23)]   # more runs than colours (10) twice over
+    evals = [seed_eval(tmp_path / f"s{s}", *[seed_run(k, s) for k in labels]) for s in (0, 1)]
+    rc, _, err = cli(capsys, *evals, "--over-seeds", "--out", str(tmp_path / "out"))
+    assert rc == 0, err
+    assert list(json.load(open(tmp_path / "out" / "seeds.json"))["summary"]) == labels
