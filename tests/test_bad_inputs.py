@@ -116,6 +116,7 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     # 3. flags that would train backwards or not at all
     ("--min-lr -1", "--min-lr"), ("--min-lr 1", "--min-lr"), ("--grad-clip 0", "--grad-clip"),
     ("--weight-decay -5", "--weight-decay"), ("--tokens 0", "--tokens"), ("--tokens nan", "--tokens"),
+    ("--tokens inf", "--tokens"), ("--weight-decay inf", "--weight-decay"),
     ("--lr inf", "--lr"), ("--lr 0", "--lr"), ("--steps 0", "--steps"), ("--grad-accum 0", "--grad-accum"),
     ("--warmup 1.5", "--warmup"), ("--seed -1", "--seed"), ("--init-state warm", "invalid"),
     ("--size huge", "--size"), ("--copy-len 9,3", "--copy-len"), ("--task copy --streams", "independent"),

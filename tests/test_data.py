@@ -153,6 +153,11 @@ def test_a_cache_folder_is_read_as_its_meta_json_says_for_its_tokenizer(tmp_path
     (tmp_path / "prep" / "meta.json").write_text(json.dumps(dict(meta, n_val=meta["n_val"] + 1)))
     with pytest.raises(DataError, match='its "dtype" uint16 and "n_train", "n_val" do not fit'):
         data.load_data(str(tmp_path / "prep"), Small())   # one count wrong: the files are not as it says
+    # counts that fit a dtype _build never writes: each id would be read as two halves
+    bytewise = dict(meta, dtype="uint8", n_train=2 * meta["n_train"], n_val=2 * meta["n_val"])
+    (tmp_path / "prep" / "meta.json").write_text(json.dumps(bytewise))
+    with pytest.raises(DataError, match='its "dtype" uint8 and "n_train"'):
+        data.load_data(str(tmp_path / "prep"), Small())
     (tmp_path / "prep" / "meta.json").write_text(json.dumps(dict(meta, tokenizer="fewer", vocab_size=255)))
     fewer = type("Fewer", (Small,), dict(name="fewer", n_vocab=255))()
     with pytest.raises(DataError, match="prep holds id 255, past the 255 of 'fewer': pass its --tokenizer"):

@@ -323,7 +323,7 @@ BAD_ARGV = [("NOPE", "no checkpoint"), ("BAD", "corrupt"), ("CK CK --labels one"
             ("CK --reference nope", "--reference"), ("CK --reference a=nope", "--reference"),
             ("CK --reference a b", "--reference"), ("CK --babi-tasks qa99", "unknown or repeated"),
             ("CK --effrem-len 999", "--effrem-len 999 must lie"), ("CK --effrem-len 1", "must lie in [2, "),
-            ("CK --seed -1", "--seed"),  # -1: issue 19
+            ("CK --seed -1", "--seed: must be in [0, 2**63), got '-1'"),  # -1: issue 19
             ("CK CK --labels a a", "own name"), ("CK --out CK/ckpt.pt", "--out"),
             ("CK BPE", "different tokenizers"), ("BPE --tokenizer bytes", "does not match"),
             ("CK --metrics passkey --passkey-lengths 50", "--passkey-lengths"),
@@ -573,6 +573,8 @@ def test_over_seeds_reports_each_fix_by_its_mean_sem_and_worst_seed(tmp_path, ca
         ppl_within=np.e, t_train=16, diff=-0.1, diff_sem=0.1, gap=0.25, gap_sem=0.01))
     out = capsys.readouterr().out   # each fix against its own reference
     assert "SP - control: -0.300 +- 0.115" in out and "TBTT - streams: -0.300 +- 0.115" in out
+    assert f"{'4':>5} {'SP':>16} {'32':>8} {np.e:>8.3f} {np.e ** 2:>9.3f} {'+0.250 +- 0.010':>17} " in out
+    assert "SP: PPL last 7.389 +- 0.000 over the seeds, gap 0.250 +- 0.000, fails within 32 x T_train" in out
     assert os.path.exists(tmp_path / "seeds.png")
     (tmp_path / "s7" / "eval.json").write_text(json.dumps({"models": [run("base")]}))
     other = f"s7/eval.json evaluated ['base'] (['base'] with ppl), {evals[0]}/eval.json ['base', 'control'"
@@ -609,6 +611,8 @@ def test_over_seeds_a_fix_that_hurts_is_no_gain_and_a_gap_in_a_curve_is_drawn(tm
     b = json.load(open(out / "seeds.json"))["summary"]["b"]
     assert (b["beyond_3_sem"], b["worst"], b["worst_seed"]) == (0, 0.7, "s1")   # + 5 s.e.: not "below -3"
     assert b["diff"] == pytest.approx(0.6)
+    assert f"{'+0.500 +- 0.100':>18}\n" in stdout
+    assert "b - reference: +0.600 +- 0.100, worst +0.700 (seed s1)" in stdout
 
     for error, code, word in [(KeyboardInterrupt, 1, f"interrupted: {out}/seeds.json and its figures not"),
                               (MemoryError, 2, "error: out of memory (MemoryError): lower --n-seqs")]:
@@ -674,3 +678,15 @@ def test_over_seeds_summarises_every_run_past_the_colour_cycle(tmp_path, capsys)
     rc, _, err = cli(capsys, *evals, "--over-seeds", "--out", str(tmp_path / "out"))
     assert rc == 0, err
     assert list(json.load(open(tmp_path / "out" / "seeds.json"))["summary"]) == labels
+
+def test_show_prints_each_verdict_and_each_curve_under_its_own_x(tmp_path, capsys):
+    buckets = dict(lo=[0, 8, 16], hi=[8, 16, 64], ppl=[20.0, 2.5, 3.0], ppl_sem=[1.0, 0.1, 0.2])
+    def run(label, censored, lengths):
+        verdict = dict(generalizes_to=64, ratio=4.0, censored=censored, ppl_short=2.5)
+        return dict(label=label, arch="mamba2", params=1000, t_train=16, ppl=dict(buckets=buckets),
+                    verdict=verdict, copy=dict(lengths=lengths, char_mean=[1.0, 0.5], char_sem=[0.0, 0.1]))
+    report.show(dict(models=[run("a", True, [5, 10]), run("b", False, [5, 20])]), str(tmp_path))
+    out = capsys.readouterr().out
+    assert "[a] mamba2, 1,000 params, t_train 16\n  verdict: generalizes to T = 64+ (4.0x t_train)" in out
+    assert "[b] mamba2, 1,000 params, t_train 16\n  verdict: generalizes to T = 64 (4.0x t_train)" in out
+    assert out.count("\n  string length") == 2 and out.count("\n  context length") == 1   # b's x: its own

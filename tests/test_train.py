@@ -144,6 +144,8 @@ def test_post_training_an_official_checkpoint_on_a_tokenizer_json_corpus(tok_jso
     train.main(TRAIN + text + ["--init-from", official, "--init-state", "sp", "--steps", "2", "--out", post])
     lr = json.load(open(os.path.join(post, "args.json")))["lr"]
     assert lr == pytest.approx(config.PEAK_LR["tiny"] / 10)
+    given = config.get_args(["--init-from", official, "--lr", "1e-4"])   # its own lr; the peak: the parent's
+    assert (given.lr, given.peak_lr) == (1e-4, config.PEAK_LR["tiny"])
     assert model.from_pretrained(post).cfg == model.from_pretrained(official).cfg
     for path in (official, post):
         argv = [path, "--t-train", "16", "--eval-len", "64", "--n-seqs", "2", "--metrics", "ppl"]
@@ -211,9 +213,11 @@ def test_the_demo_takes_its_own_flags_and_seeds(tmp_path):
                            ).steps == 50   # a step: two micro-batches
     copy = ["--task", "copy", "--copy-len", "5,10", "--tokens", "2200", "--batch-size", "10"]
     assert config.get_args(copy).steps == 10   # a row: the longest string twice + SEP + EOS = 22 tokens
-    with pytest.raises(SystemExit, match="^error: --copy-len must be LO,HI"):   # read for --tokens first
-        config.exit_on_bad_flags(config.get_args(["--task", "copy", "--copy-len", "x", "--tokens", "100",
-                                                   "--out", str(tmp_path)]))
+    assert config.get_args(copy + ["--batch-size", "1"]).steps == 100
+    for bad, word in ((["--task", "copy", "--copy-len", "x", "--tokens", "100"], "--copy-len must be LO,HI"),
+                      (["--tokens", "inf"], "--tokens must be a finite number > 0, got inf")):
+        with pytest.raises(SystemExit, match=f"^error: {word}"):   # --copy-len: read for --tokens first
+            config.exit_on_bad_flags(config.get_args(bad + ["--out", str(tmp_path)]))
 
 def test_a_step_counts_all_its_micro_batches_in_the_first_line_and_in_tokens_per_s(tmp_path, capsys,
                                                                                    monkeypatch):
