@@ -81,7 +81,8 @@ def _draw(report, panels):
                     ax.axhline(m["verdict"]["ppl_short"], color=COLORS[i % len(COLORS)], ls="--", lw=0.8)
             if name == "ppl" and "optimal" in report:  # the models' buckets: x of the first curve
                 ax.plot(panels[name][0][1], report["optimal"]["ppl"], "k--", lw=1, label="Bayes-optimal")
-            ax.legend(fontsize=8)
+            if ax.get_legend_handles_labels()[0]:   # every curve NaN: an empty panel, no legend
+                ax.legend(fontsize=8)
     if pk := [m for m in report["models"] if "passkey" in m]:  # Fig. 7: length x depth, exact match as colour
         figs["passkey.png"] = matplotlib.figure.Figure(figsize=(1 + 4.5 * len(pk), 4.2), layout="tight")
         for ax, m in zip(figs["passkey.png"].subplots(1, len(pk), squeeze=False)[0], pk):

@@ -412,6 +412,7 @@ def test_cli_buckets_and_state_positions_have_an_edge_at_t_train_off_the_log_gri
     m = paired[1]["models"][0]
     assert 12 not in ev.log_edges(48) and 12 in m["ppl"]["buckets"]["lo"] and 11 in m["state"]["positions"]
 
+@pytest.mark.filterwarnings("error::UserWarning")   # no matplotlib warning about an empty legend
 def test_a_model_that_outputs_nan_is_reported_not_a_crash(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(ev.model, "from_pretrained", lambda path, device: CurveLM(vocab=257, nan=True))
     ck, _ = checkpoint(tmp_path / "run", seq_len=8, data=MARKOV, tokenizer="bytes", seed=0)
