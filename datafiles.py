@@ -151,7 +151,7 @@ def _load_tokenizer(name):   # one object a name: a file is read once a process
     except ImportError as e:   # an optional package (requirements.txt) not installed
         raise DataError(f"tokenizer {name} needs: pip install {e.name}") from None
 
-# --- Token files: a nanoGPT .bin, a prepared folder, or text tokenized once into the cache --------------
+# --- Token files: text tokenized once into the cache, or a cache folder itself ---------------------------
 def token_ids(data, tokenizer="bytes", val_fraction=0.05, cache_dir=None):
     """-> (train, val, info): data's token ids (np.memmaps), each in the tokenizer's vocabulary. data: a cache
     folder (its meta.json), or text: "stdlib" (the standard library's .py files), a text file or a folder of

@@ -216,7 +216,7 @@ def check_vocabulary(lm, n_ids, n_vocab, name):
 
 def data_id(corpus, split_seed):
     """What a checkpoint records of the data it read (train.py; --resume and evaluate.py compare it): the
-    corpus, its content's key (the token ids' hash; a .bin's size) and the split seed."""
+    corpus, its content's key (text: the hash of its token ids) and the split seed."""
     return " ".join([corpus.name, str(corpus.info.get("key", "")), f"split-seed {split_seed}"])
 
 def weights_file(path):
