@@ -87,10 +87,13 @@ class RandomWindows:
         self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
         self.seed, self.step = seed, 0
 
-    def next_batch(self):   # eval_windows' uniform draw, seeded by (seed, step)
-        windows = eval_windows(self.tokens, self.batch_size, self.seq_len + 1, [self.seed, self.step])
+    def next_batch(self):   # uniform starts seeded by (seed, step): training windows may overlap, as nanoGPT's
+        last = len(self.tokens) - self.seq_len - 1   # the last start that fits
+        require(last >= 0, f"RandomWindows: windows of {self.seq_len + 1} > {len(self.tokens)} tokens: "
+                "shorten them or add data")
+        starts = np.random.default_rng([self.seed, self.step]).integers(0, last + 1, size=self.batch_size)
         self.step += 1
-        return _batch(windows)
+        return _batch(_windows(self.tokens, starts, self.seq_len + 1))
 
     def state_dict(self):
         return {"seed": self.seed, "step": self.step}
@@ -138,16 +141,25 @@ class DocumentStreams:
         return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.doc_start))
 
 def eval_windows(tokens, n, length, seed=0, eot_token=None):
-    """n seeded windows -> int64 [n, length]; with eot_token each at a distinct document's start."""
+    """n seeded windows -> int64 [n, length], no two sharing a token: the metrics' standard errors and paired
+    tests treat the windows as independent samples. With eot_token each starts a distinct document that
+    holds all of it (to the next eot), so it never reads into another document."""
     rng = np.random.default_rng(seed)
-    last = len(tokens) - length   # the last start that fits
-    require(last >= 0, f"eval_windows: windows of {length} > {len(tokens)} tokens: shorten them or add data")
-    if eot_token is None:
-        return _windows(tokens, rng.integers(0, last + 1, size=n), length)
-    candidates = np.flatnonzero(np.asarray(tokens[: last + 1]) == eot_token)
-    require(len(candidates) >= n, f"eval_windows: only {len(candidates)} documents start a window of "
-            f"{length} tokens, {n} asked: use fewer or shorter windows or more documents")
-    return _windows(tokens, rng.choice(candidates, size=n, replace=False), length)
+    if eot_token is not None:
+        starts = np.flatnonzero(np.asarray(tokens) == eot_token)
+        ends = np.append(starts[1:], len(tokens))   # each document's end: the next eot
+        candidates = starts[ends - starts >= length]
+        require(len(candidates) >= n, f"eval_windows: only {len(candidates)} documents hold a window of "
+                f"{length} tokens, {n} asked: use fewer or shorter windows or more documents")
+        return _windows(tokens, rng.choice(candidates, size=n, replace=False), length)
+    slack = len(tokens) - n * length   # the tokens no window covers
+    require(slack >= 0, f"eval_windows: {n} disjoint windows of {length} need {n * length} tokens, the split "
+            f"holds {len(tokens)}: use fewer or shorter windows or more data")
+    # Uniform over every placement of n disjoint windows: n distinct sorted picks of range(slack + n), each
+    # less its rank, are the uncovered tokens before each window (stars and bars).
+    before = np.sort(rng.choice(slack + n, size=n, replace=False)) - np.arange(n)
+    starts = before + np.arange(n) * length
+    return _windows(tokens, rng.permutation(starts), length)
 
 class TaskSampler:
     """x, y of task_fn(seed=[seed, step, row, 1], length=seq_len + 1, ...), y -100 (ignored) but on the

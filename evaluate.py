@@ -245,7 +245,6 @@ def parse_args(argv):
     a("--metrics", default="ppl,effrem,state", help=f"subset of {','.join(LM_METRICS + TASK_METRICS)}")
     a("--eval-len", type=positive, help="tokens per evaluation window (default: 16 x the largest t_train)")
     a("--n-seqs", type=positive, default=64, help=f"evaluation windows (the verdict needs >= {MIN_SEQS})")
-    a("--allow-overlap", action="store_true", help="accept windows that overlap (a short validation split)")
     a("--t-train", type=positive, help="training length (default: train_config seq_len; official: 2048)")
     a("--data", help="what data.load_data reads (default: train_config data)")
     a("--tokenizer", help="bytes or PATH/tokenizer.json (default: the checkpoints')")
@@ -367,9 +366,9 @@ def read_eval_data(args, cfgs, t_trains):
                     "split may hold training documents): restore them, or pass other --data")
     if lm_metrics:  # windows from document starts where the process has an exact Bayes-optimal NLL
         eot, need = corpus.eot_token if corpus.optimal_nll else None, args.n_seqs * (args.eval_len + 1)
-        require(eot is not None or args.allow_overlap or len(corpus.val) >= need, f"the validation split "
-                f"holds {len(corpus.val)} tokens, {args.n_seqs} disjoint windows of {args.eval_len + 1} need "
-                f"{need}: use fewer --n-seqs, a shorter --eval-len or more data (or --allow-overlap)")
+        require(eot is not None or len(corpus.val) >= need, f"the validation split holds {len(corpus.val)} "
+                f"tokens, {args.n_seqs} disjoint windows of {args.eval_len + 1} need {need}: use fewer --n-seqs, "
+                "a shorter --eval-len or more data")
         args.windows = data.eval_windows(corpus.val, args.n_seqs, args.eval_len + 1, args.seed, eot)  # int64
         args.edges = log_edges(args.eval_len, include=[t // d for t in t_trains for d in (1, 2)])  # verdict's
         out["data"] = corpus.name

@@ -1,6 +1,7 @@
 """data.py, tasks.py and babi.py: the two tokenizers (built-in bytes, a Hugging Face tokenizer.json), the
 Markov process's exact Bayes floor, the samplers, the Sec. 5 task generators, bad inputs (corpora:
 test_data.py)."""
+import collections
 import io
 import json
 import re
@@ -83,9 +84,38 @@ def test_random_windows_and_eval_windows():
     w = data.eval_windows(stream, n=8, length=30, seed=0)
     assert w.shape == (8, 30) and torch.equal(w, data.eval_windows(stream, 8, 30, seed=0))
     assert not torch.equal(w, data.eval_windows(stream, 8, 30, seed=1))
-    assert set(data.eval_windows(tokens[:20], 50, 18)[:, 0].tolist()) == {0, 1, 2}   # the last start too
     ws = data.eval_windows(stream, n=10, length=51, seed=0, eot_token=EOT)
     assert (ws[:, 0] == EOT).all() and (ws[:, 1:] != EOT).all() and len({tuple(r.tolist()) for r in ws}) == 10
+
+@pytest.mark.parametrize("n, length, size", [(64, 1025, 70_000), (7, 3, 21), (5, 10, 52), (1, 20, 20)])
+def test_eval_windows_never_share_a_token(n, length, size):
+    # the standard errors and paired tests treat the windows as independent samples: no token in two
+    tokens = np.arange(size, dtype=np.int64)   # a token is its own position
+    for seed in range(20):
+        w = data.eval_windows(tokens, n, length, seed)
+        assert w.shape == (n, length) and (torch.diff(w, dim=1) == 1).all()   # each a run of the stream
+        assert len(set(w.flatten().tolist())) == n * length and int(w.max()) < size
+    if size == n * length:   # exactly enough: the windows tile the split
+        assert sorted(w[:, 0].tolist()) == list(range(0, size, length))
+
+def test_eval_windows_cover_the_split_uniformly():
+    # every placement of 2 disjoint windows of 3 in 8 tokens (6 of them) is equally likely, the ends too
+    tokens = np.arange(8)
+    seen = collections.Counter(tuple(sorted(data.eval_windows(tokens, 2, 3, seed)[:, 0].tolist()))
+                               for seed in range(4000))
+    assert len(seen) == 6 and min(seen.values()) > 580 and max(seen.values()) < 760   # 667 each
+    assert seen[(0, 5)] > 580 and seen[(0, 3)] > 580   # the first and last starts, and windows that touch
+    orders = {tuple(data.eval_windows(tokens, 2, 3, seed)[:, 0].tolist()) for seed in range(50)}
+    assert (0, 5) in orders and (5, 0) in orders   # rows in a random order, not sorted by place
+
+def test_eval_windows_of_documents_stay_inside_them():
+    tokens, _ = make_stream([10, 40, 5, 60, 50])   # documents of 11, 41, 6, 61, 51 tokens with their eot
+    holding = {tuple(tokens[s:s + 41].tolist()) for s in (11, 58, 119)}   # the 41-, 61- and 51-token ones
+    for seed in range(30):
+        w = data.eval_windows(tokens, 3, 41, seed, eot_token=EOT)
+        assert {tuple(r.tolist()) for r in w} == holding   # each a distinct document that holds all of it
+    with pytest.raises(data.DataError, match="only 3 documents hold a window of 41 tokens, 4 asked"):
+        data.eval_windows(tokens, 4, 41, eot_token=EOT)
 
 @pytest.mark.parametrize("eot_after", [False, True], ids=["eot_before", "eot_after"])
 def test_document_streams_keep_the_eot_and_flag_exactly_the_new_documents(eot_after):
@@ -351,7 +381,8 @@ BAD_INPUTS = [   # (call on the folder of bad files, key words of its one-line e
     (lambda d: data.markov_bayes_nll(np.array([[0, 9]]), 4, 0.5), "0..4"),
     (lambda d: data.markov_bayes_nll(np.array([[4, 0, 4, 1]]), 4, 0.5), "document boundary"),
     (lambda d: data.eval_windows(STREAM, 25, 51, eot_token=EOT), "documents"),
-    (lambda d: data.eval_windows(STREAM, 4, 5000), "5000 >", "shorten"),
+    (lambda d: data.eval_windows(STREAM, 4, 5000), "4 disjoint windows of 5000 need 20000", "fewer"),
+    (lambda d: RandomWindows(STREAM, 4, 5000).next_batch(), "5001 >", "shorten"),
     (lambda d: DocumentStreams(STREAM, EOT, 2, 60), "no document"),
     (lambda d: passkey_sample("bytes", 50, 0.5), "too short"),
     (lambda d: passkey_sample("bytes", 500, 1.5), "depth"),
