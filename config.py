@@ -1,8 +1,10 @@
 """train.py's flags (FLAGS), parsing them into a run's arguments (get_args: what a resumed or post-trained
 run inherits) and the checks of their values, one line a problem. A reader of the paper can skip this file."""
 import argparse
+import json
 import math
 import os
+import pathlib
 import re
 import sys
 
@@ -70,6 +72,10 @@ def get_args(argv=None, description=None):
     if args.resume:
         take_checkpoint_flags(args, given)
     parent = parent_flags(args.init_from) if args.init_from and not args.resume else {}
+    official = args.init_from and os.path.isfile(os.path.join(args.init_from, "config.json"))
+    if official and not args.resume and "seq_len" not in given:
+        sys.exit(f"error: {args.init_from} is an official checkpoint, whose config.json does not state the "
+                 "length it was trained at: pass --seq-len T_train (the official Mamba checkpoints: 2048)")
     vars(args).update({k: parent.get(k, default) if k in INHERITED else default   # args.json: what is used
                        for k, default in DEFAULTS.items() if getattr(args, k) is None})
     if args.data_seed is None:  # post-training reads on in its parent's stream (read_on)
@@ -77,6 +83,7 @@ def get_args(argv=None, description=None):
     args.run_id = getattr(args, "run_id", None) or os.urandom(6).hex()   # (resumed: the checkpoint's)
     if not args.resume:
         set_lr_and_steps(args, given, parent)
+    exit_on_flags_that_do_not_apply(args, given)
     return args
 
 def make_parser(description):
@@ -110,12 +117,28 @@ def exit_on_bad_command_line(args, given):
         if bad:
             sys.exit(f"error: {message}")
 
+def exit_on_flags_that_do_not_apply(args, given):
+    """A flag given where it changes nothing is refused: ignoring it would run something else than asked."""
+    markov = args.data.startswith("markov:")
+    for flag, applies, where in [
+            ("sigma", args.init_state == "random", "--init-state random"),
+            ("p_reset", args.init_state == "sp", "--init-state sp"),
+            ("data", args.task in ("lm", "babilong"), "--task lm or babilong (passkey and copy make theirs)"),
+            ("copy_len", args.task == "copy", "--task copy"),
+            ("babi_tasks", args.task == "babilong", "--task babilong"),
+            ("split_seed", markov and args.task == "lm", "--data markov:... (text has one fixed split)")]:
+        if flag in given and not applies:
+            sys.exit(f"error: --{flag.replace('_', '-')} applies only to {where}: drop it")
+
 def take_checkpoint_flags(args, given):
     """--resume: each flag not given (but PER_INVOCATION) is the checkpoint's; a given one must agree."""
     out = args.out or DEFAULTS["out"]
+    if not os.path.lexists(os.path.join(out, "ckpt.pt")):
+        sys.exit(f"error: --resume but {out}/ckpt.pt does not exist: start without --resume, or fix --out")
     saved = model.train_config(os.path.join(out, "ckpt.pt"))
     if not saved:
-        sys.exit(f"error: --resume but {out}/ckpt.pt does not exist: start without --resume, or fix --out")
+        sys.exit(f"error: --resume but {out}/ckpt.pt holds no train_config: it is not a checkpoint of "
+                 "train.py, and cannot be resumed: start a new run with another --out")
     differ = [f"--{k.replace('_', '-')} {saved[k]} (given {getattr(args, k)})" for k in sorted(given)
               if k in saved and k not in PER_INVOCATION + MAY_CHANGE and saved[k] != getattr(args, k)]
     if differ:
@@ -168,17 +191,34 @@ def exit_on_bad_flags(args):
         must("p_reset", 0 <= args.p_reset <= 1, "a probability in [0, 1]"),
         (not args.init_from and args.size not in model.PRESETS[args.arch], f"unknown --size {args.size!r} "
          f"for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}"),
-        (args.init_from and not exists(args.init_from), f"--init-from {args.init_from} does not exist"),
+        (args.init_from and not args.resume and not exists(args.init_from),   # a resume: its ckpt.pt alone
+         f"--init-from {args.init_from} does not exist"),
         (same_run, f"--init-from and --out are the same run ({args.out}): post-training needs another --out"),
         (exists(args.out) and not os.path.isdir(args.out), f"--out {args.out} is a file, not a directory"),
         (args.device.startswith("cuda") and not torch.cuda.is_available(), "no CUDA here: use --device cpu"),
         (not args.resume and exists(ckpt), f"{args.out} holds a run: --resume it, or use another --out"),
+        (not args.resume and run_files(args.out) and not records_this_run(args), f"{args.out} holds another "
+         f"run's {run_files(args.out)} but no ckpt.pt: move them away, or use another --out"),
         (args.task != "lm" and (args.init_state == "tbtt" or args.streams), "--init-state tbtt and --streams "
          f"read documents in chunks; --task {args.task} examples are independent"),
         (not 0 < lo <= hi, "--copy-len must be LO,HI, 0 < LO <= HI"),
         (bad_babi, f"unknown --babi-tasks {bad_babi}: choose from {','.join(tasks.BABI_TASKS)}")]
     if any(bad for bad, _ in checks):
         sys.exit(f"error: {next(message for bad, message in checks if bad)}")
+
+def run_files(out):
+    """The files train.py writes beside ckpt.pt that out holds, e.g. "metrics.jsonl and args.json", or ''."""
+    return " and ".join(f for f in ("metrics.jsonl", "args.json") if os.path.lexists(os.path.join(out, f)))
+
+def records_this_run(args):
+    """Does args.out/args.json record this very run (every flag alike), stopped before its first checkpoint?
+    Then its files may be replaced: the run writes them again as they were. Another run's never are."""
+    try:
+        saved = json.loads(pathlib.Path(args.out, "args.json").read_text())
+    except (OSError, ValueError):
+        return False
+    skip = PER_INVOCATION + ("run_id",)
+    return isinstance(saved, dict) and all(saved.get(k) == v for k, v in vars(args).items() if k not in skip)
 
 def parse_seeds(text):
     """--seeds "0-7" -> [0, ..., 7]; "0,5" -> [0, 5]; else one line naming the flag."""

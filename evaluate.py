@@ -27,7 +27,7 @@ import datafiles
 import model
 import report
 import tasks
-from datafiles import require
+from datafiles import is_int, require
 from report import sem
 
 MIN_SEQS = 16  # below this many sequences the verdict's bootstrap means nothing: warn
@@ -42,7 +42,7 @@ def position_nll_naive(lm, tokens):
 @torch.inference_mode()
 def sequence_nll(lm, tokens, chunk_len=512, batch_size=8, progress=False):
     """position_nll_naive streamed: chunk_len tokens per call, the state carried; logits [b, chunk_len, V]."""
-    tokens, _ = _require_eval_inputs(tokens, min_len=2)
+    tokens, _ = _require_eval_inputs(tokens, min_len=2, chunk_len=chunk_len, batch_size=batch_size)
     out = torch.empty(tokens.shape[0], tokens.shape[1] - 1)
     for r in tqdm(range(0, len(tokens), batch_size), desc="ppl", disable=not progress):
         x, state = tokens[r:r + batch_size].to(model.device_of(lm)), None  # None: the zero initial state
@@ -58,6 +58,8 @@ def position_nll(lm, tokens, chunk_len=512, batch_size=8):
 
 def log_edges(length, per_octave=2, include=()):
     """Bucket edges 0, 1, 2, 3, 4, 6, 8, 11, 16, ..., length, and `include` (no bucket straddles t_train)."""
+    require(is_int(length) and is_int(per_octave), f"log_edges: need length >= 1 and per_octave >= 1, got "
+            f"{length!r}, {per_octave!r}")
     grid = [round(2 ** (k / per_octave)) for k in range(per_octave * int(length).bit_length() + 1)]
     return sorted({0, length} | {int(e) for e in [*grid, *include] if 0 < e < length})
 
@@ -87,6 +89,8 @@ def length_generalization_naive(ppl, t_train):
 def short_context_nll(lm, tokens, t_train, chunk_len=512, batch_size=8):
     """Each target of tokens [n, L+1] read after (t_train / 2, t_train] tokens from the zero state -> NLL
     [n, L] (NaN at t < t_train / 2): the same tokens at a training-length context, the verdict's yardstick."""
+    tokens, _ = _require_eval_inputs(tokens, min_len=2, chunk_len=chunk_len, batch_size=batch_size)
+    require(is_int(t_train, 2), f"short_context_nll: t_train must be an integer >= 2, got {t_train!r}")
     n, L = tokens.shape[0], tokens.shape[1] - 1
     out = torch.full((n, L), math.nan)
     for offset in (0, t_train // 2, L - t_train):  # every target past t_train / 2: in a piece's second half
@@ -149,7 +153,8 @@ def effective_remembrance_naive(lm, tokens, T, cuts, distance="tv"):
 def effective_remembrance(lm, tokens, T, cuts, distance="tv", batch_size=8, chunk_len=512, progress=False):
     """effective_remembrance_naive per row, [n, len(cuts)]: batch_size rows at a time, x[:, :T] and each
     suffix x[:, t:T] streamed from the zero state (memory: chunk_len, not T). EffRem_T(0) = 0 exactly."""
-    tokens, cuts = _require_eval_inputs(tokens, T=T, cuts=cuts, distance=distance)
+    tokens, cuts = _require_eval_inputs(tokens, T=T, cuts=cuts, distance=distance, chunk_len=chunk_len,
+                                        batch_size=batch_size)
     out = torch.empty(len(tokens), len(cuts), dtype=torch.float64)
     for r in tqdm(range(0, len(tokens), batch_size), desc="effrem", disable=not progress):
         x = tokens[r:r + batch_size, :T].to(model.device_of(lm))
@@ -166,6 +171,7 @@ def _next_token(lm, x, chunk_len):
 
 def default_cuts(T, n_cuts=32):
     """0, log-spaced from the start (a failing model jumps at once) and toward T (a healthy one rises)."""
+    require(is_int(T) and is_int(n_cuts), f"default_cuts: need T >= 1 and n_cuts >= 1, got {T!r}, {n_cuts!r}")
     n_cuts = min(n_cuts, T)   # there are T cuts in [0, T - 1]: more asked are repeats (and could fill memory)
     half, top = max(1, (n_cuts - 1) // 2), math.log10(max(1, T // 2))
     early = torch.logspace(0, top, half).round().long()
@@ -179,10 +185,11 @@ def state_statistics(lm, tokens, positions=None, chunk_len=512, batch_size=8, t_
     dims pooled (as Fitted Noise pools them, with the population variance). coverage (ours): mean std at
     context >= 4 t_train / largest std at context <= t_train; >> 1: late states drift where training never
     went (the unexplored-states hypothesis)."""
-    tokens, _ = _require_eval_inputs(tokens)
+    tokens, _ = _require_eval_inputs(tokens, chunk_len=chunk_len, batch_size=batch_size)
     default = np.array(log_edges(tokens.shape[1])[1:]) - 1  # log-spaced context lengths 1, 2, 3, 4, 6, ..., T
     positions = torch.as_tensor(default if positions is None else positions).long().flatten().unique()
-    require(0 <= positions.min() and positions.max() < tokens.shape[1], "positions must lie in [0, T - 1]")
+    require(len(positions) and 0 <= positions.min() and positions.max() < tokens.shape[1],
+            f"state_statistics: positions must be one or more in [0, T - 1 = {tokens.shape[1] - 1}]")
     ends = (positions + 1).tolist()
     acc = {}  # context length -> [count, sum, sum of squares] per layer and head
     for r in tqdm(range(0, len(tokens), batch_size), desc="state", disable=not progress):
@@ -202,12 +209,15 @@ def state_statistics(lm, tokens, positions=None, chunk_len=512, batch_size=8, t_
         out["coverage"] = list(std[:, late].mean(1) / std[:, early].amax(1) if both else std[:, 0] * math.nan)
     return out
 
-def _require_eval_inputs(tokens, min_len=1, T=None, cuts=None, distance="tv"):
-    """The metrics' input check: integer tokens [n, >= min_len]; for EffRem also T, the cuts and distance."""
+def _require_eval_inputs(tokens, min_len=1, T=None, cuts=None, distance="tv", chunk_len=1, batch_size=1):
+    """The metrics' input check: integer tokens [n, >= min_len], chunk_len and batch_size >= 1; for EffRem
+    also T, the cuts and distance."""
+    for name, value in (("chunk_len", chunk_len), ("batch_size", batch_size)):
+        require(is_int(value), f"{name} must be an integer >= 1, got {value!r}")
     tokens = torch.as_tensor(tokens)
     cuts = None if cuts is None else torch.as_tensor(cuts).long().flatten()
-    require(tokens.dim() == 2 and tokens.shape[1] >= min_len and not tokens.dtype.is_floating_point,
-            f"tokens must be integer ids of shape [n, T >= {min_len}], got {list(tokens.shape)}")
+    ok = tokens.dim() == 2 and len(tokens) and tokens.shape[1] >= min_len and not tokens.is_floating_point()
+    require(ok, f"tokens must be integer ids of shape [n >= 1, T >= {min_len}], got {list(tokens.shape)}")
     require(distance in DISTANCES, f"unknown distance {distance!r}: choose one of {sorted(DISTANCES)}")
     require(T is None or 1 <= T <= tokens.shape[1] and len(cuts) and 0 <= cuts.min() and cuts.max() < T,
             f"effective_remembrance: need T = {T} in [1, {tokens.shape[1]}], cuts in [0, T-1]")
@@ -268,7 +278,27 @@ def parse_args(argv):
     a("--copy-lengths", type=_ints, default="50,100,300", help="string lengths")
     a("--babi-lengths", type=_ints, default="512,1024,2048,4096", help="total lengths (stories: ~470 tokens)")
     a("--babi-tasks", help="comma-separated bAbI tasks (default: train_config babi_tasks, else all)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for action in ap._actions:   # parsed again without defaults: only the flags given
+        action.default = argparse.SUPPRESS
+    given = set(vars(ap.parse_args(argv))) - {"ckpts"}
+    flag = lambda k: "--" + k.replace("_", "-")
+    if args.over_seeds and given - {"over_seeds", "labels", "out"}:
+        ap.error(f"--over-seeds summarises evaluations already made, it measures nothing: drop "
+                 f"{' '.join(map(flag, sorted(given - {'over_seeds', 'labels', 'out'})))}")
+    metrics = set(args.metrics.split(","))
+    for k in sorted(given & set(APPLIES)):
+        if not metrics & set(APPLIES[k]):
+            ap.error(f"{flag(k)} does not apply to --metrics {args.metrics}: add one of "
+                     f"{','.join(APPLIES[k])} to --metrics, or drop {flag(k)}")
+    return args
+
+# flag -> the metrics it applies to: given without any of them it is refused, not ignored
+APPLIES = dict(eval_len=LM_METRICS, n_seqs=LM_METRICS, effrem_len=("effrem",), effrem_cuts=("effrem",),
+               distance=("effrem",), reference=("ppl",), data=LM_METRICS + ("babilong",),
+               cache_dir=LM_METRICS + ("babilong",), task_samples=TASK_METRICS,
+               passkey_lengths=("passkey",), passkey_depths=("passkey",), copy_lengths=("copy",),
+               babi_lengths=("babilong",), babi_tasks=("babilong",), chunk_len=LM_METRICS + TASK_METRICS)
 
 def _ints(text, one=False, lo=1):  # an argparse type: "128,256" -> [128, 256]; one=True: "128" -> 128
     kind = "a positive integer" if one else "comma-separated distinct positive integers"
@@ -336,13 +366,23 @@ def check_args(args):
     args.babi_tasks = (_agree(args, cfgs, "babi_tasks", False) or ",".join(tasks.BABI_TASKS)).split(",")
     require(len(set(args.babi_tasks) & set(tasks.BABI_TASKS)) == len(args.babi_tasks), f"unknown or repeated "
             f"--babi-tasks {','.join(args.babi_tasks)}: use a subset of {','.join(tasks.BABI_TASKS)}")
-    args.labels = args.labels or [os.path.basename(os.path.dirname(p) if p.endswith(".pt") else p.rstrip("/"))
-                                  for p in args.ckpts]
+    args.labels = args.labels or default_labels(args.ckpts)
     refs = dict(r.split("=", 1) if "=" in r else (None, r) for r in args.reference or [])   # run -> reference
     require(not refs or set(refs.values()) | set(refs) - {None} <= set(args.labels) and "ppl" in args.metrics
             and len(refs) == len(args.reference), f"--reference {' '.join(args.reference or [])} must name "
             f"labels of {args.labels}, a default at most once and each RUN= once, and needs --metrics ppl")
     return cfgs, t_trains, enc, refs
+
+def default_labels(paths):
+    """Each run's folder name (a .pt file's: its folder's); names that runs share grow by their parent
+    folders until they differ (runs/A/x, runs/B/x -> A/x, B/x; snap/step8.pt, snap/step10.pt)."""
+    full = [os.path.abspath(p).split(os.sep) for p in paths]
+    full = [f[:-1] if f[-1] == "ckpt.pt" else f for f in full]   # a run's folder and its ckpt.pt: one name
+    labels = [os.path.basename(os.path.dirname(p) if p.endswith(".pt") else p.rstrip("/")) for p in paths]
+    for k in range(2, max(map(len, full)) + 1):
+        shared = {label for label in labels if labels.count(label) > 1}
+        labels = ["/".join(f[-k:]) if label in shared else label for f, label in zip(full, labels)]
+    return labels
 
 def _agree(args, cfgs, key, required=True):
     """The flag's value, else the one train_config value of all checkpoints (they share data, tokenizer)."""
@@ -359,6 +399,11 @@ def read_eval_data(args, cfgs, t_trains):
     if lm_metrics or "babilong" in args.metrics:
         name = _agree(args, cfgs, "data", required=lm_metrics) or "stdlib"
         corpus = data.load_data(name, args.tokenizer, args.split_seed, cache_dir=args.cache_dir)
+        for path, c in zip(args.ckpts, cfgs):   # Markov states and a tokenizer's ids: different alphabets
+            trained_on = c.get("data") or "text (an official checkpoint)"
+            require((corpus.tokenizer is None) == trained_on.startswith("markov:"), f"{path} was trained on "
+                    f"{trained_on}, {name} is {'not ' * (corpus.tokenizer is not None)}a Markov process: its "
+                    "ids would mean other things: evaluate it on data of its own kind (--data)")
         for path, c in zip(args.ckpts, cfgs):   # its split re-drawn from changed files: val may hold train
             now = model.data_id(corpus, c.get("split_seed", args.split_seed))
             require(c.get("data") != name or c.get("data_id") in (None, now), f"{path} was trained on "
@@ -367,8 +412,8 @@ def read_eval_data(args, cfgs, t_trains):
     if lm_metrics:  # windows from document starts where the process has an exact Bayes-optimal NLL
         eot, need = corpus.eot_token if corpus.optimal_nll else None, args.n_seqs * (args.eval_len + 1)
         require(eot is not None or len(corpus.val) >= need, f"the validation split holds {len(corpus.val)} "
-                f"tokens, {args.n_seqs} disjoint windows of {args.eval_len + 1} need {need}: use fewer --n-seqs, "
-                "a shorter --eval-len or more data")
+                f"tokens, {args.n_seqs} disjoint windows of {args.eval_len + 1} need {need}: use fewer "
+                "--n-seqs, a shorter --eval-len or more data")
         args.windows = data.eval_windows(corpus.val, args.n_seqs, args.eval_len + 1, args.seed, eot)  # int64
         args.edges = log_edges(args.eval_len, include=[t // d for t in t_trains for d in (1, 2)])  # verdict's
         out["data"] = corpus.name

@@ -116,16 +116,27 @@ def show(report, out):
                 print(f"\n  {xlabel.split(' (')[0]:<26}" + "".join(f"{round(x[j]):>11}" for j in cols))
             cells = ["n/a" if y[j] is None else f"{y[j]:.4g}" for j in cols]
             print(f"  {legend:<26}" + "".join(f"{v:>11}" for v in cells))
-    writes = {"eval.json": lambda tmp: pathlib.Path(tmp).write_text(json.dumps(report, indent=1)),
-              **_draw(report, panels)}
+    figures = _draw(report, panels)
+    report["figures"] = sorted(figures)   # what a later evaluation into `out` may remove: these alone
+    writes = {"eval.json": lambda tmp: pathlib.Path(tmp).write_text(json.dumps(report, indent=1)), **figures}
     os.makedirs(out, exist_ok=True)
+    previous = _figures_of(os.path.join(out, "eval.json"))
     datafiles.write_atomically(out, writes)   # all files at once: the previous ones or all the new
-    old = [os.path.join(out, f) for f in sorted({p[0] for p in PANELS.values() if p[0]} | {"passkey.png"})
-           if f not in writes and os.path.isfile(os.path.join(out, f))]   # of the eval.json just replaced
-    for f in old:
+    old = [os.path.join(out, f) for f in previous if f not in writes and os.path.isfile(os.path.join(out, f))]
+    for f in old:   # the replaced eval.json's figures that this one has not: they would describe other runs
         os.unlink(f)
     removed = f"; removed the previous evaluation's {', '.join(old)}" if old else ""
     print("\nwrote " + ", ".join(os.path.join(out, file) for file in writes) + removed)
+
+def _figures_of(path):
+    """The figures the evaluation at path (eval.json) wrote, as it recorded them; none if it recorded none.
+    Only PANELS' file names: no other file, whatever the JSON says."""
+    try:
+        recorded = json.loads(pathlib.Path(path).read_text()).get("figures", [])
+    except (OSError, ValueError, AttributeError):   # none, unreadable, not an object
+        return []
+    names = {p[0] for p in PANELS.values() if p[0]} | {"passkey.png"}
+    return [f for f in recorded if isinstance(f, str) and f in names] if isinstance(recorded, list) else []
 
 # ==== Over training seeds: each seed's evaluation of the same runs, the spread of their effects ====
 def _seed_row(m):  # a run's values in its last bucket; gap: to the Bayes floor (a process that has one)

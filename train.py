@@ -3,7 +3,7 @@ r"""The one training script: from scratch, or post-training a checkpoint, with a
     python train.py --init-state sp                      # the CPU default: tiny Mamba-2, stdlib bytes
     python train.py --init-from out/base --init-state sp --steps 300   # post-training (lr = peak/10)
     python train.py --init-from PATH/mamba2-370m --data corpus/ --tokenizer PATH/tokenizer.json \
-        --init-state sp --steps 100 --grad-accum 32      # the paper's Fig. 5 on an official checkpoint
+        --seq-len 2048 --init-state sp --steps 100 --grad-accum 32   # Fig. 5 on an official checkpoint
 
 The interventions differ only in each sequence's initial state (interventions.py); the rest is Appendix B's
 recipe. --out: ckpt.pt (all a resume needs; atomic; finite weights), metrics.jsonl, args.json, train.lock."""
@@ -160,8 +160,8 @@ def setup_model(args, device, vocab_size, n_vocab, sampler, path):
     if resume and args.steps < resume["step"]:
         raise ValueError(f"--steps {args.steps} is below the step of {path} ({resume['step']}): pass more")
     optimizer = make_optimizer(lm.to(device), args.lr, args.weight_decay, device)
-    strategy = interventions.make_strategy(args.init_state, lm, args.batch_size, sigma=args.sigma,
-                                           p_reset=args.p_reset, seed=args.seed)
+    options = {"random": dict(sigma=args.sigma), "sp": dict(p_reset=args.p_reset)}.get(args.init_state, {})
+    strategy = interventions.make_strategy(args.init_state, lm, args.batch_size, seed=args.seed, **options)
     if resume:
         lm.load_state_dict(resume["model"])
         optimizer.load_state_dict(resume["optimizer"])
@@ -289,6 +289,8 @@ def open_run(args, step):
         saved = model.read_checkpoint(ckpt, "cpu", mmap=True).get("step", "?") if os.path.isfile(ckpt) else 0
         if saved != step and not step:
             sys.exit(f"error: {args.out} holds a run: --resume it, or use another --out")
+        if not step and config.run_files(args.out) and not config.records_this_run(args):   # since looked
+            sys.exit(f"error: {args.out} holds another run's {config.run_files(args.out)}: use another --out")
         if saved != step:
             sys.exit(f"error: {ckpt} is at step {saved}, not {step} as read: another train.py wrote it "
                      "meanwhile; --resume again")

@@ -72,6 +72,8 @@ def user(tmp_path_factory, tok_json):
         (d / name).mkdir()
         (d / name / "config.json").write_text(text)
     (d / "a-file").write_text("not a directory")
+    (d / "no-train-config").mkdir()   # a torch file with weights but not train.py's configuration
+    torch.save({"model": {}, "step": 3}, d / "no-train-config" / "ckpt.pt")
     (d / "corrupt-run").mkdir()
     for path in (d / "pickle.pt", d / "corrupt-run" / "ckpt.pt"):  # not plain data: weights_only refuses it
         torch.save({"model_config": argparse.Namespace(), "train_config": argparse.Namespace()}, path)
@@ -188,14 +190,32 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--tokenizer gpt2", "unknown tokenizer"),
     ("--data {u}/short.txt --cache-dir {u}/a-file", "Not a directory): nothing was written: pass a writable"),
     ("--init-from org/x", "--init-from org/x does not exist"),
+    # issue 42: a flag that does not apply is refused; T_train never guessed; a resume's real problem
+    ("--init-state sp --sigma 0.5", "--sigma applies only to --init-state random: drop it"),
+    ("--init-state fitted --sigma 0.5", "--sigma applies only to --init-state random"),
+    ("--init-state zero --p-reset 0.5", "--p-reset applies only to --init-state sp: drop it"),
+    ("--init-state tbtt --p-reset 0.5", "--p-reset applies only to --init-state sp"),
+    ("--init-state random --sigma 0.5", ""), ("--init-state sp --p-reset 0.5", ""),
+    ("--task copy --data {u}/MISSING", "--data applies only to --task lm or babilong"),
+    ("--task passkey --data stdlib --seq-len 256", "--data applies only to --task lm or babilong"),
+    ("--copy-len 5,9", "--copy-len applies only to --task copy"),
+    ("--babi-tasks qa1", "--babi-tasks applies only to --task babilong"),
+    ("--data stdlib --split-seed 3", "--split-seed applies only to --data markov"),
+    ("--split-seed 3", ""),   # TRAIN's data: a Markov corpus
+    (lambda u: train.main(["--init-from", f"{u}/good", "--data", "stdlib", "--out", f"{u}/never"]),
+     "does not state the length it was trained at: pass --seq-len T_train (the official Mamba checkpoints: "
+     "2048)"),
+    ("--resume --out {u}/no-train-config", "holds no train_config: it is not a checkpoint of train.py"),
 ]
 
 @pytest.mark.parametrize("command,word", ROWS)
 def test_bad_input_is_one_line_and_changes_nothing(user, tmp_path, command, word, monkeypatch):
     monkeypatch.setattr(datafiles, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
     before = snapshot(user)
+    task_makes_its_data = "--task passkey" in str(command) or "--task copy" in str(command)
+    flags = TRAIN[2:] if task_makes_its_data else TRAIN   # (TRAIN[:2]: its --data)
     code, message = outcome(lambda: command(user)) if callable(command) else \
-        train_main(TRAIN + ["--steps=1", "--out", f"{tmp_path}/new", *command.format(u=user).split()])
+        train_main(flags + ["--steps=1", "--out", f"{tmp_path}/new", *command.format(u=user).split()])
     assert (code, word in message) == (1 if word else 0, True), message
     assert "\n" not in message and "weights_only=False" not in message
     assert snapshot(user) == before

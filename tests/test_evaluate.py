@@ -315,13 +315,34 @@ BAD_CALLS = [(lambda: ev.position_nll(ToyLM(), X[0]), "shape"),
              (lambda: ev.effective_remembrance(ToyLM(), X, 8, [0, 8]), "cuts"),
              (lambda: ev.effective_remembrance(ToyLM(), X, 8, [0], distance="kl"), "unknown distance"),
              (lambda: ev.effective_remembrance(ToyLM(), X, 11, [0]), "T = 11"),
-             (lambda: ev.bucketize(torch.zeros(2, 9), [0, 4, 8]), "edges")]
+             (lambda: ev.bucketize(torch.zeros(2, 9), [0, 4, 8]), "edges"),
+             # the API checks what the CLI checks: no uninitialised buffer returned as NLLs
+             (lambda: ev.position_nll(ToyLM(), X, chunk_len=-1), "chunk_len must be an integer >= 1"),
+             (lambda: ev.position_nll(ToyLM(), X, chunk_len=0), "chunk_len must be"),
+             (lambda: ev.sequence_nll(ToyLM(), X, chunk_len=2.5), "chunk_len must be"),
+             (lambda: ev.position_nll(ToyLM(), X, batch_size=-1), "batch_size must be an integer >= 1"),
+             (lambda: ev.position_nll(ToyLM(), X[:0]), "n >= 1"),
+             (lambda: ev.short_context_nll(ToyLM(), X, 4, batch_size=-1), "batch_size must be"),
+             (lambda: ev.short_context_nll(ToyLM(), X, 4, chunk_len=0), "chunk_len must be"),
+             (lambda: ev.short_context_nll(ToyLM(), X, 1), "t_train must be an integer >= 2"),
+             (lambda: ev.short_context_nll(ToyLM(), X.float(), 4), "integer ids"),
+             (lambda: ev.effective_remembrance(ToyLM(), X, 8, [0], batch_size=0), "batch_size must be"),
+             (lambda: ev.effective_remembrance(ToyLM(), X, 8, [0], chunk_len=-3), "chunk_len must be"),
+             (lambda: ev.state_statistics(ToyLM(), X, positions=[]), "one or more in \\[0, T - 1 = 9\\]"),
+             (lambda: ev.state_statistics(ToyLM(), X, positions=[10]), "one or more in \\[0, T - 1 = 9\\]"),
+             (lambda: ev.state_statistics(ToyLM(), X, batch_size=-2), "batch_size must be"),
+             (lambda: ev.default_cuts(0), "default_cuts: need T >= 1"),
+             (lambda: ev.default_cuts(8, 0), "n_cuts >= 1"),
+             (lambda: ev.log_edges(-5), "log_edges: need length >= 1"),
+             (lambda: ev.log_edges(0), "log_edges: need length >= 1"),
+             (lambda: ev.log_edges(8, per_octave=0), "per_octave >= 1")]
 BAD_ARGV = [("NOPE", "no checkpoint"), ("BAD", "corrupt"), ("CK CK --labels one", "--labels"),
             ("CK --metrics ppl,bogus", "unknown or repeated metric"), ("CK --n-seqs x", "positive"),
             ("CK --eval-len 23", "--eval-len 23 must be at least 24"), ("CK --effrem-cuts 0", "positive"),
             ("SYNTH --metrics babilong", "synthetic"), (f"OFFICIAL --data {MARKOV}", "2048"),
             ("CK --reference nope", "--reference"), ("CK --reference a=nope", "--reference"),
-            ("CK --reference a b", "--reference"), ("CK --babi-tasks qa99", "unknown or repeated"),
+            ("CK --reference a b", "--reference"),
+            ("CK --metrics babilong --babi-tasks qa99", "unknown or repeated"),
             ("CK --effrem-len 999", "--effrem-len 999 must lie"), ("CK --effrem-len 1", "must lie in [2, "),
             ("CK --seed -1", "--seed: must be in [0, 2**63), got '-1'"),  # -1: issue 19
             ("CK CK --labels a a", "own name"), ("CK --out CK/ckpt.pt", "--out"),
@@ -332,14 +353,27 @@ BAD_ARGV = [("NOPE", "no checkpoint"), ("BAD", "corrupt"), ("CK CK --labels one"
             ("CK --out DANGLING", "--out"), ("CK CK --over-seeds --out DANGLING", "--out"),
             # issue 34: each value once, no empty one, none that a later stage cannot use
             ("CK CK/ckpt.pt", "one checkpoint twice"), ("CK --metrics ppl,ppl", "repeated metric"),
-            ("CK --babi-tasks qa1,qa1", "repeated --babi-tasks"), ("CK --copy-lengths 3,3", "distinct"),
+            ("CK --metrics babilong --babi-tasks qa1,qa1", "repeated --babi-tasks"),
+            ("CK --copy-lengths 3,3", "distinct"),
             ("CK --eval-len ²", "positive integer"), ("CK --labels=", "--labels ''"),
             ("CK --tokenizer=", "--tokenizer ''"), ("CK --data=", "--data ''"),
             ("CK --cache-dir=", "--cache-dir ''"),
-            ("CK --babi-tasks=", "--babi-tasks ''"), ("CK CK --over-seeds --out=", "--out ''"),
+            ("CK --metrics babilong --babi-tasks=", "--babi-tasks ''"),
+            ("CK CK --over-seeds --out=", "--out ''"),
             ("CK --metrics passkey --passkey-lengths 128 --passkey-depths 129", "--passkey-depths 129 > 128"),
             ("CK --metrics passkey --passkey-lengths 128 --passkey-depths 128 --babi-tasks x",   # 128: passes
-             "--babi-tasks x"),
+             "--babi-tasks does not apply to --metrics passkey: add one of babilong to --metrics, or drop"),
+            # a flag that does not apply is refused, not ignored
+            ("CK CK --over-seeds --metrics effrem --eval-len 4096", "it measures nothing: drop --eval-len "
+             "--metrics"), ("CK CK --over-seeds --seed 2 --labels a b", "drop --seed"),
+            ("CK --metrics ppl --passkey-lengths 128", "--passkey-lengths does not apply to --metrics ppl"),
+            ("CK --metrics passkey --data stdlib", "--data does not apply"),
+            ("CK --metrics copy --n-seqs 4", "--n-seqs does not apply"),
+            ("CK --metrics ppl,state --distance js", "add one of effrem"),
+            ("CK --metrics effrem --reference x", "--reference does not apply"),
+            ("CK --metrics ppl --copy-lengths 5", "--copy-lengths does not apply"),
+            ("CK --metrics ppl --babi-lengths 512", "--babi-lengths does not apply"),
+            ("CK --metrics ppl --task-samples 3", "--task-samples does not apply"),
             ("CK --t-train 1 --eval-len 1", "--eval-len 1 must be at least 2"),   # 1.5 x 1, a piece of 2
             ("EMPTY", "CKPT ''"), ("CK --out BAD", "--out")]
 
@@ -662,16 +696,28 @@ def test_over_seeds_refuses_what_it_cannot_combine_in_one_line_naming_the_file_a
 def test_a_figure_the_new_evaluation_did_not_make_is_removed_and_named(tmp_path, capsys):
     ck = checkpoint(tmp_path / "run", seq_len=8, data=MARKOV, tokenizer="bytes", seed=3)[0]
     out = tmp_path / "ev"
+    out.mkdir()
+    (out / "copy.png").write_bytes(b"the user's")   # no evaluation here yet: the user's own files, kept
+    (out / "state.png").write_bytes(b"the user's")
     argv = [ck, "--n-seqs", "2", "--eval-len", "12", "--out", str(out), "--metrics"]   # 12: 1.5 x t_train
-    assert cli(capsys, *argv, "ppl,state")[0] == 0
+    assert cli(capsys, *argv, "ppl")[0] == 0
+    assert (out / "copy.png").read_bytes() == b"the user's" and json.load(open(out / "eval.json"))[
+        "figures"] == ["ppl.png"]
+    (out / "copy.png").unlink()
+    assert cli(capsys, *argv, "ppl,state")[0] == 0   # replaces state.png (it writes one)
     (out / "notes.txt").write_text("mine")
     (out / "copy.png").mkdir()   # a folder of the user's, not a figure
-    (out / "passkey.png").write_bytes(b"an earlier run's")
+    (out / "passkey.png").write_bytes(b"the user's, after the evaluation")   # not in its eval.json: kept
     rc, stdout, err = cli(capsys, *argv, "ppl")
-    assert rc == 0 and sorted(os.listdir(out)) == ["copy.png", "eval.json", "notes.txt", "ppl.png"], err
+    assert rc == 0 and sorted(os.listdir(out)) == ["copy.png", "eval.json", "notes.txt", "passkey.png",
+                                                   "ppl.png"], err
     assert stdout.strip().endswith(f"wrote {out}/eval.json, {out}/ppl.png; removed the previous evaluation's "
-                                   f"{out}/passkey.png, {out}/state.png")
+                                   f"{out}/state.png")
     assert json.load(open(out / "eval.json"))["models"][0]["train_seed"] == 3   # (--over-seeds)
+    (out / "eval.json").write_text(json.dumps({"figures": ["../run/ckpt.pt", "notes.txt", 3]}))
+    assert cli(capsys, *argv, "ppl")[0] == 0   # what an eval.json names but PANELS' figures: never removed
+    assert (tmp_path / "run" / "ckpt.pt").is_file() and (out / "notes.txt").exists()
+    assert (out / "passkey.png").exists()
 
 def test_over_seeds_summarises_every_run_past_the_colour_cycle(tmp_path, capsys):
     labels = [f"r{i}" for i in range(23)]   # more runs than colours (10) twice over
@@ -691,3 +737,31 @@ def test_show_prints_each_verdict_and_each_curve_under_its_own_x(tmp_path, capsy
     assert "[a] mamba2, 1,000 params, t_train 16\n  verdict: generalizes to T = 64+ (4.0x t_train)" in out
     assert "[b] mamba2, 1,000 params, t_train 16\n  verdict: generalizes to T = 64 (4.0x t_train)" in out
     assert out.count("\n  string length") == 2 and out.count("\n  context length") == 1   # b's x: its own
+
+def test_default_labels_are_unique_however_the_checkpoints_are_laid_out(tmp_path, capsys):
+    assert ev.default_labels(["runs/snap/step10.pt", "runs/snap/step8.pt"]) == ["snap/step10.pt",
+                                                                                 "snap/step8.pt"]
+    assert ev.default_labels(["runs/A/x", "runs/B/x/", "runs/c"]) == ["A/x", "B/x", "c"]
+    assert ev.default_labels(["runs/A/x/ckpt.pt", "runs/B/x"]) == ["A/x", "B/x"]
+    assert ev.default_labels(["a/q/x", "b/q/x", "a/x"]) == ["a/q/x", "b/q/x", "a/x"]
+    assert ev.default_labels(["demo/seed0/base", "demo/seed0/SP/ckpt.pt"]) == ["base", "SP"]
+    a = checkpoint(tmp_path / "A", 1, seq_len=8, data=MARKOV, tokenizer="bytes")[0]
+    (tmp_path / "B").mkdir()
+    b = checkpoint(tmp_path / "B" / "A", 2, seq_len=8, data=MARKOV, tokenizer="bytes")[0]
+    argv = [a, b, "--metrics", "ppl", "--n-seqs", "2", "--eval-len", "12", "--out", str(tmp_path / "ev")]
+    rc, _, err = cli(capsys, *argv, "--reference", "A")
+    assert rc == 2 and "--reference A must name labels of" in err, err   # two runs named A: neither is "A"
+    assert cli(capsys, *argv, "--reference", "B/A")[0] == 0
+    models = json.load(open(tmp_path / "ev" / "eval.json"))["models"]
+    assert [m["label"] for m in models] == [f"{tmp_path.name}/A", "B/A"]
+    assert "diff" in models[0] and "diff" not in models[1]
+
+def test_a_text_lm_is_not_evaluated_on_markov_states_nor_the_reverse(tmp_path, capsys):
+    text = checkpoint(tmp_path / "text", seq_len=8, data="stdlib", tokenizer="bytes")[0]
+    states = checkpoint(tmp_path / "states", seq_len=8, data=MARKOV, tokenizer="bytes")[0]
+    argv = ["--metrics", "ppl", "--n-seqs", "2", "--eval-len", "12", "--out", str(tmp_path / "ev")]
+    rc, _, err = cli(capsys, text, "--data", MARKOV, *argv)
+    assert rc == 2 and f"trained on stdlib, {MARKOV} is a Markov process" in err, err
+    rc, _, err = cli(capsys, states, "--data", "stdlib", *argv)
+    assert rc == 2 and f"trained on {MARKOV}, stdlib is not a Markov process" in err, err
+    assert cli(capsys, states, *argv)[0] == 0

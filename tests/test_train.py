@@ -25,7 +25,7 @@ from conftest import CORPUS_TEXT, ROOT, TRAIN, logged, official_dir, tiny_lm
                                    ["--init-state", "tbtt"], ["--init-state", "zero", "--streams"],
                                    ["--task", "passkey", "--seq-len", "130", "--init-state", "fitted"]])
 def test_resume_after_interrupt_reproduces_the_loss_trajectory(tmp_path, flags):
-    common = TRAIN + flags + ["--steps", "8", "--ckpt-interval", "3"]
+    common = (TRAIN[2:] if "--task" in flags else TRAIN) + flags + ["--steps", "8", "--ckpt-interval", "3"]
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     train.main(common + ["--out", a])
     train.main(common + ["--out", b, "--stop-at", "4"])  # "killed" after step 4; last checkpoint at step 3
@@ -144,7 +144,7 @@ def test_post_training_an_official_checkpoint_on_a_tokenizer_json_corpus(tok_jso
     train.main(TRAIN + text + ["--init-from", official, "--init-state", "sp", "--steps", "2", "--out", post])
     lr = json.load(open(os.path.join(post, "args.json")))["lr"]
     assert lr == pytest.approx(config.PEAK_LR["tiny"] / 10)
-    given = config.get_args(["--init-from", official, "--lr", "1e-4"])   # its own lr; the peak: the parent's
+    given = config.get_args(["--init-from", official, "--lr", "1e-4", "--seq-len", "16"])   # the peak: parent's
     assert (given.lr, given.peak_lr) == (1e-4, config.PEAK_LR["tiny"])
     assert model.from_pretrained(post).cfg == model.from_pretrained(official).cfg
     for path in (official, post):
@@ -249,3 +249,47 @@ def test_a_second_ctrl_c_during_the_clean_up_is_ignored_and_one_during_import_to
     r = subprocess.run([sys.executable, os.path.join(ROOT, "train.py")], capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=str(tmp_path)), timeout=60)
     assert (r.returncode, r.stderr) == (1, "interrupted\n")
+
+def test_a_new_run_never_cuts_or_replaces_another_runs_files(tmp_path, capsys):
+    # a run of 8 logged steps whose ckpt.pt went: a new run there would cut metrics.jsonl to its own rows
+    run = str(tmp_path / "run")
+    train.main(TRAIN + ["--init-state", "zero", "--steps", "8", "--ckpt-interval", "4", "--out", run])
+    os.remove(os.path.join(run, "ckpt.pt"))
+    before = {f: open(os.path.join(run, f), "rb").read() for f in ("metrics.jsonl", "args.json")}
+    for flags in (["--init-state", "sp", "--steps", "2"], ["--init-state", "zero", "--steps", "2"]):
+        with pytest.raises(SystemExit, match=f"{run} holds another run's metrics.jsonl and args.json but no "
+                                             "ckpt.pt: move them away, or use another --out"):
+            train.main(TRAIN + flags + ["--ckpt-interval", "4", "--out", run])
+    assert {f: open(os.path.join(run, f), "rb").read() for f in before} == before
+    assert len(logged(run)) == 8
+    os.remove(os.path.join(run, "args.json"))   # metrics.jsonl alone is still another run's
+    with pytest.raises(SystemExit, match="holds another run's metrics.jsonl but no ckpt.pt"):
+        train.main(TRAIN + ["--init-state", "zero", "--steps", "8", "--ckpt-interval", "4", "--out", run])
+    assert open(os.path.join(run, "metrics.jsonl"), "rb").read() == before["metrics.jsonl"]
+
+def test_the_same_run_stopped_before_its_first_checkpoint_starts_again(tmp_path, monkeypatch):
+    run = str(tmp_path / "run")
+    argv = TRAIN + ["--init-state", "zero", "--steps", "6", "--ckpt-interval", "4", "--out", run]
+    train.main(argv + ["--stop-at", "2"])
+    assert not os.path.exists(os.path.join(run, "ckpt.pt")) and len(logged(run)) == 2
+    checked = []
+    same = config.records_this_run
+    monkeypatch.setattr(config, "records_this_run", lambda args: checked.append(same(args)) or checked[-1])
+    train.main(argv + ["--device", "cpu"])   # --device, --stop-at: of one invocation, not of the run
+    assert checked == [True, True] and len(logged(run)) == 6   # by exit_on_bad_flags and under the lock
+    other = str(tmp_path / "other")
+    train.main(argv[:-1] + [other, "--stop-at", "2"])
+    # another run's args.json written after exit_on_bad_flags looked: refused under the lock
+    monkeypatch.setattr(config, "records_this_run", lambda args: checked.append(0) or len(checked) == 3)
+    with pytest.raises(SystemExit, match=f"{other} holds another run's metrics.jsonl and args.json: use "):
+        train.main(argv[:-1] + [other])
+    assert len(logged(other)) == 2
+
+def test_a_post_trained_run_resumes_after_its_parent_folder_moved(tmp_path, capsys):
+    parent, child = str(tmp_path / "P"), str(tmp_path / "C")
+    train.main(TRAIN + ["--init-state", "zero", "--steps", "2", "--out", parent])
+    train.main(TRAIN[2:] + ["--init-from", parent, "--init-state", "sp", "--steps", "4", "--ckpt-interval",
+                            "2", "--stop-at", "2", "--out", child])
+    os.rename(parent, str(tmp_path / "moved"))
+    train.main(["--resume", "--out", child, "--quiet", "--device", "cpu"])   # reads C/ckpt.pt alone
+    assert len(logged(child)) == 4
