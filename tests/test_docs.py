@@ -85,8 +85,7 @@ def test_ci_runs_the_readmes_install_line_and_test_command_in_a_new_venv():
     readme = re.search(r"## Two commands\n\n```bash\n(.*?)```", open(f"{ROOT}/README.md").read(), re.S)
     venv, install, test = [line.split("  #")[0].strip() for line in readme[1].splitlines()]
     ci = open(f"{ROOT}/.ci/run").read().splitlines()
-    assert venv.startswith("python3.11 -m venv ") and 'python3.11 -m venv "$venv" && . "$venv/bin/activate"' \
-        in ci
+    assert venv == "python3.11 -m venv .venv && . .venv/bin/activate" and venv in ci   # inside the clone
     demo = " && python train.py --demo"
     assert install.endswith(demo) and install.removesuffix(demo) in ci
     assert test in ci and ci[-1] == test   # the suite's exit status is CI's
