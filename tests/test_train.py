@@ -293,3 +293,18 @@ def test_a_post_trained_run_resumes_after_its_parent_folder_moved(tmp_path, caps
     os.rename(parent, str(tmp_path / "moved"))
     train.main(["--resume", "--out", child, "--quiet", "--device", "cpu"])   # reads C/ckpt.pt alone
     assert len(logged(child)) == 4
+
+@pytest.mark.parametrize("flags", [[], ["--task", "passkey", "--seq-len", "130"],
+                                   ["--task", "copy", "--copy-len", "3,9"]])
+def test_validation_batches_are_their_own_draw_whatever_the_training_seed(tmp_path, flags):
+    # the validation sampler's seed is fixed (10_000): not the training stream's, or the first validation
+    # batch would be the first training batch; and the same for every --seed / --data-seed
+    base = TRAIN[2:] if flags else TRAIN
+    firsts = []
+    for seed in (0, 10_000):
+        args = config.get_args(base + flags + ["--data-seed", str(seed), "--out", str(tmp_path / "r")])
+        sampler, val_sampler, *_ = train.setup_data(args)
+        firsts.append(val_sampler.next_batch().x)
+        if seed == 0:
+            assert not torch.equal(sampler.next_batch().x, firsts[0])
+    assert torch.equal(*firsts)
