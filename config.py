@@ -119,10 +119,11 @@ def exit_on_bad_command_line(args, given):
 
 def exit_on_flags_that_do_not_apply(args, given):
     """A flag given where it changes nothing is refused: ignoring it would run something else than asked."""
+    strategy = interventions.OPTIONS[args.init_state]   # its options: checked as make_strategy checks them
+    interventions.check_options(args.init_state, **{k: vars(args)[k] for k in ("sigma", "p_reset")
+                                                     if k in given or k in strategy})
     markov = args.data.startswith("markov:")
     for flag, applies, where in [
-            ("sigma", args.init_state == "random", "--init-state random"),
-            ("p_reset", args.init_state == "sp", "--init-state sp"),
             ("data", args.task in ("lm", "babilong"), "--task lm or babilong (passkey and copy make theirs)"),
             ("copy_len", args.task == "copy", "--task copy"),
             ("babi_tasks", args.task == "babilong", "--task babilong"),
@@ -187,8 +188,6 @@ def exit_on_bad_flags(args):
         must("warmup", 0 <= args.warmup < 1, "a fraction of the steps in [0, 1)"),
         must("weight_decay", 0 <= args.weight_decay < math.inf, "finite and >= 0"),
         must("grad_clip", args.grad_clip > 0, "> 0 (inf: no clipping)"),
-        must("sigma", 0 < args.sigma <= 1e3, "in (0, 1e3] (its variance in float32)"),
-        must("p_reset", 0 <= args.p_reset <= 1, "a probability in [0, 1]"),
         (not args.init_from and args.size not in model.PRESETS[args.arch], f"unknown --size {args.size!r} "
          f"for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}"),
         (args.init_from and not args.resume and not exists(args.init_from),   # a resume: its ckpt.pt alone

@@ -4,6 +4,7 @@ one-line bad input."""
 import codecs
 import errno
 import functools
+import glob
 import hashlib
 import itertools
 import json
@@ -12,6 +13,7 @@ import pathlib
 import re
 import shutil
 import signal
+import stat
 import sys
 import sysconfig
 
@@ -36,16 +38,30 @@ def require(ok, message):   # bad input: a one-line DataError naming the problem
 def is_int(x, minimum=1):
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= minimum
 
+KINDS = {stat.S_IFREG: "a regular file", stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO",
+         stat.S_IFCHR: "a device", stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}   # by os.stat's mode
+
+def _kind(mode):   # -> what a file of this st_mode is, to name it in a message
+    return KINDS.get(stat.S_IFMT(mode), "not a file")
+
 def require_file(path, fix):   # -> os.stat of a regular file we may read, else DataError (a FIFO would hang)
     try:
         st = os.stat(path)
     except OSError as e:
         raise DataError(f"{path}: {e.strerror}: {fix}") from None
-    require(os.path.isfile(path), f"{path} is not a regular file (a FIFO, device or folder?): {fix}")
+    require(stat.S_ISREG(st.st_mode), f"{path} is {_kind(st.st_mode)}, not a regular file: {fix}")
     require(os.access(path, os.R_OK), f"{path}: permission denied: {fix}")
     return st
 
+def require_not_special(path, fix):   # a path that exists is a regular file or a folder: opened, a FIFO hangs
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:   # missing: its reader says so
+        return
+    require(stat.S_ISREG(mode) or stat.S_ISDIR(mode), f"{path} is {_kind(mode)}, not a regular file: {fix}")
+
 def read_json(file, fix):   # -> the JSON object file holds, else a one-line DataError ending in fix
+    require_not_special(file, fix)
     try:
         obj = json.loads(pathlib.Path(file).read_text())
     except (OSError, ValueError) as e:
@@ -60,6 +76,8 @@ def write_atomically(path, write):
     several = isinstance(write, dict)
     paths = {os.path.join(path, name): w for name, w in write.items()} if several else {path: write}
     tmps = {p: f"{p}.{os.getpid()}.tmp" for p in paths}
+    for p in paths:
+        _remove_stale_tmps(p)
     try:
         for p, w in paths.items():
             w(tmps[p])
@@ -77,9 +95,29 @@ def write_atomically(path, write):
                 os.unlink(tmp)
         if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a full disk as a RuntimeError
             raise
+        folder = os.path.dirname(next(iter(paths))) or "."
         why = f"{str(e).splitlines()[0]}; disk full?" if isinstance(e, RuntimeError) else e.strerror or e
+        if isinstance(e, RuntimeError) and not os.path.isdir(folder):   # removed meanwhile: not a full disk
+            why = f"the folder {folder} no longer exists"
         kept = "the previous one is intact" if os.path.exists(next(iter(paths))) else "nothing was written"
         raise OSError(f"cannot write {', '.join(paths)} ({why}): {kept}") from None
+
+def _remove_stale_tmps(path):
+    """The temporary files of path that a killed process (kill -9: no clean-up) left, PATH.<pid>.tmp whose
+    process is gone; a live writer's are its own."""
+    for tmp in glob.glob(f"{glob.escape(path)}.*.tmp"):
+        pid = tmp[len(path) + 1:-4]
+        if not pid.isdecimal() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            if os.path.isdir(tmp):   # a corpus cache's
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                os.unlink(tmp)
+        except OSError:   # alive, another user's
+            pass
 
 # --- Tokenizers: name, n_vocab, eot_token, encode_ordinary(text) -> ids (a special token's text inside a
 # document stays plain text), decode(ids) and encode_single_token(bytes) ------------------------------------
@@ -139,8 +177,9 @@ def get_tokenizer(name="bytes"):
     require(isinstance(name, str) and name, f"unknown tokenizer {name!r}: use bytes or a tokenizer.json")
     if name != "bytes":
         name = os.path.join(name, "tokenizer.json") if os.path.isdir(name) else name
-        require(os.path.isfile(name), f"unknown tokenizer {name!r}: pass bytes or a Hugging Face "
+        require(os.path.exists(name), f"unknown tokenizer {name!r}: pass bytes or a Hugging Face "
                 "tokenizer.json (`hf download ORG/NAME tokenizer.json --local-dir DIR`: DIR/tokenizer.json)")
+        require_file(name, "pass a Hugging Face tokenizer.json")   # not a FIFO, which would hang
         name = os.path.abspath(name)
     return _load_tokenizer(name)
 
@@ -157,8 +196,10 @@ def token_ids(data, tokenizer="bytes", val_fraction=0.05, cache_dir=None):
     folder (its meta.json), or text: "stdlib" (the standard library's .py files), a text file or a folder of
     them, tokenized once into a cache keyed by the files and the tokenizer, split by document."""
     enc = get_tokenizer(tokenizer)
-    if os.path.isfile(os.path.join(data, "meta.json")):
-        train, val, info = _prepared(data, _whole(data), enc)
+    meta = os.path.join(data, "meta.json")
+    if os.path.exists(meta) and not os.path.isdir(meta):   # (a FIFO there: refused by _whole, not read)
+        fix = "pass --data a cache folder of regular files, or the text it was built from"
+        train, val, info = _prepared(data, _whole(data, fix), enc)
     else:
         train, val, info = _prepared(*_cache(data, enc, val_fraction, cache_dir), enc)
     top = max([int(a.max()) for a in (train, val) if len(a)], default=-1)   # every id, now: not mid-training
@@ -169,38 +210,70 @@ def token_ids(data, tokenizer="bytes", val_fraction=0.05, cache_dir=None):
 def _cache(data, enc, val_fraction, cache_dir):   # -> (the cache folder of data's text, its meta.json)
     stdlib = data == "stdlib"
     root = sysconfig.get_paths()["stdlib"] if stdlib else data
-    require(os.path.isdir(root) or os.path.isfile(root), f"no such file or directory {data!r}: pass a "
-            f"directory or a text file (patterns are not expanded), stdlib or markov:k=8,...")
+    try:
+        mode = os.stat(root).st_mode
+    except OSError as e:
+        raise DataError(f"{e.strerror.lower()} {data!r}: pass a directory or a text file (patterns are not "
+                        "expanded), stdlib or markov:k=8,...") from None
+    require(stat.S_ISDIR(mode) or stat.S_ISREG(mode), f"--data {data} is {_kind(mode)}, not a text file or "
+            "folder: pass a text file or a folder of them")
+    cache_dir = cache_dir or DEFAULT_CACHE_DIR
+    files, skipped = _text_files(root, stdlib, cache_dir)
     stats = []   # the cache's key: each file's size and mtime
-    for f in sorted(_text_files(root, stdlib)):
-        st = require_file(f, "make it readable, or leave it out of --data")   # no FIFO, nothing unreadable
+    for f in sorted(files):
+        st = require_file(f, "make it a readable file, or leave it out of --data")   # no FIFO, all readable
         stats.append((os.path.abspath(f), st.st_size, st.st_mtime_ns))
-    require(stats, f"{root!r} holds no files: point --data at a folder of text files")
+    require(stats, f"{root!r} holds no files{_skipped(skipped, ' ({})')}: point --data at a folder of text "
+            "files")
     key = hashlib.sha1(json.dumps([CACHE_VERSION, enc.name, val_fraction, stats]).encode()).hexdigest()
     stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in os.path.basename(data.rstrip("/")))[:100]
-    folder = os.path.join(cache_dir or DEFAULT_CACHE_DIR, f"{stem or 'data'}-{enc.name}-{key[:16]}")
+    folder = os.path.join(cache_dir, f"{stem or 'data'}-{enc.name}-{key[:16]}")
     require(not os.path.exists(folder) or os.path.isdir(folder), f"{folder} is a file where the cache "
             "folder goes: remove it or pass another --cache-dir")
-    meta = _whole(folder)
+    rebuilt = f"remove the cache {folder} (it is rebuilt from --data)"
+    meta = _whole(folder, rebuilt)
     if not meta and os.path.exists(folder):
         print(f"data: the cache {folder} is truncated or corrupt: rebuilding it", file=sys.stderr)
         shutil.rmtree(folder)
     try:
-        return folder, meta or _build(folder, data, [f for f, *_ in stats], enc, val_fraction)
+        return folder, meta or _build(folder, data, [f for f, *_ in stats], enc, val_fraction, skipped)
     except OSError as e:   # another process may have written the same cache meanwhile
-        meta = _whole(folder)
+        meta = _whole(folder, rebuilt)
         fix = "shorter" if os.strerror(errno.ENAMETOOLONG) in str(e) else "writable"
         if not meta:
             raise OSError(f"{e}: pass a {fix} --cache-dir") from None
         return folder, meta
 
-def _text_files(root, stdlib):
-    """root itself, or the files under it: hidden ones skipped, symlinked folders followed, each folder once
-    (a link cycle ends); stdlib: its .py files, not site-packages (per machine) nor tests (often stripped)."""
+RUN_FILES = {"ckpt.pt", "train.lock"}   # train.py's --out holds one (an old one args.json + metrics.jsonl)
+CACHE_FILES = ("meta.json", "train.bin", "val.bin")   # a cache folder (_build's, one given as --data)
+
+def _not_data(path, names, cache):   # a cache or a train.py run: its files change from run to run
+    names = set(names)
+    return (os.path.realpath(path) == cache or names.issuperset(CACHE_FILES) or bool(RUN_FILES & names)
+            or {"args.json", "metrics.jsonl"} <= names)
+
+def _skipped(folders, form):   # -> form holding the note on the folders _text_files skipped; none: ""
+    shown = ", ".join(folders[:3]) + ", ..." * (len(folders) > 3)
+    return form.format(f"{len(folders)} folders skipped, caches or train.py runs: {shown}") if folders else ""
+
+def _unreadable(e):   # os.walk's onerror: a folder it cannot list is named, not left out in silence
+    raise DataError(f"{e.filename}: {e.strerror}: make it readable, or leave it out of --data")
+
+def _text_files(root, stdlib, cache_dir):
+    """-> (files, skipped folders): root itself, or the files under it: hidden ones skipped, symlinked
+    folders followed, each folder once (a link cycle ends); cache_dir, a cache folder and a train.py run's
+    skipped: their files change from run to run, what is read must not (the cache key, a run's data_id);
+    stdlib: its .py files, not site-packages (per machine) nor tests (often stripped)."""
     skip = {"site-packages", "dist-packages", "test", "tests", "idle_test"} if stdlib else set()
-    files = [] if os.path.isdir(root) else [root]
-    seen = {os.path.realpath(root)}
-    for path, dirs, names in os.walk(root, followlinks=True):
+    if not os.path.isdir(root):
+        return [root], []
+    files, skipped = [], []
+    seen, cache = {os.path.realpath(root)}, os.path.realpath(cache_dir)
+    for path, dirs, names in os.walk(root, followlinks=True, onerror=None if stdlib else _unreadable):
+        if _not_data(path, names, cache):
+            skipped.append(path)
+            dirs[:] = []
+            continue
         kept = []
         for d in sorted(dirs):
             real = os.path.realpath(os.path.join(path, d))
@@ -209,9 +282,9 @@ def _text_files(root, stdlib):
                 kept.append(d)
         dirs[:] = kept   # os.walk descends into these only
         files += [os.path.join(path, f) for f in names if f.endswith(".py" if stdlib else "") and f[0] != "."]
-    return files
+    return files, skipped
 
-def _build(folder, label, files, enc, val_fraction):
+def _build(folder, label, files, enc, val_fraction, skipped=()):
     """Text files (sorted) -> folder/train.bin and val.bin, eot + the ids of each (val: a val_fraction of the
     files drawn with the fixed seed 0, the same split for every run; one file: its last tokens), meta.json."""
     texts = [f for f in files if os.path.getsize(f) and all("\0" not in p for p in _pieces(f))]   # UTF-8 text
@@ -249,7 +322,8 @@ def _build(folder, label, files, enc, val_fraction):
         pathlib.Path(tmp, "meta.json").write_text(json.dumps(meta, indent=1))
     write_atomically(folder, write)
     print("data: tokenized {source}: {docs_train}+{docs_val} docs, {n_train}+{n_val} tokens ({skipped_files} "
-          "files skipped: binary, not UTF-8 or empty) -> {}".format(folder, **meta))
+          "files skipped: binary, not UTF-8 or empty{}) -> {}".format(_skipped(skipped, "; {}"), folder,
+                                                                     **meta))
     return meta
 
 def _pieces(path, cut=True):
@@ -264,7 +338,9 @@ def _pieces(path, cut=True):
     if rest:
         yield rest
 
-def _whole(folder):   # -> its meta.json if train.bin + val.bin have the sha1 it records (it is written last)
+def _whole(folder, fix):   # -> its meta.json if train.bin + val.bin have the sha1 it records (written last)
+    for name in CACHE_FILES:   # a FIFO would hang the read: refused, fix naming what to do
+        require_not_special(os.path.join(folder, name), fix)
     sha1 = hashlib.sha1()   # one sha1 over both files
     try:
         meta = json.loads(pathlib.Path(folder, "meta.json").read_text())

@@ -160,8 +160,8 @@ def setup_model(args, device, vocab_size, n_vocab, sampler, path):
     if resume and args.steps < resume["step"]:
         raise ValueError(f"--steps {args.steps} is below the step of {path} ({resume['step']}): pass more")
     optimizer = make_optimizer(lm.to(device), args.lr, args.weight_decay, device)
-    options = {"random": dict(sigma=args.sigma), "sp": dict(p_reset=args.p_reset)}.get(args.init_state, {})
-    strategy = interventions.make_strategy(args.init_state, lm, args.batch_size, seed=args.seed, **options)
+    options = {k: vars(args)[k] for k in interventions.OPTIONS[args.init_state]}   # sigma, p_reset: theirs
+    strategy = interventions.make_strategy(args.init_state, lm, args.batch_size, **options)
     if resume:
         lm.load_state_dict(resume["model"])
         optimizer.load_state_dict(resume["optimizer"])

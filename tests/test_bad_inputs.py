@@ -191,10 +191,12 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--data {u}/short.txt --cache-dir {u}/a-file", "Not a directory): nothing was written: pass a writable"),
     ("--init-from org/x", "--init-from org/x does not exist"),
     # issue 42: a flag that does not apply is refused; T_train never guessed; a resume's real problem
-    ("--init-state sp --sigma 0.5", "--sigma applies only to --init-state random: drop it"),
-    ("--init-state fitted --sigma 0.5", "--sigma applies only to --init-state random"),
-    ("--init-state zero --p-reset 0.5", "--p-reset applies only to --init-state sp: drop it"),
-    ("--init-state tbtt --p-reset 0.5", "--p-reset applies only to --init-state sp"),
+    ("--init-state sp --sigma 0.5", "--init-state sp takes no --sigma (its options: --p-reset, --seed): "
+     "leave --sigma out"), ("--init-state fitted --sigma 0.5", "--init-state fitted takes no --sigma"),
+    ("--init-state zero --p-reset 0.5", "--init-state zero takes no --p-reset (its options: --seed)"),
+    ("--init-state tbtt --p-reset 0.5", "--init-state tbtt takes no --p-reset"),
+    ("--init-state random --sigma 1e-23", "it is the zero state: use --init-state zero or a larger --sigma"),
+    ("--init-state random --sigma 1.1e-19", ""),
     ("--init-state random --sigma 0.5", ""), ("--init-state sp --p-reset 0.5", ""),
     ("--task copy --data {u}/MISSING", "--data applies only to --task lm or babilong"),
     ("--task passkey --data stdlib --seq-len 256", "--data applies only to --task lm or babilong"),

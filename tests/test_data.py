@@ -2,13 +2,16 @@
 the whole file), split by a fixed seeded draw of the files, cached by files and tokenizer (one cache for
 every seed, verified, rebuilt when damaged), a cache folder as --data (nanoGPT's train.bin,
 val.bin plus meta.json)."""
+import contextlib
 import errno
 import io
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -254,3 +257,156 @@ def test_a_tokenizer_is_a_file_or_a_folder_holding_one_and_a_relative_path_is_th
     (tmp_path / "b" / "empty").mkdir()
     with pytest.raises(DataError, match=r"unknown tokenizer 'empty/tokenizer.json'"):
         datafiles.get_tokenizer("empty")   # a folder without one
+
+def test_cache_and_run_folders_under_data_are_not_read_and_what_is_read_stays_the_same(
+        tmp_path, monkeypatch, capsys):
+    corpus = tmp_path / "corpus"
+    texts = write_docs(corpus)
+    texts.update(write_docs(corpus / "nested", n=2))
+    for folder, name in (("json", "args.json"), ("notes", "meta.json")):   # one such name alone: a document
+        (corpus / folder).mkdir()
+        texts[corpus / folder / name] = f'{{"a document": "{folder}"}}\n'
+        (corpus / folder / name).write_text(texts[corpus / folder / name])
+    load = lambda cache_dir, root=corpus: data.load_data(str(root), cache_dir=str(cache_dir))
+    first = load(corpus / "cache")   # the cache inside --data, as data_cache/ in `--data .`
+    assert "folders skipped" not in capsys.readouterr().out
+    runs = {"R1": ["ckpt.pt", "args.json", "metrics.jsonl", "train.lock"], "R2": ["train.lock"],
+            "R3": ["ckpt.pt"], "old": ["args.json", "metrics.jsonl"]}   # train.py's --out at each stage
+    for run, names in runs.items():
+        (corpus / run).mkdir()
+        for name in names:
+            (corpus / run / name).write_text(f"{run}'s {name}\n")
+    (corpus / "R1" / "eval").mkdir()   # evaluate.py's --out in a run's folder: skipped with it
+    (corpus / "R1" / "eval" / "eval.json").write_text("{}\n")
+    shutil.copytree(next((corpus / "cache").iterdir()), corpus / "sub" / "prep")   # a cache folder copied in
+    monkeypatch.setattr(datafiles, "_build", None)   # the same files: the same cache, nothing built
+    assert load(corpus / "cache").info["key"] == first.info["key"]
+    monkeypatch.undo()
+    again = load(tmp_path / "elsewhere")   # built anew: its line names the folders skipped
+    out = capsys.readouterr().out
+    assert (f"(0 files skipped: binary, not UTF-8 or empty; 6 folders skipped, caches or train.py runs: "
+            f"{corpus}/R1, {corpus}/R2, {corpus}/R3, ...) -> {tmp_path}/elsewhere/") in out, out
+    assert again.info["key"] == first.info["key"] and again.info["docs_train"] + again.info["docs_val"] == 24
+    assert split_docs(np.r_[again.train, again.val]) == {t.encode() for t in texts.values()}
+    (tmp_path / "alias").symlink_to(corpus / "cache")   # the cache folder under another name
+    alias, sub = tmp_path / "alias", corpus / "sub"   # nothing left to read: the error says why
+    for root, skipped in ((corpus / "R2", corpus / "R2"), (corpus / "cache", corpus / "cache"),
+                          (alias, alias), (sub, sub / "prep")):
+        said = f"{root}' holds no files (1 folders skipped, caches or train.py runs: {skipped}): point --data"
+        with pytest.raises(DataError, match=re.escape(said)):
+            load(corpus / "cache", root)
+    assert datafiles._skipped([f"d{i}" for i in range(3)], "<{}>") == \
+        "<3 folders skipped, caches or train.py runs: d0, d1, d2>"
+
+class Blocked(Exception):
+    pass
+
+@contextlib.contextmanager
+def unblocked(seconds=20):   # a FIFO opened blocks: the test fails, it does not hang
+    def blocked(*_):
+        raise Blocked(f"blocked for {seconds} s: a FIFO opened?")
+    handler = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, handler)
+
+def test_a_fifo_or_a_device_is_named_not_opened_nor_said_missing(tmp_path, tok_json):
+    load = lambda path: data.load_data(str(path), cache_dir=str(tmp_path / "c"))
+    os.mkfifo(tmp_path / "fifo")
+    with unblocked():
+        for path, what in ((tmp_path / "fifo", "a FIFO"), ("/dev/null", "a device")):
+            said = f"--data {path} is {what}, not a text file or folder: pass a text file or a folder of them"
+            with pytest.raises(DataError, match=f"^{re.escape(said)}$"):
+                load(path)
+        write_docs(tmp_path / "corpus", n=3)
+        os.mkfifo(tmp_path / "corpus" / "pipe")
+        with pytest.raises(DataError, match="corpus/pipe is a FIFO, not a regular file: make it a readable "
+                                            "file, or leave it out of --data$"):
+            load(tmp_path / "corpus")
+        os.unlink(tmp_path / "corpus" / "pipe")
+        with pytest.raises(DataError, match=f"^no such file or directory '{re.escape(str(tmp_path))}/none'"):
+            load(tmp_path / "none")   # missing: said so
+        built = load(tmp_path / "corpus")
+        (cache,) = (tmp_path / "c").iterdir()
+        for name in ("train.bin", "val.bin", "meta.json"):   # a FIFO in place of a file of the cache
+            kept = (cache / name).read_bytes()
+            (cache / name).unlink()
+            os.mkfifo(cache / name)
+            fifo = f"^{re.escape(str(cache / name))} is a FIFO, not a regular file: "
+            with pytest.raises(DataError, match=fifo + re.escape(f"remove the cache {cache} (it is rebuilt "
+                                                                 "from --data)") + "$"):
+                load(tmp_path / "corpus")
+            with pytest.raises(DataError, match=fifo + "pass --data a cache folder of regular files, or the "
+                                                       "text it was built from$"):
+                load(cache)   # the cache folder as --data
+            assert stat.S_ISFIFO(os.stat(cache / name).st_mode)   # left as it was: nothing removed
+            (cache / name).unlink()
+            (cache / name).write_bytes(kept)
+        assert np.array_equal(load(tmp_path / "corpus").val, built.val)   # the cache, read: nothing rebuilt
+        with pytest.raises(DataError, match="fifo is a FIFO, not a regular file: pass a Hugging Face "
+                                            "tokenizer.json$"):
+            datafiles.get_tokenizer(str(tmp_path / "fifo"))
+        with pytest.raises(DataError, match="fifo is a FIFO, not a regular file: move it away$"):
+            datafiles.read_json(tmp_path / "fifo", "move it away")
+    assert datafiles.read_json(tmp_path / "c" / cache.name / "meta.json", "-")["docs_val"] == 1
+    with pytest.raises(DataError, match=r"is not readable JSON \(FileNotFoundError\): move it away$"):
+        datafiles.read_json(tmp_path / "none.json", "move it away")   # a missing file: as before
+    with pytest.raises(DataError, match=r"/dev/null is a device, not a regular file: fix$"):
+        datafiles.require_file("/dev/null", "fix")
+    with pytest.raises(DataError, match=r"corpus is a folder, not a regular file: fix$"):
+        datafiles.require_file(tmp_path / "corpus", "fix")
+
+def test_a_folder_of_data_that_cannot_be_listed_is_named_not_left_out(tmp_path, monkeypatch):
+    write_docs(tmp_path / "corpus", n=3)
+    write_docs(tmp_path / "corpus" / "locked", n=2)
+    scandir = os.scandir
+    def denied(path="."):   # as a folder without read permission (root reads them all)
+        if os.fspath(path).endswith("locked"):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+        return scandir(path)
+    monkeypatch.setattr(os, "scandir", denied)
+    with pytest.raises(DataError, match=f"^{re.escape(str(tmp_path))}/corpus/locked: Permission denied: make "
+                                        "it readable, or leave it out of --data$"):
+        data.load_data(str(tmp_path / "corpus"), cache_dir=str(tmp_path / "c"))
+    assert not (tmp_path / "c").exists()
+
+def test_a_killed_writers_temporary_files_are_removed_by_the_next_write(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()   # its pid names no process now
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        target = tmp_path / "eval.json"
+        for pid in (dead.pid, alive.pid):
+            (tmp_path / f"eval.json.{pid}.tmp").write_text("half")
+        (tmp_path / f"ppl.png.{dead.pid}.tmp").write_text("half")   # another file's: not this write's
+        (tmp_path / f"eval.json.{dead.pid}.tmp.keep").write_text("the user's")
+        (tmp_path / "eval.json.x.tmp").write_text("the user's")
+        (tmp_path / f"cache.{dead.pid}.tmp").mkdir()   # a corpus cache's, a folder
+        datafiles.write_atomically(str(target), lambda tmp: pathlib.Path(tmp).write_text("{}"))
+        datafiles.write_atomically(str(tmp_path / "cache"), lambda tmp: os.mkdir(tmp))
+        assert sorted(os.listdir(tmp_path)) == sorted(["cache", "eval.json", f"eval.json.{alive.pid}.tmp",
+                                                       f"ppl.png.{dead.pid}.tmp", "eval.json.x.tmp",
+                                                       f"eval.json.{dead.pid}.tmp.keep"])
+    finally:
+        alive.kill()
+        alive.wait()
+
+def test_a_folder_removed_while_writing_is_named_not_a_full_disk(tmp_path):
+    import torch
+    folder = tmp_path / "run"
+    folder.mkdir()
+
+    def removed_then_saved(tmp):
+        shutil.rmtree(folder)
+        torch.save({"step": 1}, tmp)   # torch reports the missing folder as a RuntimeError
+    with pytest.raises(OSError, match=f"the folder {folder} no longer exists\\): nothing was written$"):
+        datafiles.write_atomically(str(folder / "ckpt.pt"), removed_then_saved)
+    folder.mkdir()
+
+    def full(tmp):   # torch.save's error on a full disk: a RuntimeError, the folder still there
+        raise RuntimeError("unexpected pos 64 vs 0")
+    with pytest.raises(OSError, match="unexpected pos 64 vs 0; disk full\\?\\): nothing was written$"):
+        datafiles.write_atomically(str(folder / "ckpt.pt"), full)

@@ -6,6 +6,7 @@ import torch
 import data
 import interventions
 from conftest import tiny_lm
+from datafiles import DataError
 
 def known_states(lm, batch, value_fn):
     """A final state whose "h" of head j in layer i is value_fn(i, j, shape)."""
@@ -115,3 +116,55 @@ def test_fitted_noise_fits_the_variance_not_the_std_and_draws_with_its_square_ro
     for i, layer in enumerate(s.initial_state(None)):
         torch.testing.assert_close(s.var[i], torch.full_like(s.var[i], 0.9 * 4))
         torch.testing.assert_close(layer["h"].transpose(0, 1).flatten(1).var(1), s.var[i], rtol=0.05, atol=0)
+
+def test_make_strategy_refuses_a_bad_value_and_an_option_its_strategy_does_not_read():
+    lm, nan, inf = tiny_lm(), float("nan"), float("inf")
+    sigma = "--sigma must be in (0, 1e3] (its variance in float32), got "
+    p_reset = "--p-reset must be a probability in [0, 1], got "
+    tiny = (f"--sigma must be at least {interventions.MIN_SIGMA:.3g} (sigma^2 underflows in float32 below), "
+            "got 1e-23: it is the zero state: use --init-state zero or a larger --sigma")
+    known = "choose one of zero, random, fitted, sp, tbtt"
+    sigmas = (-0.5, 0, nan, inf, -inf, 1001.0, "1", True)   # (True: a bool is no number here)
+    bad = [*[("random", dict(sigma=v), sigma + repr(v)) for v in sigmas],
+           *[("sp", dict(p_reset=v), p_reset + repr(v)) for v in (2.0, -0.1, nan, 1.01, "0.5", True)],
+           ("random", dict(sigma=1e-23), tiny),
+           *[("sp", dict(seed=v), f"--seed must be in [0, 2**63), got {v!r}") for v in (-1, 2 ** 63, 1.0)],
+           ("warm", {}, f"unknown --init-state 'warm': {known}"),
+           (["sp"], {}, f"unknown --init-state ['sp']: {known}"),
+           ("random", dict(sgima=0.5), "--init-state random takes no --sgima (its options: --sigma, --seed): "
+                                       "leave --sgima out")]
+    flag = lambda k: "--" + k.replace("_", "-")
+    for name, options in interventions.OPTIONS.items():   # an option a strategy does not read: refused
+        bad += [(name, {k: 0.5}, f"--init-state {name} takes no {flag(k)} (its options: "
+                 f"{', '.join(map(flag, options))}): leave {flag(k)} out") for k in ("sigma", "p_reset")
+                if k not in options]
+    assert len(bad) == 29 and {m for *_, m in bad} >= {
+        "--init-state sp takes no --sigma (its options: --p-reset, --seed): leave --sigma out",
+        "--init-state zero takes no --p-reset (its options: --seed): leave --p-reset out",
+        "--init-state fitted takes no --sigma (its options: --seed): leave --sigma out",
+        "--init-state random takes no --p-reset (its options: --sigma, --seed): leave --p-reset out",
+        "--init-state tbtt takes no --p-reset (its options: --seed): leave --p-reset out"}
+    for name, options, message in bad:
+        with pytest.raises(DataError) as e:
+            interventions.make_strategy(name, lm, 2, **options)
+        assert str(e.value) == message
+    for size in (0, 2.0, True):
+        with pytest.raises(DataError, match=rf"^--batch-size must be a positive integer, got {size!r}$"):
+            interventions.make_strategy("zero", lm, size)
+    for name, options in [("random", dict(sigma=1e3, seed=0)), ("random", dict(sigma=np.float32(0.5))),
+                          ("sp", dict(p_reset=0, seed=2 ** 63 - 1)), ("sp", dict(p_reset=1)),
+                          *[(name, dict(seed=np.int64(3))) for name in interventions.STRATEGIES]]:
+        interventions.make_strategy(name, lm, np.int64(2), **options)   # each at its bound: a usable value
+
+def test_the_smallest_sigma_is_noise_and_a_reset_probability_of_0_or_1_keeps_or_resets_every_row():
+    lm = tiny_lm()
+    smallest = interventions.MIN_SIGMA   # sigma^2 the smallest normal float32: exact, as is its square root
+    assert torch.tensor(smallest ** 2, dtype=torch.float32) > 0 and torch.tensor(1e-23 ** 2).item() == 0
+    for layer in interventions.make_strategy("random", lm, 8, sigma=smallest).initial_state(None):
+        assert (layer["h"] != 0).all() and abs(layer["h"].std().item() / smallest - 1) < 0.05
+    final = [{k: torch.randn_like(v) + 5 for k, v in layer.items()} for layer in lm.zero_state(8)]
+    for p, kept in ((0, True), (1, False)):
+        s = interventions.make_strategy("sp", lm, 8, p_reset=p)
+        s.observe(final)
+        for layer in s.initial_state(None):
+            assert all(bool((v != 0).all()) == kept for v in layer.values())
