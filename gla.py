@@ -9,14 +9,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ssm import compute_dtype, pick_form, tl, triton, triton_scan
+from ssm import (check_chunk_size, check_initial_state, check_state, compute_dtype, no_steps, pick_form, tl,
+                 triton, triton_scan)
+
+STATE = "[batch, heads, key dim, value dim]"  # of GLA's and RWKV-6's scans
 
 def gla_naive(q, k, v, g, initial_state=None, scale=None):
     """h_t = diag(exp(g_t)) h_{t-1} + k_t^T v_t, o_t = scale q_t h_t, one step at a time: the definition."""
     b, t, H, dk = q.shape
+    check_initial_state("gla_naive", initial_state, (b, H, dk, v.shape[-1]), STATE)
     scale = dk ** -0.5 if scale is None else scale
     dtype = compute_dtype(q, k, v, g, initial_state)
     h = q.new_zeros(b, H, dk, v.shape[-1], dtype=dtype) if initial_state is None else initial_state.to(dtype)
+    if t == 0:
+        return no_steps(q.new_zeros(b, 0, H, v.shape[-1]), h)
     k, v = k.to(dtype), v.to(dtype)
     decay = g.to(dtype).exp()  # [b, t, H, dk]
     o = []
@@ -38,6 +44,8 @@ def gla_naive(q, k, v, g, initial_state=None, scale=None):
 # in float32): one masked matmul. Usually the leaf is the whole chunk.
 def gla_chunked(q, k, v, g, initial_state=None, scale=None, chunk_size=64):
     """h_t = diag(exp(g_t)) h_{t-1} + k_t^T v_t, o_t = scale q_t h_t, by chunks: chunked_scan, then scale."""
+    check_initial_state("gla_chunked", initial_state, (q.shape[0], *q.shape[2:], v.shape[-1]), STATE)
+    check_chunk_size("gla_chunked", chunk_size, power_of_two=True)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     o, final_state = chunked_scan(q, k, v, g, initial_state, chunk_size, shift=False)
     return (scale * o).to(q.dtype), final_state
@@ -46,6 +54,9 @@ def chunked_scan(q, k, v, g, initial_state, chunk_size, shift):
     """h_t = diag(exp(g_t)) h_{t-1} + k_t^T v_t, o_t = q_t h_t (q_t h_{t-1} if shift), by steps 1-3 above."""
     (b, t, H, dk), dv = q.shape, v.shape[-1]  # chunk_size: a power of two (t need not be a multiple of it)
     dtype = compute_dtype(q, k, v, g, initial_state)
+    h = q.new_zeros(b, H, dk, dv, dtype=dtype) if initial_state is None else initial_state.to(dtype)
+    if t == 0:
+        return no_steps(q.new_zeros(b, 0, H, dv, dtype=dtype), h)
     L = min(chunk_size, 1 << (t - 1).bit_length())  # no point padding a short input to a long chunk
     pad = (-t) % L
     def chunks(x):  # [b, t, H, d] -> [b, H, chunk, L, d]; padding with k = v = g = 0 keeps the state
@@ -58,7 +69,6 @@ def chunked_scan(q, k, v, g, initial_state, chunk_size, shift):
     # 1. boundary states (arXiv 2507.02782, App. I): h' = exp(G_last) h + sum_j (k_j exp(G_last - G_j))^T v_j
     G_last = G[..., -1:, :]
     writes = (k * (G_last - G).exp()).transpose(-1, -2) @ v  # [b, H, chunk, dk, dv]
-    h = q.new_zeros(b, H, dk, dv) if initial_state is None else initial_state.to(dtype)
     states = []
     for decay, write in zip(G_last.transpose(-1, -2).exp().unbind(2), writes.unbind(2)):
         states.append(h)
@@ -117,18 +127,22 @@ class GLA(nn.Module):
         _init_linears(self)
         nn.init.zeros_(self.gk_proj[1].bias)
 
+    def state_shapes(self, batch_size):
+        return {"h": (batch_size, self.num_heads, self.head_k_dim, self.head_v_dim)}
+
     def zero_state(self, batch_size, device):
-        return {"h": torch.zeros(batch_size, self.num_heads, self.head_k_dim, self.head_v_dim, device=device)}
+        return {k: torch.zeros(shape, device=device) for k, shape in self.state_shapes(batch_size).items()}
 
     def forward(self, x, state=None):
-        heads = (*x.shape[:2], self.num_heads, -1)
-        q, k, v = self.q_proj(x).view(heads), self.k_proj(x).view(heads), self.v_proj(x).view(heads)
+        check_state("GLA", state, self.state_shapes(x.shape[0]))
+        heads = lambda y: y.unflatten(-1, (self.num_heads, -1))  # [b, t, H, d]; also when t = 0
+        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
         # gate and norm in (at least) float32: bf16 would quantise a decay that compounds over many steps
         f32 = torch.promote_types(x.dtype, torch.float32)
-        g = F.logsigmoid(self.gk_proj(x).to(f32)).view(heads) / self.gate_logit_normalizer
+        g = heads(F.logsigmoid(self.gk_proj(x).to(f32))) / self.gate_logit_normalizer
         o, final_state = pick_form(GLA_SCANS, self.scan_impl, x)(q, k, v, g, state and state["h"])
         o = F.rms_norm(o.to(f32), (self.head_v_dim,), self.norm_weight.to(f32), self.norm_eps)
-        o = o * F.silu(self.g_proj(x).to(f32).view(heads))
+        o = o * F.silu(heads(self.g_proj(x).to(f32)))
         return self.o_proj(o.flatten(2).to(x.dtype)), {"h": final_state}
 
 class SwiGLU(nn.Module):
@@ -197,6 +211,7 @@ def recurrent_forward(q, k, v, g, initial_state, scale, u=None):
     return o, final_state.to(compute_dtype(q, k, v, g, initial_state))
 
 def gla_triton(q, k, v, g, initial_state=None, scale=None):
+    check_initial_state("gla_triton", initial_state, (q.shape[0], *q.shape[2:], v.shape[-1]), STATE)
     return triton_scan(recurrent_forward, gla_chunked, q, k, v, g, initial_state, scale=scale)
 
 GLA_SCANS = {"naive": gla_naive, "chunked": gla_chunked, "triton": gla_triton}

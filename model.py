@@ -114,9 +114,16 @@ class LM(nn.Module):
 
     def forward(self, idx, state=None, last_only=False):
         """idx [b, t], state None (zeros) or one dict per layer -> logits [b, t, vocab_size], final state
-        (not detached). last_only: logits [b, 1, vocab_size] of the last position only (a cheaper head)."""
-        state = [None] * len(self.backbone.layers) if state is None else state
-        assert len(state) == len(self.backbone.layers), "one state dict per layer"
+        (not detached). last_only: logits [b, 1, vocab_size] of the last position only (a cheaper head).
+        t = 0 gives empty logits and the state unchanged. Each mixer checks its own state's entries."""
+        n = len(self.backbone.layers)
+        if not (isinstance(idx, torch.Tensor) and idx.dim() == 2 and idx.dtype in (torch.long, torch.int)):
+            got = f"{idx.dim()}-D {idx.dtype}" if isinstance(idx, torch.Tensor) else type(idx).__name__
+            raise ValueError(f"LM: idx must be a 2-D [batch, time] tensor of token ids (int64), not {got}")
+        if state is not None and not (isinstance(state, (list, tuple)) and len(state) == n):
+            got = f"{len(state)} entries" if isinstance(state, (list, tuple)) else f"a {type(state).__name__}"
+            raise ValueError(f"LM: state is {got}, expected one dict per layer ({n}), as lm returns it")
+        state = [None] * n if state is None else state
         x = self.backbone.embedding(idx)
         final_state = []
         for block, s in zip(self.backbone.layers, state):
@@ -170,7 +177,7 @@ def from_pretrained(path, device="cpu"):
     try:
         state_dict = ckpt["model"] if ours else ckpt
         lm = LM(ModelConfig(**ckpt["model_config"]) if ours else cfg)
-    except (TypeError, KeyError, IndexError) as e:
+    except (TypeError, KeyError, IndexError, ValueError) as e:
         raise ValueError(f"{path}: not a model checkpoint of this repo ({type(e).__name__}: {e})") from None
     lm.load_state_dict(_checked_weights(path, lm, state_dict))
     lm.step = ckpt.get("step") if ours else None
@@ -180,6 +187,8 @@ def _checked_weights(path, lm, state_dict):
     """-> state_dict with the head of a tied LM, if it holds exactly lm's weights, each of lm's shape,
     floating point and finite; else a one-line error naming the first weight that is not."""
     own = lm.state_dict()
+    if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        raise ValueError(f"{path}: its weights are not a dict of tensors: not a checkpoint of this repo")
     if lm.cfg.tie_embeddings:   # a tied head (every official Mamba LM) may be stored or not, but must equal
         emb = state_dict.get("backbone.embedding.weight")   # the embedding
         if emb is not None and not torch.equal(state_dict.get("lm_head.weight", emb), emb):
@@ -231,7 +240,7 @@ def read_checkpoint(path, device, **kw):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} does not exist")
     try:
-        return torch.load(path, map_location=device, weights_only=True, **kw)
+        ckpt = torch.load(path, map_location=device, weights_only=True, **kw)
     except PermissionError as e:
         raise ValueError(f"cannot read {path} ({e.strerror}): fix its permissions") from None
     except Exception as e:  # a file cut short fails as EINVAL, EOFError or a zip without its directory
@@ -239,6 +248,10 @@ def read_checkpoint(path, device, **kw):
         why = f"truncated, corrupt or not a torch checkpoint: {type(e).__name__}"
         raise ValueError(f"cannot read {path} ({why}): copy it again whole, or pass a ckpt.pt written by "
                          "train.py") from None
+    if not isinstance(ckpt, dict):  # every checkpoint (ours, official weights) is a dict
+        raise ValueError(f"{path} holds a {type(ckpt).__name__}, not a dict: not a checkpoint of this repo "
+                         "(pass a ckpt.pt written by train.py, or an official pytorch_model.bin)")
+    return ckpt
 
 # The keys of mamba_ssm's MambaConfig (config.json of the state-spaces/mamba* checkpoints); the sizes are
 # positive integers.
@@ -255,19 +268,40 @@ def read_official(path):
         raise FileNotFoundError(f"{path}: no ckpt.pt (ours), no config.json + pytorch_model.bin (official)")
     c = datafiles.read_json(file, "re-download it")
     ssm_cfg = c.get("ssm_cfg") or {}
+    mixer = dict(ssm_cfg) if isinstance(ssm_cfg, dict) else {}
+    layer = mixer.pop("layer", "Mamba1")  # mamba_ssm's default layer
     checks = [*((k not in c, f"no {k}") for k in OFFICIAL_SIZES[:3]),
               *((k in c and not (type(c[k]) is int and c[k] > 0), f"{k} {c.get(k)!r}")
                 for k in OFFICIAL_SIZES),
               (not isinstance(ssm_cfg, dict), f"ssm_cfg {ssm_cfg!r}"),
               (c.get("d_intermediate") or c.get("attn_layer_idx"), "hybrid MLP/attention layers"),
               (not c.get("rms_norm", True), "LayerNorm"),
-              (not c.get("tie_embeddings", True), "untied embeddings")]
-    bad = sorted(set(c) - OFFICIAL_KEYS) + [problem for failed, problem in checks if failed]
+              (not c.get("tie_embeddings", True), "untied embeddings"),
+              (layer not in ("Mamba1", "Mamba2"), f"ssm_cfg.layer {layer!r}, not Mamba1 or Mamba2")]
+    heads = _mamba2_head_problems(c, mixer) if layer == "Mamba2" else []
+    bad = sorted(set(c) - OFFICIAL_KEYS) + [problem for failed, problem in checks if failed] + heads
     if bad:
         raise ValueError(f"{file}: not a Mamba LM this repo loads faithfully ({', '.join(bad)})")
     if not os.path.isfile(weights):
         raise FileNotFoundError(f"{path} holds config.json but no pytorch_model.bin (a partial download?): "
                                 f"run `hf download ORG/NAME pytorch_model.bin --local-dir {path}`")
-    mixer = dict(ssm_cfg)
-    arch = "mamba2" if mixer.pop("layer", "Mamba1") == "Mamba2" else "mamba1"
+    arch = "mamba2" if layer == "Mamba2" else "mamba1"
     return weights, dict(arch=arch, mixer=mixer, **{k: c[k] for k in OFFICIAL_SIZES if k in c})
+
+def _mamba2_head_problems(c, mixer):
+    """What keeps ssm.Mamba2 from building config.json's heads: headdim must divide expand * d_model, ngroups
+    the number of heads (mamba_ssm's defaults: headdim 64, expand 2, ngroups 1)."""
+    headdim, expand, ngroups = mixer.get("headdim", 64), mixer.get("expand", 2), mixer.get("ngroups", 1)
+    sizes = dict(headdim=headdim, expand=expand, ngroups=ngroups)
+    bad = [f"ssm_cfg.{k} {v!r}" for k, v in sizes.items() if not (type(v) is int and v > 0)]
+    d_model = c.get("d_model")
+    if bad or not (type(d_model) is int and d_model > 0):  # a bad d_model has its own message
+        return bad
+    d_inner = expand * d_model
+    if d_inner % headdim:
+        return [f"ssm_cfg.headdim {headdim} does not divide expand * d_model = {d_inner}: set headdim to a "
+                "divisor of it (official: 64), or re-download config.json"]
+    if d_inner // headdim % ngroups:
+        return [f"ssm_cfg.ngroups {ngroups} does not divide the {d_inner // headdim} heads: set ngroups to a "
+                "divisor of them (official: 1), or re-download config.json"]
+    return []

@@ -11,14 +11,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gla import chunked_scan, recurrent_forward, set_head_dims
-from ssm import compute_dtype, pick_form, triton_scan
+from gla import STATE, chunked_scan, recurrent_forward, set_head_dims
+from ssm import (check_chunk_size, check_initial_state, check_state, compute_dtype, no_steps, pick_form,
+                 triton_scan)
 
 def rwkv6_naive(r, k, v, w, u, initial_state=None, scale=1.0):
     """o_t = scale r_t (h_{t-1} + diag(u) k_t^T v_t), h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t, as a loop."""
     b, t, H, dk = r.shape
+    check_initial_state("rwkv6_naive", initial_state, (b, H, dk, v.shape[-1]), STATE)
     dtype = compute_dtype(r, k, v, w, initial_state)
     h = r.new_zeros(b, H, dk, v.shape[-1], dtype=dtype) if initial_state is None else initial_state.to(dtype)
+    if t == 0:
+        return no_steps(r.new_zeros(b, 0, H, v.shape[-1]), h)
     k, v, u = k.to(dtype), v.to(dtype), u.to(dtype)
     decay = w.to(dtype).exp()  # [b, t, H, dk]
     o = []
@@ -31,6 +35,8 @@ def rwkv6_naive(r, k, v, w, u, initial_state=None, scale=1.0):
 def rwkv6_chunked(r, k, v, w, u, initial_state=None, scale=1.0, chunk_size=32):
     """o_t = scale r_t (h_{t-1} + diag(u) k_t^T v_t), h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t, by chunks."""
     # gla.chunked_scan, shift=True: r_t reads h_{t-1}; the bonus pairs a token with itself: (r_t . u k_t) v_t
+    check_initial_state("rwkv6_chunked", initial_state, (r.shape[0], *r.shape[2:], v.shape[-1]), STATE)
+    check_chunk_size("rwkv6_chunked", chunk_size, power_of_two=True)
     o, final_state = chunked_scan(r, k, v, w, initial_state, chunk_size, shift=True)
     bonus = (r.to(o.dtype) * u.to(o.dtype) * k.to(o.dtype)).sum(-1, keepdim=True) * v.to(o.dtype)
     return (scale * (o + bonus)).to(r.dtype), final_state
@@ -78,19 +84,23 @@ class RWKV6TimeMix(nn.Module):
         self.norm_bias = nn.Parameter(torch.zeros(self.value_dim))
         self.o_proj = nn.Linear(self.value_dim, d_model, bias=False)
 
+    def state_shapes(self, batch_size):
+        return {"h": (batch_size, self.num_heads, self.head_k_dim, self.head_v_dim),
+                "shift": (batch_size, self.d_model)}
+
     def zero_state(self, batch_size, device):
-        return {"h": torch.zeros(batch_size, self.num_heads, self.head_k_dim, self.head_v_dim, device=device),
-                "shift": torch.zeros(batch_size, self.d_model, device=device)}
+        return {k: torch.zeros(shape, device=device) for k, shape in self.state_shapes(batch_size).items()}
 
     def forward(self, x, state=None):
+        check_state("RWKV6TimeMix", state, self.state_shapes(x.shape[0]))
         b, t, _ = x.shape
         delta, shift = _token_shift(x, state and state["shift"])
-        lora = torch.tanh((x + delta * self.mu_x) @ self.mix_lora_down).view(b, t, 5, -1)
+        lora = torch.tanh((x + delta * self.mu_x) @ self.mix_lora_down).unflatten(-1, (5, -1))
         mix = torch.einsum("btfr,frd->btfd", lora, self.mix_lora_up) + self.mu  # [b, t, 5, d_model]
         x_r, x_w, x_k, x_v, x_g = (x.unsqueeze(2) + delta.unsqueeze(2) * mix).unbind(2)
-        heads = (b, t, self.num_heads, -1)
-        r, k, v = self.r_proj(x_r).view(heads), self.k_proj(x_k).view(heads), self.v_proj(x_v).view(heads)
-        w = -torch.exp(self.w0 + torch.tanh(x_w @ self.decay_lora_down) @ self.decay_lora_up).view(heads)
+        heads = lambda y: y.unflatten(-1, (self.num_heads, -1))  # [b, t, H, d]; also when t = 0
+        r, k, v = heads(self.r_proj(x_r)), heads(self.k_proj(x_k)), heads(self.v_proj(x_v))
+        w = heads(-torch.exp(self.w0 + torch.tanh(x_w @ self.decay_lora_down) @ self.decay_lora_up))
         o, h = pick_form(RWKV6_SCANS, self.scan_impl, x)(r, k, v, w, self.bonus, state and state["h"])
         o = F.group_norm(o.reshape(b * t, self.value_dim), self.num_heads, self.norm_weight, self.norm_bias,
                          self.norm_eps).view(b, t, self.value_dim)
@@ -108,20 +118,26 @@ class RWKV6ChannelMix(nn.Module):
         self.value = nn.Linear(self.hidden_dim, d_model, bias=False)
         self.receptance = nn.Linear(d_model, d_model, bias=False)
 
+    def state_shapes(self, batch_size):
+        return {"ffn_shift": (batch_size, self.d_model)}
+
     def zero_state(self, batch_size, device):
-        return {"ffn_shift": torch.zeros(batch_size, self.d_model, device=device)}
+        return {k: torch.zeros(shape, device=device) for k, shape in self.state_shapes(batch_size).items()}
 
     def forward(self, x, state=None):
+        check_state("RWKV6ChannelMix", state, self.state_shapes(x.shape[0]))
         delta, shift = _token_shift(x, state and state["ffn_shift"])
         k = torch.relu(self.key(x + delta * self.mu_k)).square()
         return torch.sigmoid(self.receptance(x + delta * self.mu_r)) * self.value(k), {"ffn_shift": shift}
 
 def _token_shift(x, shift_state):  # x_prev - x (x_prev at position 0: shift_state, None: 0), new shift state
-    first = torch.zeros_like(x[:, :1]) if shift_state is None else shift_state.to(x.dtype).unsqueeze(1)
-    x_prev = torch.cat([first, x[:, :-1]], dim=1)
-    return x_prev - x, x[:, -1].to(compute_dtype(x))
+    b, t, d = x.shape
+    first = x.new_zeros(b, 1, d) if shift_state is None else shift_state.to(x.dtype).unsqueeze(1)
+    x_prev = torch.cat([first, x], dim=1)  # its row t: the last input, or at t = 0 the shift state kept
+    return x_prev[:, :t] - x, x_prev[:, t].to(compute_dtype(x))
 
 def rwkv6_triton(r, k, v, w, u, initial_state=None, scale=1.0):
+    check_initial_state("rwkv6_triton", initial_state, (r.shape[0], *r.shape[2:], v.shape[-1]), STATE)
     launch = lambda r, k, v, w, u, h0, scale: recurrent_forward(r, k, v, w, h0, scale, u=u)
     return triton_scan(launch, rwkv6_chunked, r, k, v, w, u, initial_state, scale=scale)
 

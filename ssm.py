@@ -8,7 +8,9 @@ Every scan (GLA's and RWKV-6's too) takes `initial_state` (h_{-1}; None: zeros) 
 (h_{T-1}): training from a non-zero state (Sec. 4: State Passing, TBTT, noise) and evaluating past the
 training length need just that. Scans compute in float32 (a long product of decays loses too much in bf16;
 the naive and chunked forms in float64 when an input is, for tests; the Triton kernels always in float32)
-and return y in x's dtype, the final state in the compute dtype.
+and return y in x's dtype, the final state in the compute dtype. A zero-length input (t = 0) is the identity:
+an empty y, and a copy of the initial state as the final state. A given initial_state must have exactly the
+final state's shape (one that merely broadcasts or holds as many numbers is refused: check_initial_state).
 Shapes, Mamba-2 | Mamba-1 (b batch, t time, H heads, p headdim, g groups, n d_state, d d_inner, Q chunk):
   x [b, t, H, p] | [b, t, d]; dt > 0 [b, t, H] | [b, t, d]; A < 0 [H] | [d, n]; B, C [b, t, g, n] | [b, t, n];
   h [b, H, p, n] | [b, d, n]; decay, write: a step's A_t, dt_t x_t B_t (mamba-minimal's deltaA, deltaB_u).
@@ -27,8 +29,11 @@ import torch.nn.functional as F
 def ssd_naive(x, dt, A, B, C, initial_state=None):
     """h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T, y_t = h_t C_t, one step at a time: the definition."""
     b, t, H, p = x.shape
+    check_initial_state("ssd_naive", initial_state, (b, H, p, B.shape[-1]), SSD_STATE)
     dtype = compute_dtype(x, dt, A, B, C, initial_state)
     h = x.new_zeros(b, H, p, B.shape[-1], dtype=dtype) if initial_state is None else initial_state.to(dtype)
+    if t == 0:
+        return no_steps(x.new_zeros(b, 0, H, p), h)
     B, C = (v.to(dtype).repeat_interleave(H // v.shape[2], dim=2) for v in (B, C))  # [b, t, H, n]
     decay = torch.exp(dt.to(dtype) * A.to(dtype))  # [b, t, H]
     dt_x = dt.to(dtype)[..., None] * x.to(dtype)  # [b, t, H, p]
@@ -47,9 +52,13 @@ def ssd_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
     # Einsum letters: b batch, c chunk, l and s steps in it, g group, r head in the group (H = g r: each head
     # reads its group's B and C), p headdim, n d_state.
     (b, t, H, p), (g, n) = x.shape, B.shape[2:]
+    check_initial_state("ssd_chunked", initial_state, (b, H, p, n), SSD_STATE)
+    check_chunk_size("ssd_chunked", chunk_size)
     y_dtype = x.dtype
     dtype = compute_dtype(x, dt, A, B, C, initial_state)
     h = x.new_zeros(b, H, p, n, dtype=dtype) if initial_state is None else initial_state.to(dtype)
+    if t == 0:
+        return no_steps(x.new_zeros(b, 0, H, p), h)
     x, dt, A, B, C = (v.to(dtype) for v in (x, dt, A, B, C))
     Q = max(1, min(chunk_size, t))  # short inputs (e.g. one token at a time) need no padding
     pad = (-t) % Q
@@ -90,8 +99,11 @@ def ssd_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
 def selective_scan_naive(x, dt, A, B, C, initial_state=None):
     """h_t = exp(dt_t A) * h_{t-1} + dt_t x_t B_t, y_t = h_t C_t, one step at a time: the definition."""
     b, t, d = x.shape
+    check_initial_state("selective_scan_naive", initial_state, (b, d, A.shape[1]), SELECTIVE_STATE)
     dtype = compute_dtype(x, dt, A, B, C, initial_state)
     h = x.new_zeros(b, d, A.shape[1], dtype=dtype) if initial_state is None else initial_state.to(dtype)
+    if t == 0:
+        return no_steps(x.new_zeros(b, 0, d), h)
     dt, A, B, C = (v.to(dtype) for v in (dt, A, B, C))
     dt_x = dt * x.to(dtype)  # [b, t, d]
     ys = []
@@ -107,8 +119,13 @@ def selective_scan_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
     # The decay differs per channel AND state index, so SSD's matmul form would need [Q, Q, d, n] decays;
     # instead the chunks of Q steps run side by side. Only exp of dt * A <= 0 is taken: any decay is stable.
     (b, t, d), n = x.shape, A.shape[1]
+    check_initial_state("selective_scan_chunked", initial_state, (b, d, n), SELECTIVE_STATE)
+    check_chunk_size("selective_scan_chunked", chunk_size)
     y_dtype = x.dtype
     dtype = compute_dtype(x, dt, A, B, C, initial_state)
+    if t == 0:
+        h = x.new_zeros(b, d, n, dtype=dtype) if initial_state is None else initial_state.to(dtype)
+        return no_steps(x.new_zeros(b, 0, d), h)
     x, dt, A, B, C = (v.to(dtype) for v in (x, dt, A, B, C))
     dt_x = dt * x
     Q = max(1, min(chunk_size, t))
@@ -149,9 +166,12 @@ class Mamba2(nn.Module):
     def __init__(self, d_model, d_state=128, d_conv=4, expand=2, headdim=64, ngroups=1, A_init_range=(1, 16),
                  dt_min=0.001, dt_max=0.1, dt_init_floor=1e-4, chunk_size=64, scan_impl="auto"):
         super().__init__()
-        self.d_inner, self.nheads, self.scan_impl = expand * d_model, expand * d_model // headdim, scan_impl
-        assert self.d_inner % headdim == 0 and self.nheads % ngroups == 0, \
-            "Mamba2: headdim must divide expand * d_model, and ngroups the number of heads"
+        check_chunk_size("Mamba2", chunk_size)
+        d_inner = expand * d_model
+        if min(headdim, ngroups) < 1 or d_inner % headdim or d_inner // headdim % ngroups:
+            raise ValueError(f"Mamba2: headdim {headdim} must divide expand * d_model = {d_inner}, and "
+                             f"ngroups {ngroups} the number of heads")
+        self.d_inner, self.nheads, self.scan_impl = d_inner, d_inner // headdim, scan_impl
         self.d_state, self.d_conv, self.headdim, self.ngroups = d_state, d_conv, headdim, ngroups
         self.chunk_size, self.conv_dim = chunk_size, self.d_inner + 2 * ngroups * d_state
         # in_proj: the official order [z, x, B, C, dt]; conv1d: only the official weight and bias holder
@@ -166,6 +186,7 @@ class Mamba2(nn.Module):
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
 
     def forward(self, x, state=None):
+        check_state("Mamba2", state, self.state_shapes(x.shape[0]))
         state = self.zero_state(x.shape[0], x.device) if state is None else state
         z, xBC, dt = torch.split(self.in_proj(x), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
         xBC, conv_state = causal_conv1d_silu(xBC, self.conv1d.weight, self.conv1d.bias, state["conv"])
@@ -180,9 +201,12 @@ class Mamba2(nn.Module):
         y = self.norm(y.flatten(-2), z)
         return self.out_proj(y.to(x.dtype)), {"h": h, "conv": conv_state}
 
+    def state_shapes(self, batch_size):
+        return {"h": (batch_size, self.nheads, self.headdim, self.d_state),
+                "conv": (batch_size, self.d_conv - 1, self.conv_dim)}
+
     def zero_state(self, batch_size, device):
-        return {"h": torch.zeros(batch_size, self.nheads, self.headdim, self.d_state, device=device),
-                "conv": torch.zeros(batch_size, self.d_conv - 1, self.conv_dim, device=device)}
+        return {k: torch.zeros(shape, device=device) for k, shape in self.state_shapes(batch_size).items()}
 
 class RMSNormGated(nn.Module):
     """RMSNorm of y * silu(z) per group of channels, as mamba_ssm (norm_before_gate=False)."""
@@ -220,6 +244,7 @@ class Mamba1(nn.Module):
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
 
     def forward(self, x, state=None):
+        check_state("Mamba1", state, self.state_shapes(x.shape[0]))
         state = self.zero_state(x.shape[0], x.device) if state is None else state
         xs, z = self.in_proj(x).chunk(2, dim=-1)  # [b, t, d_inner] each
         xs, conv_state = causal_conv1d_silu(xs, self.conv1d.weight, self.conv1d.bias, state["conv"])
@@ -230,9 +255,12 @@ class Mamba1(nn.Module):
         y = (y + xs * self.D.to(y.dtype)) * F.silu(z)
         return self.out_proj(y), {"h": h, "conv": conv_state}
 
+    def state_shapes(self, batch_size):
+        return {"h": (batch_size, self.d_inner, self.d_state),
+                "conv": (batch_size, self.d_conv - 1, self.d_inner)}
+
     def zero_state(self, batch_size, device):
-        return {"h": torch.zeros(batch_size, self.d_inner, self.d_state, device=device),
-                "conv": torch.zeros(batch_size, self.d_conv - 1, self.d_inner, device=device)}
+        return {k: torch.zeros(shape, device=device) for k, shape in self.state_shapes(batch_size).items()}
 
 # ==== Triton kernels (the naive loops fused, forward only), then scan plumbing shared with gla.py, rwkv.py
 try:  # no Triton wheel (e.g. macOS): the naive and chunked forms still work, and the kernels still parse
@@ -283,6 +311,7 @@ def _ssd_launch(x, dt, A, B, C, initial_state):
     return y.to(x.dtype), final_state.to(state_dtype)
 
 def ssd_triton(x, dt, A, B, C, initial_state=None):
+    check_initial_state("ssd_triton", initial_state, (x.shape[0], *x.shape[2:], B.shape[-1]), SSD_STATE)
     return triton_scan(_ssd_launch, ssd_chunked, x, dt, A, B, C, initial_state)
 
 @triton.jit
@@ -321,11 +350,51 @@ def _selective_scan_launch(x, dt, A, B, C, initial_state):
     return y.to(out_dtype), final_state.to(state_dtype)
 
 def selective_scan_triton(x, dt, A, B, C, initial_state=None):
+    check_initial_state("selective_scan_triton", initial_state, (x.shape[0], x.shape[2], A.shape[1]),
+                        SELECTIVE_STATE)
     return triton_scan(_selective_scan_launch, selective_scan_chunked, x, dt, A, B, C, initial_state)
 
 SSD_SCANS = {"naive": ssd_naive, "chunked": ssd_chunked, "triton": ssd_triton}
 SELECTIVE_SCANS = {"naive": selective_scan_naive, "chunked": selective_scan_chunked,
                    "triton": selective_scan_triton}
+
+SSD_STATE, SELECTIVE_STATE = "[batch, nheads, headdim, d_state]", "[batch, d_inner, d_state]"
+
+def check_initial_state(scan, initial_state, shape, layout):
+    """None, or a tensor of exactly the final state's shape: a transposed or flattened state, or one state
+    for a whole batch, would otherwise compute silently (or the kernels would read past its end)."""
+    if initial_state is None:
+        return
+    if not isinstance(initial_state, torch.Tensor) or initial_state.shape != shape:
+        got = f"is a {type(initial_state).__name__}"
+        got = f"has shape {list(initial_state.shape)}" if isinstance(initial_state, torch.Tensor) else got
+        raise ValueError(f"{scan}: initial_state {got}, expected a tensor of shape {list(shape)} {layout}")
+
+def check_chunk_size(scan, chunk_size, power_of_two=False):
+    """A chunk of at least one step (a power of two for gla.chunked_scan: its bisection halves chunks)."""
+    ok = isinstance(chunk_size, int) and chunk_size >= 1
+    if not ok or power_of_two and chunk_size & (chunk_size - 1):
+        kind = "a power of two" if power_of_two else "a positive integer"
+        raise ValueError(f"{scan}: chunk_size {chunk_size!r} must be {kind}")
+
+def check_state(layer, state, shapes):
+    """A layer's state: None (zeros) or a dict holding at least shapes' entries (a block's dict holds its
+    MLP's too), each a tensor of exactly its shape: another batch's state would broadcast silently."""
+    if state is None:
+        return
+    if not isinstance(state, dict):
+        raise ValueError(f"{layer}: the state is a {type(state).__name__}, not a dict of {sorted(shapes)}")
+    for key, shape in shapes.items():
+        v = state.get(key)
+        if not isinstance(v, torch.Tensor) or v.shape != shape:
+            got = "is missing" if key not in state else f"is a {type(v).__name__}"
+            got = f"has shape {list(v.shape)}" if isinstance(v, torch.Tensor) else got
+            raise ValueError(f"{layer}: state[{key!r}] {got}, expected a tensor of shape {list(shape)}: pass "
+                             "the state this layer returned for a batch of the same size, or None")
+
+def no_steps(y, initial_state):
+    """(y, final_state) of a zero-length input: no output; a copy of the initial state (no alias)."""
+    return y, initial_state.clone()
 
 def compute_dtype(*tensors):  # the module docstring says why
     return torch.float64 if torch.float64 in [v.dtype for v in tensors if v is not None] else torch.float32
@@ -343,6 +412,8 @@ def triton_scan(launch, chunked, *inputs, **kw):
         raise RuntimeError("a Triton scan needs Triton (on Linux: pip install triton); use the chunked form")
     if not (inputs[0].is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         raise RuntimeError("a Triton scan needs CUDA tensors, or TRITON_INTERPRET=1 before importing triton")
+    if inputs[0].shape[1] == 0:  # no step, nothing to launch: the chunked form returns the initial state
+        return chunked(*inputs, **kw)
     return _TritonForward.apply(partial(launch, **kw), partial(chunked, **kw), *inputs)
 
 class _TritonForward(torch.autograd.Function):  # no backward kernel: the same function, the same gradients
@@ -365,6 +436,8 @@ class _TritonForward(torch.autograd.Function):  # no backward kernel: the same f
 def causal_conv1d_silu(x, weight, bias, conv_state):
     """SiLU(depthwise causal conv of x [b, t, c] after conv_state [b, k-1, c], the inputs before x, zeros at a
     start; weight, bias: nn.Conv1d's): y [b, t, c], new state; conv(x[:, :a]), conv(x[:, a:]) = conv(x)."""
+    if x.shape[1] == 0:  # F.conv1d refuses an input shorter than its kernel; the window passes unchanged
+        return x, conv_state.to(torch.float32, copy=True)
     xx = torch.cat([conv_state.to(x.dtype), x], dim=1)  # [b, k-1+t, c]
     bias = None if bias is None else bias.to(x.dtype)
     y = F.conv1d(xx.transpose(1, 2), weight.to(x.dtype), bias, groups=x.shape[-1])

@@ -6,8 +6,11 @@ torch) in one call and in two calls carrying the state through its cache. tests/
 wrote them (its docstring: the command, the version); transformers is not needed here. Measured (transformers
 5.24.0, torch 2.13 CPU): max |ours - HF| over logits reaching |27| is 5.7e-6 (Mamba-1), 3.8e-6 (Mamba-2), one
 pass or two, either scan: tolerances of 1e-4. Dropping the carried state moves the second pass by > 10.
+Then the fixtures' config.json edited into what ssm.Mamba2 cannot build or another layer: a one-line error.
 """
+import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -35,3 +38,37 @@ def test_official_checkpoint_matches_transformers(name, arch, impl):
     torch.testing.assert_close(torch.cat([first, rest], dim=1), ref["logits_two_pass"], **tol)
     # the two-pass check has teeth: without the carried state the second pass is far off the reference
     assert (rest_from_zero - ref["logits_two_pass"][:, split:]).abs().max() > 1.0
+
+def edited_fixture(tmp_path, name, **ssm_cfg):
+    """A copy of fixture `name` whose config.json's ssm_cfg has ssm_cfg's entries (None: removed)."""
+    path = tmp_path / name
+    shutil.copytree(os.path.join(FIXTURES, name), path)
+    config = json.loads((path / "config.json").read_text())
+    config["ssm_cfg"] = {k: v for k, v in {**config["ssm_cfg"], **ssm_cfg}.items() if v is not None}
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+@pytest.mark.parametrize("name,ssm_cfg,match", [
+    # d_model 48: the inner size expand * d_model is 96; mamba_ssm's default headdim 64 does not divide it
+    ("hf_mamba2", dict(headdim=36), "ssm_cfg.headdim 36 does not divide expand \\* d_model = 96: set head"),
+    ("hf_mamba2", dict(headdim=None), "ssm_cfg.headdim 64 does not divide expand \\* d_model = 96"),
+    ("hf_mamba2", dict(ngroups=4), "ssm_cfg.ngroups 4 does not divide the 6 heads: set ngroups"),
+    ("hf_mamba2", dict(headdim=0), "ssm_cfg.headdim 0"), ("hf_mamba2", dict(headdim="16"), "headdim '16'"),
+    ("hf_mamba2", dict(expand=2.5), "ssm_cfg.expand 2.5"),
+    ("hf_mamba2", dict(layer="Mamba3"), "ssm_cfg.layer 'Mamba3', not Mamba1 or Mamba2"),
+    ("hf_mamba1", dict(layer="mamba2"), "ssm_cfg.layer 'mamba2', not Mamba1 or Mamba2"),
+    ("hf_mamba1", dict(layer=None, headdim=36), "unexpected keyword argument 'headdim'")])
+def test_an_official_config_this_repo_cannot_build_is_refused_in_one_line(tmp_path, name, ssm_cfg, match):
+    # neither an assertion deep in ssm.Mamba2 nor another layer read silently as Mamba-1
+    path = edited_fixture(tmp_path, name, **ssm_cfg)
+    with pytest.raises(ValueError, match=match) as e:
+        model.from_pretrained(path)
+    assert "\n" not in str(e.value)
+
+def test_an_official_config_with_its_defaults_spelled_out_loads_as_it_is(tmp_path):
+    # mamba_ssm's defaults: Mamba-2's expand 2 and ngroups 1 (headdim 16 here); the layer Mamba1
+    ref = model.from_pretrained(os.path.join(FIXTURES, "hf_mamba2"))
+    lm = model.from_pretrained(edited_fixture(tmp_path, "hf_mamba2", expand=2, ngroups=1))
+    assert lm.cfg.arch == "mamba2" and lm.cfg.mixer == dict(ref.cfg.mixer, expand=2, ngroups=1)
+    _, fields = model.read_official(edited_fixture(tmp_path, "hf_mamba1", layer="Mamba1"))
+    assert fields["arch"] == "mamba1" and fields["mixer"] == {}

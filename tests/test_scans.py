@@ -1,9 +1,11 @@
 """The four scans' three forms (naive loop, chunked, Triton kernel: interpreted on a CPU, see conftest.py)
 agree in outputs, final states and gradients, from zero or a given state, in pieces with the state carried
 and at any decay; the chunked forms loop over chunks, not steps; then the Mamba layers (GLA's and RWKV-6's:
-test_gla_rwkv.py)."""
+test_gla_rwkv.py); last, zero-length inputs, the initial states and chunk sizes each form refuses, the
+kernels at the official headdim and the "auto" form on a CPU."""
 import functools
 import math
+import re
 import subprocess
 import sys
 
@@ -13,6 +15,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 import gla
+import model
 import rwkv
 import ssm
 from conftest import ROOT
@@ -272,3 +275,141 @@ print("done")
 def test_without_triton_the_other_forms_work_and_triton_forms_say_why():
     r = subprocess.run([sys.executable, "-c", NO_TRITON], cwd=ROOT, capture_output=True, timeout=300)
     assert r.returncode == 0 and r.stdout == b"done\n", r.stderr[-3000:].decode()
+
+# ---- Zero-length inputs, the state checks at the scans' boundary, the kernels' wide rows, the "auto" pick
+
+def timed(inputs, b, t, a, z):  # the inputs' steps [a, z) (those with a time axis), the rest as they are
+    return [v[:, a:z] if v.dim() > 1 and v.shape[:2] == (b, t) else v for v in inputs]
+
+@pytest.mark.parametrize("form", ["naive", "chunked", "triton"])
+@pytest.mark.parametrize("name", SCANS)
+def test_zero_length_input_is_the_identity_in_every_form(name, form):
+    # no step: y empty (its dtype and trailing dims as at t = 1), final_state == initial_state as a copy,
+    # zeros of the state's shape without one; the gradient reaches initial_state unchanged
+    for dtype in (torch.float64, torch.float32):
+        inputs, kw = make_inputs(name, 3, t=1)
+        inputs = [v.to(dtype) for v in inputs]
+        y1, _ = call(forms(name)[form], inputs, kw)
+        empty = timed(inputs, 2, 1, 0, 0)
+        h0 = empty[-1].clone().requires_grad_()
+        y, s = forms(name)[form](*empty[:-1], initial_state=h0, **kw)
+        assert y.shape == (y1.shape[0], 0, *y1.shape[2:]) and y.dtype == y1.dtype == dtype
+        assert s.dtype == dtype and torch.equal(s, h0)
+        weights = torch.randn(h0.shape, dtype=dtype)
+        (s * weights).sum().backward()
+        torch.testing.assert_close(h0.grad, weights, rtol=0, atol=0)
+        with torch.no_grad():
+            s.add_(1.0)   # a copy: editing the final state in place leaves the initial state alone
+        assert torch.equal(h0, empty[-1])
+        y, s = call(forms(name)[form], empty, kw, with_state=False)
+        assert y.shape[1] == 0 and s.dtype == dtype and torch.equal(s, torch.zeros_like(h0))
+    # mixed dtypes: y and the final state in the dtypes a step gives them (bf16 inputs: a float32 state)
+    for dtype, state_dtype in [(torch.bfloat16, None), (torch.bfloat16, torch.float32),
+                               (torch.float32, torch.float64), (torch.float64, torch.float32),
+                               (torch.float32, torch.bfloat16)]:
+        inputs, kw = make_inputs(name, 3, t=1)
+        inputs = [v.to(dtype) for v in inputs[:-1]] + [inputs[-1].to(state_dtype or dtype)]
+        with_state = state_dtype is not None
+        one = call(forms(name)[form], inputs, kw, with_state)
+        none = call(forms(name)[form], timed(inputs, 2, 1, 0, 0), kw, with_state)
+        assert [v.dtype for v in none] == [v.dtype for v in one], (dtype, state_dtype)
+        if with_state:
+            assert torch.equal(none[1], inputs[-1].to(one[1].dtype))
+    if name in ("gla", "rwkv6"):   # their shared chunked_scan returns o in the compute dtype (RWKV-6's bonus
+        inputs, kw = make_inputs(name, 3, t=1)   # is added in it), at t = 0 too
+        qkvg = [v.bfloat16() for v in inputs[:4]]
+        for t in (1, 0):
+            o, s = gla.chunked_scan(*(v[:, :t] for v in qkvg), None, 4, shift=name == "rwkv6")
+            assert o.dtype == s.dtype == torch.float32
+
+@pytest.mark.parametrize("name", SCANS)
+def test_forms_agree_at_one_step_and_at_lengths_on_and_off_the_chunk_with_empty_pieces(name):
+    # chunks of 4: t = 1, 3 (short), 4, 8 (whole chunks), 5, 9 (a partial last chunk); then the same input
+    # cut into pieces, empty ones among them, the state carried: one pass
+    for t in (1, 3, 4, 5, 8, 9):
+        inputs, kw = make_inputs(name, t, t=t)
+        ref = call(SCANS[name]["naive"], inputs, kw)
+        close(call(forms(name)["chunked"], inputs, kw), ref, 1e-10)
+        close(call(forms(name)["triton"], [v.float() for v in inputs], kw), ref, 1e-4)
+    for form in ("naive", "chunked", "triton"):   # inputs and ref: the last length's, t = 9
+        state, ys = inputs[-1].float(), []
+        for a, z in zip([0, 0, 4, 4, 9], [0, 4, 4, 9, 9]):
+            y, state = forms(name)[form](*timed([v.float() for v in inputs[:-1]], 2, 9, a, z),
+                                         initial_state=state, **kw)
+            ys.append(y)
+        close((torch.cat(ys, 1), state), ref, 1e-4)
+
+@pytest.mark.parametrize("form", ["naive", "chunked", "triton"])
+@pytest.mark.parametrize("name", SCANS)
+def test_an_initial_state_of_another_shape_is_refused_in_one_line(name, form):
+    # a transposed or flattened state holds the right numbers in the wrong places, one row of a batch would
+    # broadcast over it: each is a ValueError naming the expected shape, in every form
+    inputs, kw = make_inputs(name, 0, t=3)
+    h0 = inputs[-1]
+    expected = "initial_state has shape .*" + re.escape(f"expected a tensor of shape {list(h0.shape)}")
+    for bad in (h0.transpose(-1, -2).contiguous(), h0.flatten(), h0[:1], h0[0], h0[..., :-1]):
+        with pytest.raises(ValueError, match=expected):
+            forms(name)[form](*inputs[:-1], initial_state=bad, **kw)
+    for other in ({"h": h0}, h0.numpy()):   # not a tensor, of the right shape or none (checked on any device)
+        with pytest.raises(ValueError, match=f"initial_state is a {type(other).__name__}, expected a tensor"):
+            SCANS[name][form](*inputs[:-1], initial_state=other, **kw)
+    strided = h0.transpose(-1, -2).contiguous().transpose(-1, -2)   # the right shape passes, strided too
+    tol = 1e-5 if form == "triton" else 1e-10   # the kernels compute in float32
+    close(call(forms(name)[form], inputs[:-1] + [strided], kw), call(SCANS[name]["naive"], inputs, kw), tol)
+
+@pytest.mark.parametrize("name", SCANS)
+def test_chunk_size_must_be_a_positive_integer_and_for_gla_and_rwkv6_a_power_of_two(name):
+    # GLA's and RWKV-6's bisection halves a chunk: 6 would count some pairs twice and others not at all
+    inputs, kw = make_inputs(name, 0, t=11, strong=True)
+    chunked = SCANS[name]["chunked"]
+    for bad in (0, -4, 2.0, None):
+        with pytest.raises(ValueError, match="chunk_size .* must be"):
+            call(chunked, inputs, {**kw, "chunk_size": bad})
+    ref = call(SCANS[name]["naive"], inputs, kw)
+    powers = name in ("gla", "rwkv6")
+    for chunk_size in (3, 6, 12):
+        if powers:
+            with pytest.raises(ValueError, match="must be a power of two"):
+                call(chunked, inputs, {**kw, "chunk_size": chunk_size})
+        else:  # any chunk works: the last one is padded
+            close(call(chunked, inputs, {**kw, "chunk_size": chunk_size}), ref, 1e-10)
+    for chunk_size in (1, 2, 8):
+        close(call(chunked, inputs, {**kw, "chunk_size": chunk_size}), ref, 1e-10)
+
+def test_kernels_write_every_block_of_rows_at_the_official_headdim_64():
+    # _ssd_kernel's programs own BLOCK_P = 32 rows of a head: at headdim 64 two programs per head; a launch of
+    # one program per head leaves rows 32-63 unwritten. Likewise the selective scan's 32-channel blocks (d =
+    # 40) and GLA's 32-column value blocks (dv = 40).
+    gen = torch.Generator().manual_seed(5)
+    N, U = (functools.partial(f, generator=gen) for f in (torch.randn, torch.rand))
+    b, t, H, p, g, n = 2, 3, 2, 64, 1, 8
+    cases = {"ssd": [N(b, t, H, p), U(b, t, H) + 0.1, -U(H) - 0.5, N(b, t, g, n), N(b, t, g, n),
+                     N(b, H, p, n)],
+             "selective_scan": [N(b, t, 40), U(b, t, 40) + 0.1, -U(40, 4) - 0.5, N(b, t, 4), N(b, t, 4),
+                                N(b, 40, 4)],
+             "gla": [N(b, t, H, 8), N(b, t, H, 8), N(b, t, H, 40), -U(b, t, H, 8), N(b, H, 8, 40)]}
+    for name, inputs in cases.items():
+        ref = call(SCANS[name]["naive"], [v.double() for v in inputs], {})
+        assert ref[0][..., 32:].abs().max() > 0.1   # the rows past 32 hold something to compare
+        close(call(forms(name)["triton"], inputs, {}), ref, 1e-5)
+
+def test_auto_on_a_cpu_tensor_is_the_chunked_form_without_the_interpreter(monkeypatch):
+    # "auto" picks Triton on CUDA only; with TRITON_INTERPRET unset (as outside the tests) a CPU tensor given
+    # to a Triton form is an error, so a layer that picked it would fail here
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    x = torch.zeros(1, 2, 3)
+    for scans in SCANS.values():
+        picked = ssm.pick_form(scans, "auto", x, chunk_size=8)
+        assert picked.func is scans["chunked"] and picked.keywords == {"chunk_size": 8}
+        assert ssm.pick_form(scans, "naive", x) is scans["naive"]
+    inputs, kw = make_inputs("ssd", 0, t=3)
+    with pytest.raises(RuntimeError, match="needs CUDA tensors"):
+        call(SCANS["ssd"]["triton"], inputs, kw)
+    for arch in ("mamba2", "mamba1", "gla", "rwkv6"):
+        torch.manual_seed(0)
+        lm = model.LM(model.make_config(arch, "tiny", vocab_size=20))
+        idx = torch.randint(0, 20, (2, 9))
+        with torch.no_grad():
+            auto = model.set_scan_impl(lm, "auto")(idx)
+            chunked = model.set_scan_impl(lm, "chunked")(idx)
+        torch.testing.assert_close(auto, chunked, rtol=0, atol=0)
