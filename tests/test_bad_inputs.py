@@ -74,6 +74,9 @@ def user(tmp_path_factory, tok_json):
     (d / "a-file").write_text("not a directory")
     (d / "no-train-config").mkdir()   # a torch file with weights but not train.py's configuration
     torch.save({"model": {}, "step": 3}, d / "no-train-config" / "ckpt.pt")
+    for name, obj in (("tensor-run", torch.zeros(3)), ("list-run", [1, 2])):   # torch files, not checkpoints
+        (d / name).mkdir()
+        torch.save(obj, d / name / "ckpt.pt")
     (d / "corrupt-run").mkdir()
     for path in (d / "pickle.pt", d / "corrupt-run" / "ckpt.pt"):  # not plain data: weights_only refuses it
         torch.save({"model_config": argparse.Namespace(), "train_config": argparse.Namespace()}, path)
@@ -208,6 +211,13 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
      "does not state the length it was trained at: pass --seq-len T_train (the official Mamba checkpoints: "
      "2048)"),
     ("--resume --out {u}/no-train-config", "holds no train_config: it is not a checkpoint of train.py"),
+    ("--init-from {u}/tensor-run", "tensor-run/ckpt.pt holds a Tensor, not a dict: not a checkpoint of this"),
+    ("--resume --out {u}/tensor-run", "holds a Tensor, not a dict"),
+    ("--init-from {u}/list-run", "list-run/ckpt.pt holds a list, not a dict"),
+    ("--resume --out {u}/list-run", "holds a list, not a dict"),
+    *[(lambda u, r=r: evaluate.check_args(evaluate.parse_args([f"{u}/{r}", "--metrics", "ppl"])),
+       f"{r}/ckpt.pt holds a {kind}, not a dict")
+      for r, kind in (("tensor-run", "Tensor"), ("list-run", "list"))],
 ]
 
 @pytest.mark.parametrize("command,word", ROWS)
