@@ -30,7 +30,8 @@ FLAGS = [
     ("size", str, "tiny", "a preset of model.PRESETS"),
     ("init-from", str, None, "post-train this: a run directory or an official Mamba one (GPU.md)"),
     ("data", str, "stdlib", "stdlib, text (a file, a dir, its cache), markov:k=8 (post-training: parent's)"),
-    ("tokenizer", str, "bytes", "bytes or a tokenizer.json (post-training: the parent's)"),
+    ("tokenizer", str, "bytes", "bytes, gpt2 (tiktoken's, or another of its encodings), PATH/x.tiktoken or "
+     "PATH/tokenizer.json (post-training: the parent's)"),
     ("seq-len", int, 64, "T_train (post-training: the parent's)"),
     ("batch-size", int, 16, "sequences per micro-batch and process"),
     ("grad-accum", int, 1, "micro-batches per optimizer step; each is a batch for the strategy"),

@@ -1,6 +1,9 @@
 """The files behind --data and --tokenizer, which a reader of the paper can skip: tokenizers (bytes, a
-tokenizer.json), text tokenized once into a verified cache, atomic writes, and DataError, the
-one-line bad input."""
+tokenizer.json, tiktoken's), text tokenized once into a verified cache (also on its own: python datafiles.py
+--data PATH --tokenizer T), nanoGPT's train.bin and val.bin, atomic writes, and DataError, the one-line bad
+input."""
+import argparse
+import base64
 import codecs
 import errno
 import functools
@@ -16,6 +19,8 @@ import signal
 import stat
 import sys
 import sysconfig
+import tempfile
+import unittest.mock
 
 import numpy as np
 from tqdm import tqdm
@@ -24,6 +29,7 @@ EOT = "<|endoftext|>"
 DEFAULT_CACHE_DIR = os.environ.get("LENGTHGEN_CACHE_DIR") or os.path.join(os.path.dirname(os.path.abspath(
     __file__)), "data_cache")  # gitignored
 CACHE_VERSION = 4  # bump when the cache layout or the document format changes
+VAL_FRACTION = 0.05   # the files held out, as data.load_data's default (train.py's): the same cache key
 PIECE_CHARS, BATCH_PIECES = 1 << 14, 256   # text per encoding, pieces per batch (on all cores): bound memory
 LINE_CUT = re.compile(r"\n(?=\S)(?<=\S\n)")   # a newline between non-spaces: byte-level BPEs split there
 codecs.register_error("nul", lambda e: ("\0", e.end))   # an invalid UTF-8 byte reads as NUL (binary files)
@@ -169,37 +175,119 @@ class JsonTokenizer:
         require(len(ids) == 1, f"{piece!r} is not one token of {self.name}: use a byte-level BPE")
         return ids[0]
 
+class TiktokenTokenizer:
+    """A tiktoken Encoding: one of tiktoken's (gpt2: nanoGPT's ids) or a .tiktoken file's."""
+
+    def __init__(self, enc):
+        self._enc, self.name, self.n_vocab, self.eot_token = enc, enc.name, enc.n_vocab, enc.eot_token
+
+    def encode_ordinary(self, text):
+        return self._enc.encode_ordinary(text)
+
+    def encode_ordinary_batch(self, texts):   # a thread per core
+        return self._enc.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
+
+    def decode(self, ids):   # numpy's, torch's ids: a list (tiktoken takes no tensor); a cut character: U+FFFD
+        return self._enc.decode(list(ids))
+
+    def encode_single_token(self, piece):
+        try:
+            return self._enc.encode_single_token(piece)
+        except KeyError:
+            raise DataError(f"{piece!r} is not one token of {self.name}: use a byte-level BPE") from None
+
+TIKTOKEN_NAMES = ("gpt2", "r50k_base", "p50k_base", "cl100k_base", "o200k_base")   # each has <|endoftext|>
+
 def get_tokenizer(name="bytes"):
-    """-> the tokenizer "bytes" (built in), or of a tokenizer.json path or a folder holding one (GPT-NeoX's:
-    the official Mamba checkpoints'); a tokenizer passes through."""
+    """-> the tokenizer "bytes" (built in), a tiktoken encoding of TIKTOKEN_NAMES (that name wins over a
+    folder of the same name: ./gpt2 is the folder), or of a .tiktoken file, a tokenizer.json or a folder
+    holding one (GPT-NeoX's: the official Mamba checkpoints'); a tokenizer passes through."""
     if hasattr(name, "encode_ordinary"):
         return name
     require(isinstance(name, str) and name, f"unknown tokenizer {name!r}: use bytes or a tokenizer.json")
-    if name != "bytes":
+    if name not in ("bytes", *TIKTOKEN_NAMES):
         name = os.path.join(name, "tokenizer.json") if os.path.isdir(name) else name
         require(os.path.exists(name), f"unknown tokenizer {name!r}: pass bytes or a Hugging Face "
-                "tokenizer.json (`hf download ORG/NAME tokenizer.json --local-dir DIR`: DIR/tokenizer.json)")
-        require_file(name, "pass a Hugging Face tokenizer.json")   # not a FIFO, which would hang
-        name = os.path.abspath(name)
+                "tokenizer.json (`hf download ORG/NAME tokenizer.json --local-dir DIR`: DIR/tokenizer.json), "
+                f"a tiktoken encoding ({', '.join(TIKTOKEN_NAMES)}) or PATH/x.tiktoken")
+        tiktoken_file = name.endswith(".tiktoken")
+        require_file(name, "pass a .tiktoken file" if tiktoken_file else "pass a Hugging Face tokenizer.json")
+        name = os.path.abspath(name)   # not a FIFO (it would hang): a file, read once a process
     return _load_tokenizer(name)
 
 @functools.lru_cache(maxsize=None)
 def _load_tokenizer(name):   # one object a name: a file is read once a process
     try:
-        return ByteTokenizer() if name == "bytes" else JsonTokenizer(name)
+        if name == "bytes":
+            return ByteTokenizer()
+        if name in TIKTOKEN_NAMES:
+            return _tiktoken(name)
+        return _tiktoken_file(name) if name.endswith(".tiktoken") else JsonTokenizer(name)
     except ImportError as e:   # an optional package (requirements.txt) not installed
         raise DataError(f"tokenizer {name} needs: pip install {e.name}") from None
 
+def _tiktoken_cache_dir():   # -> where tiktoken.load.read_file_cached looks ("": no cache)
+    default = os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    return os.environ.get("TIKTOKEN_CACHE_DIR", os.environ.get("DATA_GYM_CACHE_DIR", default))
+
+def _tiktoken(name):
+    """tiktoken's encoding from its BPE files in tiktoken's cache (_tiktoken_cache_dir(): a file a URL, named
+    by the sha1 of the URL, checked against its sha256): never fetched here, a missing one named."""
+    import tiktoken
+    import tiktoken.load
+    from tiktoken_ext.openai_public import ENCODING_CONSTRUCTORS
+
+    def offline(url):   # tiktoken's read_file: called for a file not in the cache, or failing its sha256
+        folder = _tiktoken_cache_dir()
+        file = os.path.join(folder, hashlib.sha1(url.encode()).hexdigest())
+        where = f"as {file}" if folder else "and TIKTOKEN_CACHE_DIR is empty (no cache)"
+        fetch = f"python -c \"import tiktoken; tiktoken.get_encoding('{name}')\""
+        raise DataError(f"tiktoken's {name} needs {url} in its cache, {where} (missing, or not the file its "
+                        f"sha256 names; nothing is fetched at run time): run TIKTOKEN_CACHE_DIR=DIR {fetch} "
+                        "on a connected machine, copy DIR here and set TIKTOKEN_CACHE_DIR=DIR")
+    with unittest.mock.patch.object(tiktoken.load, "read_file", offline):
+        return TiktokenTokenizer(tiktoken.Encoding(**ENCODING_CONSTRUCTORS[name]()))
+
+def _tiktoken_file(path):
+    """A .tiktoken file: tiktoken's BPE ranks, a line `base64(token) rank` each (as OpenAI's
+    r50k_base.tiktoken), ranks 0..n-1 in merge order. The file holds no split pattern nor special tokens:
+    GPT-2's pattern, and <|endoftext|> = n, after the last rank, as in r50k_base itself (a copy of
+    r50k_base.tiktoken reads as gpt2's ids). Its name: tiktoken- and the file's sha1."""
+    import tiktoken
+    from tiktoken_ext.openai_public import r50k_pat_str   # GPT-2's split pattern
+    raw = pathlib.Path(path).read_bytes()
+    fix = "pass a .tiktoken file of a byte-level BPE (a line `base64(token) rank` each, ranks 0..n-1 once)"
+    ranks = {}
+    for n, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():   # blank lines: skipped, as tiktoken's own loader does
+            continue
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except ValueError:   # not two fields, not base64 (binascii.Error), not an integer
+            raise DataError(f"{path}: line {n} is not `base64(token) rank`: {fix}") from None
+    gap = min(set(range(len(ranks))) - set(ranks.values()), default=len(ranks))   # the first rank missing
+    lack = next((bytes([b]) for b in range(256) if bytes([b]) not in ranks), None)   # tiktoken panics on it
+    require(ranks, f"{path} holds no tokens: {fix}")
+    require(gap == len(ranks), f"{path}: no token has rank {gap}: {fix}")
+    require(lack is None, f"{path}: the byte {lack!r} is no token: {fix}")
+    name = "tiktoken-" + hashlib.sha1(raw).hexdigest()[:12]
+    return TiktokenTokenizer(tiktoken.Encoding(name, pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                                               special_tokens={EOT: len(ranks)}))
+
 # --- Token files: text tokenized once into the cache, or a cache folder itself ---------------------------
-def token_ids(data, tokenizer="bytes", val_fraction=0.05, cache_dir=None):
+def token_ids(data, tokenizer="bytes", val_fraction=VAL_FRACTION, cache_dir=None):
     """-> (train, val, info): data's token ids (np.memmaps), each in the tokenizer's vocabulary. data: a cache
-    folder (its meta.json), or text: "stdlib" (the standard library's .py files), a text file or a folder of
-    them, tokenized once into a cache keyed by the files and the tokenizer, split by document."""
+    folder (its meta.json), nanoGPT's prepare.py folder (train.bin, val.bin of GPT-2 ids), or text: "stdlib"
+    (the standard library's .py files), a text file or a folder of them, tokenized once into a cache keyed by
+    the files and the tokenizer, split by document."""
     enc = get_tokenizer(tokenizer)
     meta = os.path.join(data, "meta.json")
     if os.path.exists(meta) and not os.path.isdir(meta):   # (a FIFO there: refused by _whole, not read)
         fix = "pass --data a cache folder of regular files, or the text it was built from"
         train, val, info = _prepared(data, _whole(data, fix), enc)
+    elif _is_nanogpt(data):
+        train, val, info = _nanogpt(data, enc)
     else:
         train, val, info = _prepared(*_cache(data, enc, val_fraction, cache_dir), enc)
     top = max([int(a.max()) for a in (train, val) if len(a)], default=-1)   # every id, now: not mid-training
@@ -207,7 +295,49 @@ def token_ids(data, tokenizer="bytes", val_fraction=0.05, cache_dir=None):
             "--tokenizer")
     return train, val, info
 
+def _is_nanogpt(data):   # nanoGPT's prepare.py output: train.bin and val.bin (a cache folder: also meta.json)
+    return data != "stdlib" and all(os.path.lexists(os.path.join(data, f"{s}.bin")) for s in ("train", "val"))
+
+def _nanogpt(folder, enc):
+    """-> (train, val, info) of nanoGPT's prepare.py folder: train.bin and val.bin of uint16 GPT-2 ids, each
+    document followed by the eot 50256, memory-mapped as they are (nanoGPT's own split)."""
+    pkl = os.path.join(folder, "meta.pkl")
+    require(not os.path.lexists(pkl), f"{pkl}: {folder} holds nanoGPT's character-level ids (a vocabulary of "
+            "its own): pass --data the text they were made from")
+    require(enc.name == "gpt2", f"{folder}: its train.bin and val.bin (no meta.json) look like nanoGPT's "
+            f"GPT-2 ids, not {enc.name}'s: pass --tokenizer gpt2")
+    splits = {}
+    for split in ("train", "val"):
+        path = os.path.join(folder, f"{split}.bin")
+        size = require_file(path, "pass nanoGPT's prepare.py folder").st_size
+        require(size and size % 2 == 0, f"{path} holds {size} bytes, not uint16 ids: pass nanoGPT's "
+                "prepare.py folder")
+        splits[split] = np.memmap(path, np.uint16, "r")
+        top = int(splits[split].max())   # every id, now: not mid-training
+        require(top < enc.n_vocab, f"{path} holds id {top}, past the {enc.n_vocab} of gpt2: pass nanoGPT's "
+                "GPT-2 ids (uint16)")
+    n_train, n_val = len(splits["train"]), len(splits["val"])
+    info = dict(source=folder, tokenizer=enc.name, vocab_size=enc.n_vocab, dtype="uint16",
+                eot_token=enc.eot_token, n_train=n_train, n_val=n_val, key=f"nanogpt-{n_train}+{n_val}")
+    return splits["train"], splits["val"], info
+
 def _cache(data, enc, val_fraction, cache_dir):   # -> (the cache folder of data's text, its meta.json)
+    folder, files, skipped = _cache_folder(data, enc, val_fraction, cache_dir)
+    rebuilt = f"remove the cache {folder} (it is rebuilt from --data)"
+    meta = _whole(folder, rebuilt)
+    if not meta and os.path.exists(folder):
+        print(f"data: the cache {folder} is truncated or corrupt: rebuilding it", file=sys.stderr)
+        shutil.rmtree(folder)
+    try:
+        return folder, meta or _build(folder, data, files, enc, val_fraction, skipped)
+    except OSError as e:   # another process may have written the same cache meanwhile
+        meta = _whole(folder, rebuilt)
+        fix = "shorter" if os.strerror(errno.ENAMETOOLONG) in str(e) else "writable"
+        if not meta:
+            raise OSError(f"{e}: pass a {fix} --cache-dir") from None
+        return folder, meta
+
+def _cache_folder(data, enc, val_fraction, cache_dir):   # -> (data's cache folder, its files, skipped ones)
     stdlib = data == "stdlib"
     root = sysconfig.get_paths()["stdlib"] if stdlib else data
     try:
@@ -230,19 +360,7 @@ def _cache(data, enc, val_fraction, cache_dir):   # -> (the cache folder of data
     folder = os.path.join(cache_dir, f"{stem or 'data'}-{enc.name}-{key[:16]}")
     require(not os.path.exists(folder) or os.path.isdir(folder), f"{folder} is a file where the cache "
             "folder goes: remove it or pass another --cache-dir")
-    rebuilt = f"remove the cache {folder} (it is rebuilt from --data)"
-    meta = _whole(folder, rebuilt)
-    if not meta and os.path.exists(folder):
-        print(f"data: the cache {folder} is truncated or corrupt: rebuilding it", file=sys.stderr)
-        shutil.rmtree(folder)
-    try:
-        return folder, meta or _build(folder, data, [f for f, *_ in stats], enc, val_fraction, skipped)
-    except OSError as e:   # another process may have written the same cache meanwhile
-        meta = _whole(folder, rebuilt)
-        fix = "shorter" if os.strerror(errno.ENAMETOOLONG) in str(e) else "writable"
-        if not meta:
-            raise OSError(f"{e}: pass a {fix} --cache-dir") from None
-        return folder, meta
+    return folder, [f for f, *_ in stats], skipped
 
 RUN_FILES = {"ckpt.pt", "train.lock"}   # train.py's --out holds one (an old one args.json + metrics.jsonl)
 CACHE_FILES = ("meta.json", "train.bin", "val.bin")   # a cache folder (_build's, one given as --data)
@@ -368,3 +486,43 @@ def _prepared(folder, meta, enc):   # -> (train, val, info) of folder's train.bi
     train, val = [np.memmap(b, dtype, "r") if meta[f"n_{s}"] else np.zeros(0, dtype)   # an empty file cannot
                   for s, b in bins.items()]                                            # be mapped
     return train, val, dict(meta, key=meta["sha1"][:16])
+
+def main(argv=None):
+    """python datafiles.py --data PATH --tokenizer T [--cache-dir DIR]: the text tokenized once into the
+    verified cache folder train.py would read (the same key and split), its path printed last."""
+    ap = argparse.ArgumentParser(description="Tokenize text once into its verified cache folder (train.bin, "
+                                 "val.bin, meta.json; 5% of the files held out, drawn with seed 0; one "
+                                 "file: its last tokens) and print the folder's path last: that folder is "
+                                 "--data DIR for train.py and evaluate.py with the same --tokenizer, here or "
+                                 "copied elsewhere. A verified cache already there is reported, not rebuilt.")
+    ap.error = lambda message: ap.exit(2, f"error: {message}\n")   # one line, as every other bad input
+    ap.add_argument("--data", required=True, help="a text file, a folder of them (a document each) or stdlib")
+    ap.add_argument("--tokenizer", default="bytes", help="bytes (default), a tiktoken encoding "
+                    f"({', '.join(TIKTOKEN_NAMES)}), PATH/x.tiktoken or PATH/tokenizer.json")
+    ap.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR, metavar="DIR", help="where the folder is "
+                    "written (default: $LENGTHGEN_CACHE_DIR, else data_cache/ beside this file)")
+    args = ap.parse_args(argv)
+    if empty := [k for k, v in vars(args).items() if not v.strip()]:   # "" would read as "."
+        ap.error(f"--{empty[0].replace('_', '-')} is empty: pass a value (python datafiles.py --help)")
+    handler = signal.signal(signal.SIGTERM, signal.default_int_handler)   # as Ctrl-C: write_atomically
+    try:                                                                  # removes its temporary folder
+        enc = get_tokenizer(args.tokenizer)
+        ids = "a Markov process" if args.data.split(":")[0] == "markov" else \
+            "a cache folder" if os.path.isfile(os.path.join(args.data, "meta.json")) else \
+            "nanoGPT's ids" if _is_nanogpt(args.data) else None
+        require(not ids, f"--data {args.data} is {ids}, not text: nothing to tokenize: pass it to train.py")
+        folder = _cache_folder(args.data, enc, VAL_FRACTION, args.cache_dir)[0]   # the folder train.py reads
+        had = _whole(folder, f"remove the cache {folder} (it is rebuilt from --data)")
+        token_ids(args.data, enc, VAL_FRACTION, args.cache_dir)
+    except (OSError, DataError) as e:
+        sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        sys.exit("interrupted: no cache folder written, no temporary file left")
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    if had:
+        print(f"data: {folder} holds the verified ids of {args.data} already: nothing rebuilt")
+    print(folder)
+
+if __name__ == "__main__":
+    main()

@@ -257,7 +257,8 @@ def parse_args(argv):
     a("--n-seqs", type=positive, default=64, help=f"evaluation windows (the verdict needs >= {MIN_SEQS})")
     a("--t-train", type=positive, help="training length (default: train_config seq_len; official: 2048)")
     a("--data", help="what data.load_data reads (default: train_config data)")
-    a("--tokenizer", help="bytes or PATH/tokenizer.json (default: the checkpoints')")
+    a("--tokenizer", help="bytes, gpt2 (tiktoken's), PATH/x.tiktoken or PATH/tokenizer.json (default: the "
+      "checkpoints')")
     a("--cache-dir", help="where text --data is tokenized once (default $LENGTHGEN_CACHE_DIR, data_cache/)")
     a("--effrem-len", type=positive, help="T of EffRem_T(t) (default: --eval-len; the paper's: 4 x t_train)")
     a("--effrem-cuts", type=positive, default=32, help="number of cut points t of EffRem_T")
@@ -352,7 +353,7 @@ def check_args(args):
     args.tokenizer = _agree(args, cfgs, "tokenizer", required=False) or "bytes"
     enc = datafiles.get_tokenizer(args.tokenizer)
     require(ids <= {enc.name}, f"--tokenizer {args.tokenizer} ({enc.name}) does not match the checkpoints' "
-                               f"{''.join(ids)}: pass the tokenizer.json they were trained with")
+                               f"{''.join(ids)}: pass the --tokenizer they were trained with")
     if _asks(args, TASK_METRICS):
         tasks.task_tokenizer(args.tokenizer)  # it spells the tasks
     if "passkey" in args.metrics:  # a sample fits the shortest length, each depth a position of it

@@ -110,7 +110,7 @@ def setup_data(args):
     saved = vars(args) if args.resume else {}
     if args.init_from and not args.resume:
         saved = {"tokenizer_id": model.train_config(args.init_from).get("tokenizer_id")}
-    for key, flag, fix in [("tokenizer_id", "--tokenizer", "pass the tokenizer.json it was trained with"),
+    for key, flag, fix in [("tokenizer_id", "--tokenizer", "pass the --tokenizer it was trained with"),
                            ("data_id", "--data", "restore its files, or start a new run")]:
         data.require(saved.get(key) in (None, now[key]), f"{flag} {vars(args)[flag[2:]]} ({now[key]}) does "
                      f"not match {args.out if args.resume else args.init_from}'s {saved.get(key)}: {fix}")

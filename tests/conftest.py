@@ -5,11 +5,14 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import threading
 from dataclasses import asdict
 
 # No network in tests (huggingface_hub, which tokenizers imports, reads this at import).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# tiktoken's BPE files: an empty cache of the tests' own, never a developer's (test_tiktoken.py makes its files)
+os.environ.setdefault("TIKTOKEN_CACHE_DIR", tempfile.mkdtemp(prefix="tiktoken-cache-"))
 
 import pytest
 import torch

@@ -190,7 +190,7 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--data {u}/prep-u8", '"dtype" uint8 and "n_train", "n_val" do not fit'),
     ("--data {u}/prep-u32", "do not fit"),
     ("--data {u}/prep-no-dtype", '"dtype" None and'), ("--data {u}/prep-bpe-as-bytes", "holds id 2"),
-    ("--tokenizer gpt2", "unknown tokenizer"),
+    ("--tokenizer gpt5", "unknown tokenizer"),
     ("--data {u}/short.txt --cache-dir {u}/a-file", "Not a directory): nothing was written: pass a writable"),
     ("--init-from org/x", "--init-from org/x does not exist"),
     # issue 42: a flag that does not apply is refused; T_train never guessed; a resume's real problem

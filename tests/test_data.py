@@ -1,7 +1,8 @@
 """Text corpora (data.load_data, datafiles.token_ids): tokenized in line-aligned pieces (exactly the ids of
 the whole file), split by a fixed seeded draw of the files, cached by files and tokenizer (one cache for
 every seed, verified, rebuilt when damaged), a cache folder as --data (nanoGPT's train.bin,
-val.bin plus meta.json)."""
+val.bin plus meta.json), written on its own by `python datafiles.py` (tokenize once). tiktoken and nanoGPT's
+own folders: test_tiktoken.py."""
 import contextlib
 import errno
 import io
@@ -410,3 +411,109 @@ def test_a_folder_removed_while_writing_is_named_not_a_full_disk(tmp_path):
         raise RuntimeError("unexpected pos 64 vs 0")
     with pytest.raises(OSError, match="unexpected pos 64 vs 0; disk full\\?\\): nothing was written$"):
         datafiles.write_atomically(str(folder / "ckpt.pt"), full)
+
+# --- python datafiles.py: tokenize once, without training -------------------------------------------------
+def tokenize_once(argv, capsys):   # -> (exit status, stdout, stderr) of datafiles.main(argv), in this process
+    try:
+        datafiles.main(argv)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+        print(e.code, file=sys.stderr) if isinstance(e.code, str) else None   # as the interpreter would
+    out, err = capsys.readouterr()
+    return code, out, err
+
+def test_tokenize_once_writes_the_cache_train_py_reads_and_that_folder_is_data_anywhere(
+        tmp_path, tok_json, monkeypatch, capsys):
+    texts = write_docs(tmp_path / "corpus")
+    handler = signal.getsignal(signal.SIGTERM)
+    argv = ["--data", str(tmp_path / "corpus"), "--tokenizer", tok_json, "--cache-dir", str(tmp_path / "c")]
+    code, out, err = tokenize_once(argv, capsys)
+    (folder,) = (tmp_path / "c").iterdir()
+    assert code == 0 and out.splitlines()[-1] == str(folder) and f"-> {folder}" in out and not err
+    assert signal.getsignal(signal.SIGTERM) is handler   # main's own SIGTERM handler is put back
+    monkeypatch.setattr(datafiles, "_build", None)   # train.py (load_data) reads that cache: nothing built
+    cached = data.load_data(str(tmp_path / "corpus"), tok_json, cache_dir=str(tmp_path / "c"))
+    code, out, err = tokenize_once(argv, capsys)   # again: reported, not rebuilt
+    said = f"data: {folder} holds the verified ids of {tmp_path}/corpus already: nothing rebuilt\n{folder}\n"
+    assert code == 0 and out == said
+    shutil.copytree(folder, tmp_path / "elsewhere" / "ids")   # copied where one trains
+    monkeypatch.undo()
+    train, val, _ = datafiles.token_ids(str(tmp_path / "corpus"), tok_json, cache_dir=str(tmp_path / "other"))
+    copied = data.load_data(str(tmp_path / "elsewhere" / "ids"), tok_json)
+    assert np.array_equal(copied.train, train) and np.array_equal(copied.val, val)   # the ids of token_ids
+    assert np.array_equal(cached.train, train) and len(train) and len(val)
+    enc = datafiles.get_tokenizer(tok_json)
+    assert {enc.decode(d) for d in np.split(np.r_[train, val], np.flatnonzero(np.r_[train, val] == 1))[1:]} \
+        == {"<|endoftext|>" + t for t in texts.values()}   # each file one document, eot first
+    with pytest.raises(DataError, match="--tokenizer"):
+        data.load_data(str(tmp_path / "elsewhere" / "ids"), "bytes")
+    os.truncate(folder / "val.bin", 2)   # a damaged cache: rebuilt, as train.py would
+    code, out, err = tokenize_once(argv, capsys)
+    assert code == 0 and "truncated or corrupt: rebuilding it" in err and f"-> {folder}" in out
+    assert np.array_equal(np.fromfile(folder / "val.bin", np.uint16), val)
+
+def test_tokenize_once_as_a_command_and_its_help(tmp_path):
+    write_docs(tmp_path / "corpus", n=3)
+    env = dict(os.environ, LENGTHGEN_CACHE_DIR=str(tmp_path / "c"))   # the default --cache-dir
+    run = lambda *argv: subprocess.run([sys.executable, f"{ROOT}/datafiles.py", *argv], capture_output=True,
+                                       text=True, env=env)
+    r = run("--data", str(tmp_path / "corpus"))   # bytes, into $LENGTHGEN_CACHE_DIR
+    (folder,) = (tmp_path / "c").iterdir()
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == str(folder) and not r.stderr, r
+    assert np.array_equal(data.load_data(str(folder)).val, data.load_data(str(tmp_path / "corpus"),
+                                                                          cache_dir=str(tmp_path / "c")).val)
+    r = run("--help")
+    assert r.returncode == 0 and all(f in r.stdout for f in ("--data", "--tokenizer", "--cache-dir", "gpt2"))
+    r = run("--data", str(tmp_path / "none"))
+    assert r.returncode == 1 and r.stderr == f"error: no such file or directory '{tmp_path}/none': pass a " \
+        "directory or a text file (patterns are not expanded), stdlib or markov:k=8,...\n" and not r.stdout
+
+NOTHING = "not text: nothing to tokenize: pass it to train.py\n"
+TOKENIZE_ONCE_ERRORS = [   # (argv, exit status, its one line on stderr; {d}: the test's folder)
+    ([], 2, "error: the following arguments are required: --data\n"),
+    (["--data", "{d}", "--bogus"], 2, "error: unrecognized arguments: --bogus\n"),
+    (["--data", " "], 2, "error: --data is empty: pass a value (python datafiles.py --help)\n"),
+    (["--data", "{d}", "--cache-dir", ""], 2, "error: --cache-dir is empty: pass a value (python "
+                                             "datafiles.py --help)\n"),
+    (["--data", "markov:k=4"], 1, "error: --data markov:k=4 is a Markov process, " + NOTHING),
+    (["--data", "{d}/prep"], 1, "error: --data {d}/prep is a cache folder, " + NOTHING),
+    (["--data", "{d}/owt"], 1, "error: --data {d}/owt is nanoGPT's ids, " + NOTHING),
+    (["--data", "{d}", "--tokenizer", "org/tok"], 1, "error: unknown tokenizer 'org/tok': pass bytes or a "),
+    (["--data", "{d}/binary"], 1, "error: '{d}/binary': no UTF-8 text documents (1 files skipped: binary, "
+                                  "not UTF-8 or empty): pass text files\n"),
+]
+
+@pytest.mark.parametrize("argv, code, line", TOKENIZE_ONCE_ERRORS, ids=range(len(TOKENIZE_ONCE_ERRORS)))
+def test_tokenize_once_bad_input_is_one_line(tmp_path, capsys, argv, code, line):
+    write_docs(tmp_path / "prep", n=2)
+    datafiles.token_ids(str(tmp_path / "prep"), cache_dir=str(tmp_path / "c"))
+    shutil.rmtree(tmp_path / "prep")
+    next((tmp_path / "c").iterdir()).rename(tmp_path / "prep")   # a cache folder
+    (tmp_path / "owt").mkdir()   # nanoGPT's train.bin and val.bin
+    for split in ("train", "val"):
+        np.arange(10, dtype=np.uint16).tofile(tmp_path / "owt" / f"{split}.bin")
+    (tmp_path / "binary").mkdir()
+    (tmp_path / "binary" / "x.dat").write_bytes(b"\x80\x81")
+    capsys.readouterr()
+    argv = [a.format(d=tmp_path) for a in argv]
+    got, out, err = tokenize_once(argv + ["--cache-dir", str(tmp_path / "c2")] * ("--cache-dir" not in argv),
+                                  capsys)
+    assert got == code and err.startswith(line.format(d=tmp_path)) and err.count("\n") == 1, err
+    assert not out and not (tmp_path / "c2").exists()
+
+def test_tokenize_once_interrupted_leaves_no_folder(tmp_path, monkeypatch, capsys):
+    write_docs(tmp_path / "corpus", n=3)
+
+    write_atomically = datafiles.write_atomically
+
+    def interrupted(path, write):   # Ctrl-C (or SIGTERM: main makes it one) once the files are written
+        def then_interrupted(tmp):
+            write(tmp)
+            raise KeyboardInterrupt
+        write_atomically(path, then_interrupted)
+    monkeypatch.setattr(datafiles, "write_atomically", interrupted)
+    code, out, err = tokenize_once(["--data", str(tmp_path / "corpus"), "--cache-dir", str(tmp_path / "c")],
+                                   capsys)
+    assert code == 1 and err == "interrupted: no cache folder written, no temporary file left\n"
+    assert os.listdir(tmp_path / "c") == []
