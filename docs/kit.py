@@ -20,6 +20,7 @@ import argparse
 import ast
 import contextlib
 import csv
+import errno
 import glob
 import importlib.util
 import io
@@ -33,6 +34,7 @@ import shlex
 import shutil
 import signal
 import site
+import stat
 import subprocess
 import sys
 import tempfile
@@ -82,6 +84,12 @@ PYTEST = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly"]   # a check's tes
 RUNNING, STOPPING = set(), threading.Event()   # the process groups of the checks running; set: start none
 PROCESSES = threading.Lock()   # held to start a check's process or read its exit code (forkserver_exit_code)
 NEEDED = ("torch", "numpy", "pytest")  # what every check imports: missing, nothing can be graded
+# The most the kit reads of a file that a student or a check wrote (an exercise's file, ANSWERS.md, a
+# check's report or log): a larger one is graded as too large, and one student's 2 GB file cannot end a
+# class's grading.
+MAX_READ = 4 << 20
+TOO_LARGE = f"too large (over {MAX_READ >> 20} MiB)"
+OUTPUT = 20000   # the characters of a row's checks' output the report keeps: their end
 
 NO_SANDBOX = ("each check runs as you: it can read your checkout and the other submissions, write wherever "
               "you can, and start processes that outlive it")
@@ -198,18 +206,56 @@ def find_sandbox():
     why = "cannot make namespaces here" if bwrap else "is not installed (apt install bubblewrap)"
     return None, f"warning: no sandbox: bubblewrap {why}; {NO_SANDBOX}"
 
-def sandboxed(bwrap, folder, hidden):
+def sandboxed(bwrap, folder, hidden, readable=()):
     """bwrap's command line for a check in folder: the system read-only, each folder of `hidden` (the
-    teacher's checkout, the submissions, the other checks' folders) empty, folder the one writable place;
-    no network; every process the check starts ends with it. The Python that runs it stays readable."""
-    python = {sys.prefix, sys.base_prefix, *site.getsitepackages()}
+    teacher's checkout, the submissions, the other checks' folders) empty but for the paths of `readable`
+    (the Python's own, read-only), folder the one writable place; no network; every process the check starts
+    ends with it."""
     cmd = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all",
            "--die-with-parent", "--new-session"]
     for h in hidden:
         cmd += ["--tmpfs", h]
-    for path in sorted(p for p in python if any(p.startswith(h + os.sep) or p == h for h in hidden)):
+    for path in readable:
         cmd += ["--ro-bind", path, path]
     return cmd + ["--bind", folder, folder, "--chdir", folder]
+
+def python_paths():
+    """What this Python reads to run a check: its prefixes and executable, its sys.path (less the kit's
+    folder and PYTHONPATH: a check has its own), and where the entries of its site-packages link to."""
+    skip = {"", os.path.dirname(os.path.abspath(__file__)),
+            *os.environ.get("PYTHONPATH", "").split(os.pathsep)}
+    sites = site.getsitepackages() + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, sys.executable, *sites,
+             *(p for p in sys.path if p not in skip)}
+    for folder in sites:   # a package linked in from elsewhere: each link on the way to it
+        with contextlib.suppress(OSError):
+            for path in [e.path for e in os.scandir(folder) if e.is_symlink()]:
+                for _ in range(40):   # (the kernel's own limit of links followed)
+                    path = os.path.join(os.path.dirname(path), os.readlink(path))
+                    paths.add(path)
+                    if not os.path.islink(path):
+                        break
+    return paths
+
+def readable_in_sandbox(hidden, teacher_files):
+    """The paths of python_paths() that lie in a hidden folder (a venv inside the clone), as the Python names
+    them and as they resolve, outermost first: never a hidden folder nor one above it, nor one whose content
+    holds a file of the teacher's checkout (teacher_files: real paths): the reference and its tests stay
+    hidden."""
+    def exposes(path):
+        return any(h == path or h.startswith(path + os.sep) for h in hidden) or any(
+            f == path or f.startswith(path + os.sep) for f in teacher_files)
+    found = set()
+    for p in python_paths():
+        for path in {os.path.normpath(os.path.abspath(p)), os.path.realpath(p)}:
+            if os.path.exists(path) and any(path.startswith(h + os.sep) for h in hidden) and not exposes(
+                    path) and not exposes(os.path.realpath(path)):
+                found.add(path)
+    outermost = []
+    for path in sorted(found):   # (a path inside one already bound is there)
+        if not any(path.startswith(o + os.sep) for o in outermost):
+            outermost.append(path)
+    return outermost
 
 def pytest_in_child(folder, xml, log, args, env, user):
     """An unsandboxed check, in a process forked from processes()' server: pytest in folder, output to log,
@@ -296,8 +342,9 @@ def run_check(sandbox, folder, log, args, n, timeout, threads):
             p.wait(timeout)
         code = p.poll()
     else:
+        env["TMPDIR"] = os.path.dirname(xml)   # what the check leaves there goes with its folder
         if sandbox.user:  # the folder becomes the user's, the one place it can write
-            env.update(dict.fromkeys(["HOME", "TMPDIR", "MPLCONFIGDIR"], os.path.dirname(xml)))
+            env.update(dict.fromkeys(["HOME", "MPLCONFIGDIR"], os.path.dirname(xml)))
             for d, dirs, files in os.walk(folder):
                 for path in [d] + [os.path.join(d, f) for f in files]:
                     os.chown(path, sandbox.user.pw_uid, sandbox.user.pw_gid)
@@ -316,8 +363,7 @@ def run_check(sandbox, folder, log, args, n, timeout, threads):
     if signal_of(code):
         with open(log, "a") as f:
             f.write(f"\n(the check's process ended on signal {signal_of(code)})\n")
-    with open(log, errors="replace") as f:
-        return outcome(code, xml, f.read(), n)
+    return outcome(code, xml, tail_of(log, MAX_READ), n)
 
 def run_forked(p, timeout):
     """Starts p, a process of processes()' server, and waits for it at most timeout seconds -> its exit code,
@@ -361,10 +407,13 @@ def outcome(returncode, xml, out, n):
     junit XML report at xml (absent if pytest never finished) and its output out, checking exercise n."""
     if signal_of(returncode):
         return "FAILED", "crashed", 0, 0
-    if not os.path.exists(xml):  # pytest never finished: os._exit, or a kill from inside
+    if not os.path.lexists(xml):  # pytest never finished: os._exit, or a kill from inside
         return "FAILED", "exited", 0, 0
+    report = read_capped(xml)   # (the check's code could write it: a link, a FIFO, gigabytes)
     try:
-        cases = list(ET.parse(xml).getroot().iter("testcase"))
+        if report is None or len(report) > MAX_READ:
+            raise ET.ParseError
+        cases = list(ET.fromstring(report).iter("testcase"))
     except ET.ParseError:  # not pytest's report: written over, or cut short
         return "FAILED", "bad report", 0, 0
     bad = [c for c in cases if c.find("failure") is not None or c.find("error") is not None]
@@ -394,15 +443,37 @@ def grade(sandbox, submission, n, workdir, timeout, threads, fail_fast):
     finally:
         shutil.rmtree(os.path.join(workdir, "tree"), ignore_errors=True)  # a class: one tree at a time
 
+def read_capped(path):
+    """At most MAX_READ + 1 bytes from the start of the regular file at path (more than MAX_READ: it is too
+    large), None if there is none: a link is not followed, a FIFO not waited for."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ELOOP):
+            return None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):   # a folder, a FIFO, a device
+        os.close(fd)
+        return None
+    with open(fd, "rb") as f:
+        return f.read(MAX_READ + 1)
+
+def tail_of(path, size):
+    """The last `size` bytes of the kit's file at path (a check's log), as text."""
+    with open(path, "rb") as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - size))
+        return f.read(size).decode(errors="replace")
+
 def read_exercise_file(submission, path):
-    """The text of a submission's file, None if missing; a KitError if it or a folder on its way is a link."""
+    """The text of a submission's file, None if missing (or not a regular file); a KitError if it or a
+    folder on its way is a link, or if it holds more than MAX_READ bytes."""
     mine = os.path.join(submission, path)
     if os.path.realpath(mine) != os.path.join(os.path.realpath(submission), path):
         raise KitError("symlink")
-    if not os.path.isfile(mine):   # (nor a folder, nor a FIFO that would never be written)
-        return None
-    with open(mine, errors="replace") as f:
-        return f.read()
+    data = read_capped(mine)   # (nor a folder, nor a FIFO that would never be written)
+    if data is not None and len(data) > MAX_READ:
+        raise KitError(TOO_LARGE)
+    return None if data is None else data.decode(errors="replace")
 
 def grade_in(sandbox, submission, n, workdir, timeout, threads, fail_fast):
     folder = os.path.join(workdir, "tree")
@@ -414,8 +485,8 @@ def grade_in(sandbox, submission, n, workdir, timeout, threads, fail_fast):
     for path in EXERCISES[n][3]:
         try:
             text = read_exercise_file(submission, path)
-        except KitError:
-            return "FAILED", f"symlink: {path}", 0, 0
+        except KitError as e:
+            return "FAILED", f"{e}: {path}", 0, 0
         if text is None:
             return "FAILED", "missing", 0, 0
         with open(os.path.join(ROOT, path)) as r:
@@ -446,15 +517,23 @@ def not_a_copy(submission):
     return None
 
 def answers(submission):
-    """{exercise: "written" | "empty"} from the submission's ANSWERS.md, or {} without one."""
-    path = os.path.join(submission, "ANSWERS.md")
-    if not os.path.isfile(path):
+    """{exercise: "written" | "empty"} from the submission's ANSWERS.md, or {} without one; a file that
+    cannot be read as one (too large, a link, unreadable) says so for every exercise. Only printable
+    characters are an answer: not the NULs that pad a file."""
+    written = [n for n, (_, _, w, *_) in EXERCISES.items() if w]
+    try:
+        text = read_exercise_file(submission, "ANSWERS.md")
+    except KitError as e:
+        return dict.fromkeys(written, f"ANSWERS.md: {e}")
+    except OSError as e:
+        return dict.fromkeys(written, f"ANSWERS.md: unreadable ({e.strerror})")
+    if text is None:
         return {}
-    with open(path, errors="replace") as f:
-        parts = re.split(r"^## +(\d+)\.", f.read(), flags=re.M)
-    text = {int(n): body.split("\n", 1)[-1].replace(ANSWER_PLACEHOLDER, "").strip()
-            for n, body in zip(parts[1::2], parts[2::2])}
-    return {n: "written" if text.get(n) else "empty" for n, (_, _, w, *_) in EXERCISES.items() if w}
+    parts = re.split(r"^## +(\d+)\.", text, flags=re.M)
+    bodies = {int(n): body.partition("\n")[2].replace(ANSWER_PLACEHOLDER, "")  # (below the heading)
+              for n, body in zip(parts[1::2], parts[2::2])}
+    return {n: "written" if any(c.isprintable() and not c.isspace() for c in bodies.get(n, "")) else "empty"
+            for n in written}
 
 def shown(name):
     """A folder name as text for the report and the table, whatever bytes it holds."""
@@ -477,7 +556,10 @@ def score(submissions, numbers, timeout=120, jobs=1, fail_fast=False, sandbox=Tr
         print(warning, file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="kit-score-") as tmp, ThreadPoolExecutor(jobs) as pool:
         hidden = sorted({os.path.realpath(p) for p in [ROOT, tmp, *submissions] if os.path.isdir(p)})
-        sandbox = (lambda folder: sandboxed(bwrap, folder, hidden)) if bwrap else processes(user)
+        if bwrap:
+            readable = readable_in_sandbox(hidden, {os.path.realpath(os.path.join(ROOT, f)) for f in
+                                                    files_of(ROOT)})
+        sandbox = (lambda folder: sandboxed(bwrap, folder, hidden, readable)) if bwrap else processes(user)
         if user and not bwrap:
             os.chmod(tmp, 0o711)   # the user passes through to its check's folder, and lists nothing here
         futures = {}
@@ -504,7 +586,9 @@ def submission_rows(s, numbers, futures, workdirs, alone):
     whose failed rows say how to rerun the check."""
     written = answers(s) if not not_a_copy(s) else {}
     answered = sum(v == "written" for v in written.values())
-    print(f"\n{shown(s)}   ANSWERS.md: {f'{answered} of {len(written)} answered' if written else 'none'}")
+    unread = next((v for v in written.values() if v not in ("written", "empty")), None)  # its reason
+    count = f"ANSWERS.md: {f'{answered} of {len(written)} answered' if written else 'none'}"
+    print(f"\n{shown(s)}   {unread or count}")
     rows = []
     for n in numbers:
         title, points, w, _, checks = EXERCISES[n]
@@ -517,10 +601,10 @@ def submission_rows(s, numbers, futures, workdirs, alone):
         print(f"exercise {n:2d}  {title:<34} {got}/{points} pts {passed:3d}/{total:<3d} tests  "
               f"{status}{f' ({reason})' if reason else ''}{hint}")
         logs = sorted(glob.glob(os.path.join(workdirs + str(n), "check*.log")))
-        output = "".join(open(log, errors="replace").read() for log in logs)
+        output = "".join(tail_of(log, OUTPUT) for log in logs)
         rows.append(dict(student=shown(s), exercise=n, points=got, of=points, status=status, reason=reason,
                          tests=f"{passed}/{total}", answer=written.get(n, "none") if w else "",
-                         output=output[-20000:]))
+                         output=output[-OUTPUT:]))
     print(f"total: {sum(r['points'] for r in rows)}/{sum(r['of'] for r in rows)} points, "
           f"{sum(r['status'] == 'passed' for r in rows)}/{len(rows)} exercises passed")
     return rows
@@ -614,11 +698,28 @@ exec "${{KIT_PYTHON:-$root/venv/bin/python}}" "$root/source/repo/docs/kit.py" sc
 
 def autograder(path, numbers, visibility):
     """Writes the zip of a Gradescope autograder: setup.sh and run_autograder at its root, this checkout's
-    files (the withheld tests included) and their list under repo/."""
-    if not path.endswith(".zip") or os.path.exists(path):
+    files (the withheld tests included) and their list under repo/. Never over a file already at path (nor
+    one another run puts there meanwhile): it is written beside, then linked into place."""
+    if os.path.isfile(os.path.join(ROOT, MANIFEST)):
+        raise KitError(f"{ROOT} is a student copy ({MANIFEST}): its exercises are stubbed and it lacks the "
+                       "instructor's tests: run gradescope from the teacher's checkout")
+    if not path.endswith(".zip"):
         raise KitError(f"{path}: pass a new path ending in .zip")
+    if os.path.lexists(path):
+        raise KitError(f"{path} exists: pass a new path ending in .zip")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise KitError(f"{path}: the folder {folder} does not exist: make it, or pass a path in an existing "
+                       "one")
     files = [p for p in files_of(ROOT) if p != MANIFEST]
-    fd, tmp = tempfile.mkstemp(prefix=".kit-", suffix=".zip", dir=os.path.dirname(os.path.abspath(path)))
+    missing = sorted(WITHHELD - set(files))
+    if missing:
+        raise KitError(f"{ROOT} lacks {', '.join(missing)}: run gradescope from the teacher's checkout")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".kit-", suffix=".zip", dir=folder)
+    except OSError as e:
+        raise KitError(f"{path}: cannot write in {folder} ({e.strerror}): pass a path you can write") \
+            from None
     os.close(fd)
     try:
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
@@ -630,9 +731,32 @@ def autograder(path, numbers, visibility):
             for f in files:
                 z.write(os.path.join(ROOT, f), f"repo/{f}")
             z.writestr(f"repo/{MANIFEST}", "".join(f + "\n" for f in files + [MANIFEST]))
-        os.replace(tmp, path)
-    except BaseException:
+        place_new(tmp, path)
+    finally:
         os.unlink(tmp)
+
+def place_new(tmp, path):
+    """Puts the file tmp at path, which must not exist: a hard link, which fails on anything there (a rename
+    would replace it); where the filesystem has no hard links, a copy into a file created exclusively."""
+    try:
+        os.link(tmp, path)
+        return
+    except FileExistsError:
+        raise KitError(f"{path} exists (another run wrote it meanwhile?): pass a new path ending in .zip") \
+            from None
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP):
+            raise
+    try:
+        out = open(path, "xb")
+    except FileExistsError:
+        raise KitError(f"{path} exists (another run wrote it meanwhile?): pass a new path ending in .zip") \
+            from None
+    try:
+        with out, open(tmp, "rb") as f:
+            shutil.copyfileobj(f, out)
+    except BaseException:
+        os.unlink(path)
         raise
 
 # ==== the command line ====

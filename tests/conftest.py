@@ -1,8 +1,10 @@
 # Without a GPU the Triton kernels run in Triton's interpreter (as in CI): set before triton is first
 # imported, hence here (test_triton_compile.py compiles them for real). Below: helpers of several test files.
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -12,7 +14,9 @@ from dataclasses import asdict
 # No network in tests (huggingface_hub, which tokenizers imports, reads this at import).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # tiktoken's BPE files: an empty cache of the tests' own, never a developer's (test_tiktoken.py makes its files)
-os.environ.setdefault("TIKTOKEN_CACHE_DIR", tempfile.mkdtemp(prefix="tiktoken-cache-"))
+if "TIKTOKEN_CACHE_DIR" not in os.environ:   # (the processes tests start inherit it: one folder a run)
+    os.environ["TIKTOKEN_CACHE_DIR"] = tempfile.mkdtemp(prefix="tiktoken-cache-")
+    atexit.register(shutil.rmtree, os.environ["TIKTOKEN_CACHE_DIR"], ignore_errors=True)
 
 import pytest
 import torch

@@ -8,12 +8,12 @@ PITFALLS = [
      """    L = torch.exp(A_cumsum[..., :, None] - A_cumsum[..., None, :]).masked_fill(~causal, 0.0)  # exp, then mask
 """),
     (1, "Mapping heads to groups with `repeat` instead of `repeat_interleave`", "ssm.py",
-     """    (b, t, H, p), (g, n) = x.shape, B.shape[2:]
-    y_dtype = x.dtype
-""",
-     """    B, C = (v.repeat(1, 1, x.shape[2] // v.shape[2], 1) for v in (B, C))  # head i reads group i % g
+     """    # reads its group's B and C), p headdim, n d_state.
     (b, t, H, p), (g, n) = x.shape, B.shape[2:]
-    y_dtype = x.dtype
+""",
+     """    # reads its group's B and C), p headdim, n d_state.
+    B, C = (v.repeat(1, 1, x.shape[2] // v.shape[2], 1) for v in (B, C))  # head i reads group i % g
+    (b, t, H, p), (g, n) = x.shape, B.shape[2:]
 """),
     (1, "Padding with anything but dt = 0", "ssm.py",
      """        dt = F.pad(dt, (0, 0, 0, pad))
@@ -53,12 +53,12 @@ PITFALLS = [
         states_in = torch.stack(states_in, dim=1)  # the state entering each chunk [b, c, g, r, p, n]
 """),
     (1, "A loop over time", "ssm.py",
-     """    (b, t, H, p), (g, n) = x.shape, B.shape[2:]
-    y_dtype = x.dtype
-""",
-     """    return ssd_naive(x, dt, A, B, C, initial_state)  # one step at a time
+     """    # reads its group's B and C), p headdim, n d_state.
     (b, t, H, p), (g, n) = x.shape, B.shape[2:]
-    y_dtype = x.dtype
+""",
+     """    # reads its group's B and C), p headdim, n d_state.
+    return ssd_naive(x, dt, A, B, C, initial_state)  # one step at a time
+    (b, t, H, p), (g, n) = x.shape, B.shape[2:]
 """),
     (2, "The textbook factorisation (q exp(G)) (k exp(-G))^T", "gla.py",
      """    s = L  # leaf size: halved while some block decays by more than 20 nats

@@ -1,12 +1,15 @@
 """The course kit (docs/kit.py, docs/course.py): the checks of exercises 9 and 10, and the kit itself: a
 class graded with the teacher's tests, each check isolated and time-limited, INSTRUCTOR's pitfalls caught."""
 import ast
+import contextlib
 import csv
+import errno
 import glob
 import json
 import os
 import pathlib
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -193,6 +196,22 @@ def test_a_student_copy_holds_no_reference_code_and_its_self_check_names_the_wit
     assert mine.returncode == 0 and "(its tests are the instructor's: graded on submission)" in mine.stdout
     assert [graded(tmp_path / "s.csv")["student", n][:2] for n in (9, 10)] == [("FAILED", "withheld")] * 2
 
+def command_lines():
+    """The command line of every process, less those that end while /proc is read."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):   # (ended after the listing)
+            found.append(pathlib.Path(f"/proc/{pid}/cmdline").read_bytes())
+    return found
+
+def test_processes_that_end_while_proc_is_read_are_left_out(monkeypatch):
+    ended = subprocess.Popen(["true"])
+    ended.wait()   # reaped: /proc/<pid> is gone, though the listing below still names it
+    listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda path: [str(ended.pid)] + listdir(path))
+    assert pathlib.Path("/proc/self/cmdline").read_bytes() in command_lines()   # the others are still read
+    kit.kill_all_of(12345678)   # (the kit's own look through /proc: a uid no process has)
+
 def kit_umask():
     umask = os.umask(0)
     os.umask(umask)
@@ -241,6 +260,19 @@ def test_a_class_is_graded_with_the_teachers_tests_each_check_isolated_and_time_
             assert rows[name, n] == ("passed" if ok else "FAILED", "" if ok else reason, str(points * ok),
                                      answer), name
     assert "ANSWERS.md: 1 of 9 answered" in run.stdout and "total: 3/3 points, 2/2 exercises" in run.stdout
+
+def test_an_unsandboxed_checks_temporary_files_go_with_its_folder(copy, tmp_path):
+    """A check that leaves a temporary folder behind (as a conftest may): without the sandbox too, it is
+    made in the check's own folder, which grading removes, not in the kit's TMPDIR."""
+    litter = "    import tempfile\n    tempfile.mkdtemp(prefix='litter-')\n" + T_STAR
+    sub = submission(copy, tmp_path / "litter", (4,), [("evaluate.py", T_STAR, litter)])
+    (tmp_path / "t").mkdir()
+    kit_py = os.path.join(ROOT, "docs", "kit.py")
+    run = subprocess.run([sys.executable, kit_py, "score", sub, "--exercises", "4", "--no-sandbox",
+                          "--report", str(tmp_path / "r.csv")], capture_output=True, text=True,
+                         env=dict(os.environ, TMPDIR=str(tmp_path / "t"), OMP_NUM_THREADS="1"))
+    assert run.returncode == 0 and graded(tmp_path / "r.csv")["litter", 4][:2] == ("passed", ""), run.stdout
+    assert os.listdir(tmp_path / "t") == []
 
 def test_a_failed_exercise_gets_no_points_however_many_tests_pass_and_fail_fast_stops_at_the_first(copy,
                                                                                                  tmp_path):
@@ -295,8 +327,8 @@ def test_a_submission_that_cheats_or_breaks_costs_only_its_own_points(copy, tmp_
     (tmp_path / "victim").write_text("mine\n")
     os.symlink(tmp_path / "victim", tmp_path / "grades.csv.tmp")   # a planted temporary report
     teacher = {f: open(os.path.join(ROOT, f), "rb").read() for f in ("tests/conftest.py", "docs/kit.py")}
-    run = kit_cli("score", *subs, "--exercises", "7", "--timeout", "10", "--jobs", "2", "--report",
-                  str(tmp_path / "grades.csv"))
+    run = kit_cli("score", *subs, "--exercises", "7", "--timeout", "30", "--jobs", "2", "--report",
+                  str(tmp_path / "grades.csv"))   # 30 s: a loaded 2-core machine is no timeout
     assert run.returncode == 0 and "warning" not in run.stderr, run.stdout + run.stderr
     rows = {k[0]: v[:3] for k, v in graded(tmp_path / "grades.csv").items()}
     assert rows == {"done": ("passed", "", "2"), "steal": ("FAILED", "failed", "0"),
@@ -309,7 +341,7 @@ def test_a_submission_that_cheats_or_breaks_costs_only_its_own_points(copy, tmp_
     assert teacher == {f: open(os.path.join(ROOT, f), "rb").read() for f in teacher}
     assert (tmp_path / "victim").read_text() == "mine\n" and "SystemExit" not in (
         tmp_path / "done" / "interventions.py").read_text()
-    cmdlines = [pathlib.Path(f"/proc/{p}/cmdline").read_bytes() for p in os.listdir("/proc") if p.isdigit()]
+    cmdlines = command_lines()
     assert not [c for c in cmdlines if b"37.25" in c], "a process the check started outlived it"
 
 def test_an_exercise_file_is_read_only_as_a_regular_file_of_the_submission_and_a_copy_holds_one(tmp_path):
@@ -400,7 +432,7 @@ def test_the_gradescope_autograder_grades_a_submission_as_score_does(copy, tmp_p
     output = results["tests"][0]["output"]
     assert output.startswith("FAILED (stubbed), 0/" if namespaces else "FAILED (error)")
     assert ("NotImplementedError: exercise 4" if namespaces else "PermissionError") in output
-    cmdlines = [pathlib.Path(f"/proc/{p}/cmdline").read_bytes() for p in os.listdir("/proc") if p.isdigit()]
+    cmdlines = command_lines()
     assert not [c for c in cmdlines if b"41.25" in c], "a process the check started outlived it"
 
 def test_the_kit_grades_with_a_python_whose_packages_live_in_the_graded_folder(copy, tmp_path):
@@ -428,6 +460,75 @@ def test_the_kit_grades_with_a_python_whose_packages_live_in_the_graded_folder(c
     for run, report in [(teacher, "t.csv"), (mine, "s.csv")]:
         assert run.returncode == 0, run.stdout + run.stderr
         assert graded(tmp_path / report)["graded", 7][:2] == ("passed", "")
+
+def test_a_sandboxed_check_reads_the_pythons_packages_through_hidden_links_but_no_teachers_file(copy,
+                                                                                               tmp_path):
+    """The grading Python's packages linked into its venv through a folder the sandbox hides (the submission's
+    pkgs/), and its sys.path naming the teacher's checkout (a .pth): the check imports the packages, cannot
+    write them, and sees none of the teacher's files."""
+    if kit.find_sandbox()[0] is None:
+        pytest.skip(kit.find_sandbox()[1])   # .ci/run installs bubblewrap
+    teachers = [os.path.join(ROOT, f) for f in ("docs/kit.py", "docs/INSTRUCTOR.md", "tests/pitfalls.py",
+                                                "interventions.py")]
+    peek = (OBSERVE + f"        import os, torch\n        assert not [f for f in {teachers!r} if "
+            "os.path.exists(f)]\n        try:\n            open(torch.__file__, 'a')\n"
+            "        except OSError:\n            pass\n        else:\n"
+            "            raise RuntimeError('the packages can be written')\n")
+    graded_dir = submission(copy, tmp_path / "graded", (7,), [("interventions.py", OBSERVE, peek)])
+    venv, pkgs = tmp_path / "graded" / ".venv", tmp_path / "graded" / "pkgs"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    inside = subprocess.run([python, "-c", purelib], capture_output=True, text=True).stdout.strip()
+    outside = os.path.dirname(os.path.dirname(torch.__file__))
+    pkgs.mkdir()
+    for name in os.listdir(outside):
+        if not os.path.exists(os.path.join(inside, name)):
+            os.symlink(os.path.join(outside, name), pkgs / name)
+            os.symlink(pkgs / name, os.path.join(inside, name))
+    with open(os.path.join(inside, "teacher.pth"), "w") as f:
+        f.write("".join(os.path.join(ROOT, d) + "\n" for d in ("", "docs", "tests")))
+    run = kit_cli("score", graded_dir, "--exercises", "7", "--report", str(tmp_path / "r.csv"), python=python)
+    assert run.returncode == 0 and "warning" not in run.stderr, run.stdout + run.stderr
+    assert graded(tmp_path / "r.csv")["graded", 7][:2] == ("passed", ""), run.stdout
+
+def test_the_sandbox_keeps_readable_only_the_pythons_paths_in_hidden_folders_that_hold_no_teachers_file(
+        tmp_path, monkeypatch):
+    teacher, sub, elsewhere = tmp_path / "teacher", tmp_path / "sub", tmp_path / "elsewhere"
+    alice = teacher / "subs" / "alice"   # a submission collected inside the teacher's checkout
+    for folder in (teacher / "docs", teacher / ".venv" / "lib" / "site", sub / "pkgs" / "torch", elsewhere,
+                   alice):
+        folder.mkdir(parents=True)
+    (teacher / "docs" / "kit.py").write_text("")
+    (teacher / "stray.py").write_text("")
+    (sub / "docs").symlink_to(teacher / "docs")   # a link to the teacher's files
+    (sub / "numpy").symlink_to(elsewhere)
+    paths = [teacher / ".venv", teacher / ".venv" / "lib" / "site", teacher, teacher / "docs", tmp_path,
+             sub / "docs", sub / "pkgs" / "torch", sub / "pkgs" / "missing", sub / "numpy", elsewhere,
+             teacher / "docs" / ".." / ".venv" / "lib", teacher / "stray.py", sub, teacher / "subs"]
+    monkeypatch.setattr(kit, "python_paths", lambda: {str(p) for p in paths})
+    hidden, teachers = [str(teacher), str(sub), str(alice)], {str(teacher / "docs" / "kit.py"),
+                                                             str(teacher / "stray.py")}
+    readable = kit.readable_in_sandbox(hidden, teachers)
+    assert readable == [str(sub / "numpy"), str(sub / "pkgs" / "torch"), str(teacher / ".venv")]
+    command = kit.sandboxed("bwrap", "/check", [str(teacher), str(sub)], readable)
+    binds = [command[i + 1:i + 3] for i, a in enumerate(command) if a == "--ro-bind"]
+    assert binds == [["/", "/"]] + [[p, p] for p in readable]
+    assert command.index("--tmpfs") < command.index(readable[0]) < command.index("/check")
+
+def test_python_paths_name_each_link_on_the_way_to_a_package_and_not_the_kits_or_pythonpaths_folders(
+        tmp_path, monkeypatch):
+    site, a, b = tmp_path / "site", tmp_path / "a", tmp_path / "b"
+    for folder in (site, a, b / "pkg"):
+        folder.mkdir(parents=True)
+    (site / "pkg").symlink_to("../a/pkg")   # relative, to another link
+    (a / "pkg").symlink_to(b / "pkg")
+    monkeypatch.setattr(kit.site, "getsitepackages", lambda: [str(site)])
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "pythonpath"))
+    monkeypatch.setattr(sys, "path", sys.path + [str(tmp_path / "pythonpath"), str(tmp_path / "pth")])
+    paths = {os.path.normpath(p) for p in kit.python_paths()}
+    assert {str(site), str(a / "pkg"), str(b / "pkg"), str(tmp_path / "pth"), sys.prefix} <= paths
+    assert str(tmp_path / "pythonpath") not in paths and os.path.join(ROOT, "docs") not in paths
 
 def test_graded_source_puts_back_every_other_exercises_functions():
     reference = open(os.path.join(ROOT, "evaluate.py")).read()
@@ -472,6 +573,89 @@ def test_a_bad_value_of_a_subcommands_flag_is_one_line():
     for args in (["score", "--timeout", "abc"], ["student"], ["gradescope", "a.zip", "--visibility", "now"]):
         run = kit_cli(*args)
         assert run.returncode == 2 and run.stderr.startswith("error: ") and run.stderr.count("\n") == 1, run.stderr
+
+def test_gradescope_in_a_student_copy_or_a_checkout_without_the_withheld_tests_writes_nothing(
+        copy, tmp_path, monkeypatch, capsys):
+    """The autograder grades with the teacher's tests and the reference: a student copy has neither."""
+    run = kit_cli("gradescope", str(tmp_path / "ag.zip"), kit_py=str(copy / "docs" / "kit.py"), cwd=str(copy))
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+    assert "student copy" in run.stderr and "teacher's checkout" in run.stderr and os.listdir(tmp_path) == []
+    files_of = kit.files_of
+    monkeypatch.setattr(kit, "files_of", lambda root: [f for f in files_of(root) if f != "tests/pitfalls.py"])
+    assert kit.main(["gradescope", str(tmp_path / "ag.zip")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "lacks tests/pitfalls.py" in err and os.listdir(tmp_path) == [], err
+
+@pytest.mark.parametrize("zip_path, word", [
+    ("{tmp}/kit/ag.zip", "the folder {tmp}/kit does not exist"),   # not the kit's temporary file
+    ("/proc/ag.zip", "cannot write in /proc"),
+    ("{tmp}/ag.tar", "ending in .zip"),
+    ("{tmp}/mine.zip", "{tmp}/mine.zip exists: pass a new path"),   # the user's own file: seen at once
+    ("{tmp}/link.zip", "{tmp}/link.zip exists: pass a new path"),   # a link, even to nothing
+])
+def test_a_bad_gradescope_zip_path_gets_one_line_naming_it_and_writes_nothing(zip_path, word, tmp_path,
+                                                                              capsys):
+    (tmp_path / "mine.zip").write_text("my own zip\n")
+    (tmp_path / "link.zip").symlink_to(tmp_path / "nowhere.zip")
+    assert kit.main(["gradescope", zip_path.format(tmp=tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and word.format(tmp=tmp_path) in err, err
+    assert ".kit-" not in err and sorted(os.listdir(tmp_path)) == ["link.zip", "mine.zip"]
+    assert (tmp_path / "mine.zip").read_text() == "my own zip\n" and not (tmp_path / "nowhere.zip").exists()
+
+@pytest.mark.parametrize("links", [True, False], ids=["hard-link", "no-hard-links"])
+def test_a_zip_that_appears_while_the_autograder_is_written_is_kept_and_the_run_says_so(links, tmp_path,
+                                                                                      monkeypatch, capsys):
+    """Another run (or the user) puts a file at the zip's path after the kit looked: it stays, and this run
+    fails in one line. Where the filesystem has no hard links, the zip is copied into a new file instead."""
+    if not links:
+        def no_links(src, dst):
+            raise OSError(errno.EPERM, "Operation not permitted")
+        monkeypatch.setattr(kit.os, "link", no_links)
+    path = tmp_path / "ag.zip"
+    assert kit.main(["gradescope", str(path), "--exercises", "4,7"]) == 0
+    names = zipfile.ZipFile(path).namelist()
+    assert {"setup.sh", "run_autograder", "repo/tests/pitfalls.py"} <= set(names)
+    assert os.listdir(tmp_path) == ["ag.zip"]
+    assert "--exercises 4,7 " in zipfile.ZipFile(path).read("run_autograder").decode()
+    files_of = kit.files_of
+    def meanwhile(root):   # (after the kit's first look at the path)
+        (tmp_path / "z.zip").write_text("written meanwhile\n")
+        return files_of(root)
+    monkeypatch.setattr(kit, "files_of", meanwhile)
+    capsys.readouterr()
+    assert kit.main(["gradescope", str(tmp_path / "z.zip")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{tmp_path / 'z.zip'} exists" in err, err
+    assert (tmp_path / "z.zip").read_text() == "written meanwhile\n" and sorted(os.listdir(tmp_path)) == [
+        "ag.zip", "z.zip"]
+
+def test_an_autograder_interrupted_while_it_is_copied_into_place_leaves_nothing(tmp_path, monkeypatch,
+                                                                                 capsys):
+    def no_links(src, dst):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+    copyfileobj = shutil.copyfileobj   # (zipfile's too)
+    def interrupted(src, dst, *args):
+        if getattr(dst, "name", None) != str(tmp_path / "ag.zip"):
+            return copyfileobj(src, dst, *args)
+        dst.write(b"PK")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(kit.os, "link", no_links)
+    monkeypatch.setattr(kit.shutil, "copyfileobj", interrupted)
+    assert kit.main(["gradescope", str(tmp_path / "ag.zip")]) == 130
+    assert os.listdir(tmp_path) == [] and capsys.readouterr().err.startswith("interrupted: nothing written")
+
+def test_two_gradescope_runs_into_one_zip_one_writes_it_the_other_says_it_exists(tmp_path):
+    kit_py = os.path.join(ROOT, "docs", "kit.py")
+    runs = [subprocess.Popen([sys.executable, kit_py, "gradescope", str(tmp_path / "z.zip"), "--exercises",
+                              e], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for e in ("1", "2,3")]
+    (first, second) = [(p.wait(60), *p.communicate()) for p in runs]
+    (won, _, _), (lost, _, err) = sorted([first, second])
+    assert (won, lost) == (0, 2) and err.count("\n") == 1 and "z.zip exists" in err, (first, second)
+    exercises = "1" if first[0] == 0 else "2,3"
+    assert f"--exercises {exercises} " in zipfile.ZipFile(tmp_path / "z.zip").read("run_autograder").decode()
+    assert os.listdir(tmp_path) == ["z.zip"]
 
 def test_a_report_that_cannot_be_written_after_the_grading_is_kept_elsewhere(tmp_path):
     full_disk = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import kit\n"
@@ -561,7 +745,7 @@ def test_an_interrupted_score_ends_its_checks_at_once_and_leaves_nothing(copy, t
     assert p.returncode == 130 and err.splitlines()[-1].startswith("interrupted: nothing written"), err
     assert "Traceback" not in err and not (tmp_path / "g.csv").exists()
     assert os.listdir(tmp_path / "t") == []
-    cmdlines = [pathlib.Path(f"/proc/{p}/cmdline").read_bytes() for p in os.listdir("/proc") if p.isdigit()]
+    cmdlines = command_lines()
     assert not [c for c in cmdlines if os.fsencode(tmp_path / "t") in c], "a check outlived the kit"
 
 def test_an_interrupted_student_copy_leaves_no_partial_copy(monkeypatch, tmp_path, capsys):
@@ -590,6 +774,118 @@ def test_answers_counts_a_heading_with_text_as_written_and_the_placeholder_or_no
     (tmp_path / "ANSWERS.md").write_text(text[:text.index(f"## {written[-1]}.")])  # the last heading cut
     assert kit.answers(tmp_path) == {n: "written" if n == written[0] else "empty" for n in written}
     assert kit.answers(tmp_path / "nowhere") == {}
+
+def test_nul_padding_and_a_bare_heading_are_no_answer(tmp_path):
+    written = [n for n, e in kit.EXERCISES.items() if e[2]]
+    template = kit.answers_template()
+    last = template.rindex(kit.ANSWER_PLACEHOLDER)
+    for text, answered in [(template + "\0" * 1000, []),   # `truncate -s` pads with NULs
+                           (template.replace(kit.ANSWER_PLACEHOLDER, "\0\x07 \0"), []),
+                           (template[:template.rindex("\n## ") + 1] + f"## {written[-1]}. its title", []),
+                           (template[:last] + "\0\0p* is biased low.\0", [written[-1]])]:
+        (tmp_path / "ANSWERS.md").write_text(text)
+        assert kit.answers(tmp_path) == {n: "written" if n in answered else "empty" for n in written}
+
+def test_a_file_of_max_read_bytes_is_read_and_one_byte_more_is_too_large(tmp_path):
+    (tmp_path / "gla.py").write_bytes(b"#" * kit.MAX_READ)
+    assert kit.read_exercise_file(str(tmp_path), "gla.py") == "#" * kit.MAX_READ
+    (tmp_path / "ANSWERS.md").write_text(kit.answers_template().replace(kit.ANSWER_PLACEHOLDER, "yes", 1))
+    with open(tmp_path / "ANSWERS.md", "a") as f:
+        f.write(" " * (kit.MAX_READ - f.tell()))
+    assert list(kit.answers(tmp_path).values()).count("written") == 1
+    for name in ("gla.py", "ANSWERS.md"):
+        with open(tmp_path / name, "a") as f:
+            f.write("#")
+    with pytest.raises(kit.KitError, match=re.escape(kit.TOO_LARGE)):
+        kit.read_exercise_file(str(tmp_path), "gla.py")
+    assert set(kit.answers(tmp_path).values()) == {f"ANSWERS.md: {kit.TOO_LARGE}"}
+    (tmp_path / "ANSWERS.md").unlink()
+    (tmp_path / "ANSWERS.md").symlink_to(tmp_path / "gla.py")
+    assert set(kit.answers(tmp_path).values()) == {"ANSWERS.md: symlink"}
+
+def test_an_answers_md_the_kit_cannot_read_is_that_students_note(tmp_path, monkeypatch):
+    (tmp_path / "ANSWERS.md").write_text(kit.answers_template())
+    def denied(path):
+        raise PermissionError(errno.EACCES, "Permission denied", path)
+    monkeypatch.setattr(kit, "read_capped", denied)
+    assert set(kit.answers(tmp_path).values()) == {"ANSWERS.md: unreadable (Permission denied)"}
+
+BOUNDED = """import concurrent.futures, os, resource, sys
+sys.path.insert(0, sys.argv[1])
+import kit
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30,) * 2)   # 1 GiB of address space: no 2 GiB read fits
+sub, done = sys.argv[2], concurrent.futures.Future()
+done.set_result(("passed", "", 2, 2))
+def show(what):
+    try:
+        print(repr(what()))
+    except BaseException as e:
+        print(type(e).__name__, e)
+show(lambda: set(kit.answers(sub).values()))
+show(lambda: kit.read_exercise_file(sub, "evaluate.py"))
+show(lambda: kit.outcome(0, os.path.join(sub, "report.xml"), "", 4))   # a report, then 2 GiB of NULs
+show(lambda: kit.outcome(0, os.path.join(sub, "fifo.xml"), "", 4))    # no one writes it: no wait
+show(lambda: kit.outcome(0, os.path.join(sub, "link.xml"), "", 4))    # to a good report: not followed
+check = [sys.executable, "-c", (   # a check whose output ends, past 2 GiB, with exercise 4's stub
+    "import os, sys\\nopen(sys.argv[1] + '/.kit/report.xml', 'w').write('<testsuites><testcase><failure/>'\\n"
+    "'</testcase></testsuites>')\\nos.ftruncate(1, 2 << 30)\\nos.lseek(1, 0, os.SEEK_END)\\n"
+    "os.write(1, b'NotImplementedError: exercise 4\\\\n')\\nsys.exit(1)\\n")]
+tree = os.path.join(sub, "tree")
+os.mkdir(tree)
+show(lambda: kit.run_check(lambda folder: check + [folder], tree, os.path.join(sub, "c.log"), [], 4, 60, 1))
+row = kit.submission_rows(sub, [4], {(sub, 4): done}, os.path.join(sub, "work-"), False)[0]
+print(len(row["output"]), row["output"].endswith("the end\\n"), row["answer"])
+"""
+
+def test_every_file_of_a_submission_or_a_check_is_read_bounded(tmp_path):
+    """2 GiB sparse files (ANSWERS.md, an exercise's file, a check's report and log) read with 1 GiB of
+    address space, and reports that cannot be read without waiting or following a link."""
+    for name in ("ANSWERS.md", "evaluate.py", "work-4/check0.log"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("x")
+        os.truncate(tmp_path / name, 2 << 30)
+    with open(tmp_path / "work-4" / "check0.log", "a") as f:
+        f.write("the end\n")
+    good = '<testsuites><testsuite><testcase name="t"/></testsuite></testsuites>'
+    (tmp_path / "good.xml").write_text(good)
+    assert kit.outcome(0, str(tmp_path / "good.xml"), "", 4) == ("passed", "", 1, 1)
+    (tmp_path / "report.xml").write_text(good)
+    os.truncate(tmp_path / "report.xml", 2 << 30)
+    os.mkfifo(tmp_path / "fifo.xml")
+    (tmp_path / "link.xml").symlink_to(tmp_path / "good.xml")
+    (tmp_path / "dangling.xml").symlink_to(tmp_path / "nowhere.xml")   # a report, replaced by a link
+    assert kit.outcome(0, str(tmp_path / "dangling.xml"), "", 4) == ("FAILED", "bad report", 0, 0)
+    (tmp_path / "big.xml").write_text(good + " " * kit.MAX_READ)   # valid XML, but more than pytest writes
+    assert kit.outcome(0, str(tmp_path / "big.xml"), "", 4) == ("FAILED", "bad report", 0, 0)
+    run = subprocess.run([sys.executable, "-c", BOUNDED, os.path.join(ROOT, "docs"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    bad = repr(("FAILED", "bad report", 0, 0))
+    too_large = repr({f"ANSWERS.md: {kit.TOO_LARGE}"})
+    assert run.stdout.splitlines()[:6] == [too_large, f"KitError {kit.TOO_LARGE}", bad, bad, bad,
+                                           repr(("FAILED", "stubbed", 0, 1))], run.stdout + run.stderr
+    assert run.stdout.splitlines()[-1] == f"{kit.OUTPUT} True ANSWERS.md: {kit.TOO_LARGE}", run.stderr
+    assert "the end" in kit.tail_of(str(tmp_path / "work-4" / "check0.log"), 100)
+
+def test_a_students_huge_files_cost_only_their_rows_and_the_class_is_graded(copy, tmp_path):
+    """A 2 GiB (sparse) ANSWERS.md and a 2 GiB exercise file, graded by a kit with 1.5 GiB of address space:
+    that student's rows say what was too large, the class is graded and the report written."""
+    heading = "## 4. Definition 3.2\n\n"
+    answer = [("ANSWERS.md", heading + "(your answer)", heading + "ok")]
+    subs = [submission(copy, tmp_path / name, (4,), edits)
+            for name, edits in [("huge", ()), ("huge-code", ()), ("fine", answer)]]
+    for path in ("huge/ANSWERS.md", "huge-code/evaluate.py"):
+        os.truncate(tmp_path / path, 2 << 30)
+    limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (3 << 29,) * 2)
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "docs", "kit.py"), "score", *subs, "--exercises",
+                          "4", "--jobs", "2", "--report", str(tmp_path / "r.csv")], capture_output=True,
+                         text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=limit)
+    assert run.returncode == 0, run.stdout + run.stderr
+    too_large = f"ANSWERS.md: {kit.TOO_LARGE}"
+    assert graded(tmp_path / "r.csv") == {("huge", 4): ("passed", "", "1", too_large),
+                                          ("huge-code", 4): ("FAILED", f"{kit.TOO_LARGE}: evaluate.py", "0",
+                                                             "empty"),
+                                          ("fine", 4): ("passed", "", "1", "written")}
+    assert f"huge   {too_large}\n" in run.stdout, run.stdout
 
 def pitfall_bullets(n):
     """The "Pitfalls:" bullets of exercise n in docs/INSTRUCTOR.md, each as one line."""

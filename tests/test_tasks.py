@@ -80,6 +80,9 @@ def test_random_windows_and_eval_windows():
     assert (torch.diff(torch.cat([x, y[:, -1:]], 1)) == 1).all()   # each row is a window of the stream
     assert new_doc is None and resumes_exactly(lambda seed: RandomWindows(tokens, 4, 16, seed), s)
     assert torch.equal(RandomWindows(tokens, 4, 16, seed=3).next_batch().x, x)
+    short = RandomWindows(tokens[:18], batch_size=4, seq_len=16)   # starts 0 and 1 fit, the last one too
+    assert {int(short.next_batch().x[r, 0]) for _ in range(10) for r in range(4)} == {0, 1}
+    assert RandomWindows(tokens[:17], 2, 16).next_batch().x[:, 0].tolist() == [0, 0]   # exactly one fits
     stream, _ = make_stream([50] * 20)
     w = data.eval_windows(stream, n=8, length=30, seed=0)
     assert w.shape == (8, 30) and torch.equal(w, data.eval_windows(stream, 8, 30, seed=0))
@@ -382,6 +385,8 @@ BAD_INPUTS = [   # (call on the folder of bad files, key words of its one-line e
     (lambda d: data.markov_bayes_nll(np.array([[4, 0, 4, 1]]), 4, 0.5), "document boundary"),
     (lambda d: data.eval_windows(STREAM, 25, 51, eot_token=EOT), "documents"),
     (lambda d: data.eval_windows(STREAM, 4, 5000), "4 disjoint windows of 5000 need 20000", "fewer"),
+    (lambda d: data.eval_windows(np.arange(21), 2, 11), "2 disjoint windows of 11 need 22 tokens, the split "
+     "holds 21"),   # one token short
     (lambda d: RandomWindows(STREAM, 4, 5000).next_batch(), "5001 >", "shorten"),
     (lambda d: DocumentStreams(STREAM, EOT, 2, 60), "no document"),
     (lambda d: passkey_sample("bytes", 50, 0.5), "too short"),
