@@ -10,7 +10,7 @@ interventions (State Passing, TBTT) and streaming evaluation rely on. state=None
 
 Module names follow mamba_ssm's MambaLMHeadModel (backbone.embedding, backbone.layers.{i}.norm,
 backbone.layers.{i}.mixer, backbone.norm_f, lm_head) so official Mamba checkpoints load as they are
-(read_official)."""
+(official.py: reading them, exporting ours in their layout, hub ids)."""
 import math
 import os
 from dataclasses import dataclass, field
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-import datafiles
 import gla
+import official
 import rwkv
 import ssm
 
@@ -169,7 +169,8 @@ def stream(lm, x, chunk_len, stops=(), last_only=False):
 # --- loading: our checkpoints (train.py's ckpt.pt), official Mamba LMs (mamba_ssm's layout) -----------
 def from_pretrained(path, device="cpu"):
     """Our checkpoint (train.py's ckpt.pt or its directory), a state-spaces/mamba directory (config.json +
-    pytorch_model.bin, Mamba-1 or -2). What cannot load faithfully is an error.
+    pytorch_model.bin, Mamba-1 or -2) or a hub id of one (official.resolve). What cannot load faithfully is
+    an error.
     lm.step: the training step of our checkpoint (None: official)."""
     path, cfg = weights_file(path)
     ours = cfg is None
@@ -208,7 +209,7 @@ def _checked_weights(path, lm, state_dict):
 
 def train_config(path):
     """train.py's arguments stored in one of our checkpoints (a ckpt.pt or the run directory holding it); {}
-    for an official Mamba directory or no file at path. An unreadable file is an error."""
+    for an official Mamba directory (or hub id) or no file at path. An unreadable file is an error."""
     path, cfg = weights_file(path)
     if cfg is not None or not os.path.isfile(path):
         return {}
@@ -228,11 +229,15 @@ def data_id(corpus, split_seed):
     corpus, its content's key (text: the hash of its token ids) and the split seed."""
     return " ".join([corpus.name, str(corpus.info.get("key", "")), f"split-seed {split_seed}"])
 
+# official.py's, by the names config.py, evaluate.py and the tests call
+read_official, resolve = official.read, official.resolve
+
 def weights_file(path):
     """-> (the file holding path's weights, None) for ours (a ckpt.pt or its run directory), or
-    (its pytorch_model.bin, its ModelConfig) for an official directory; a missing file is named."""
+    (its pytorch_model.bin, its ModelConfig) for an official directory or hub id; a missing file is named."""
+    path = official.resolve(path)
     if os.path.isdir(path) and not os.path.exists(os.path.join(path, "ckpt.pt")):
-        weights, fields = read_official(path)
+        weights, fields = official.read(path)
         return weights, ModelConfig(**fields)
     return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path, None
 
@@ -252,56 +257,3 @@ def read_checkpoint(path, device, **kw):
         raise ValueError(f"{path} holds a {type(ckpt).__name__}, not a dict: not a checkpoint of this repo "
                          "(pass a ckpt.pt written by train.py, or an official pytorch_model.bin)")
     return ckpt
-
-# The keys of mamba_ssm's MambaConfig (config.json of the state-spaces/mamba* checkpoints); the sizes are
-# positive integers.
-OFFICIAL_KEYS = set("d_model n_layer vocab_size ssm_cfg d_intermediate attn_layer_idx attn_cfg rms_norm "
-                    "residual_in_fp32 fused_add_norm pad_vocab_size_multiple tie_embeddings".split())
-OFFICIAL_SIZES = ("d_model", "n_layer", "vocab_size", "pad_vocab_size_multiple")
-
-def read_official(path):
-    """-> (path's pytorch_model.bin, the model.ModelConfig fields of its config.json) of a state-spaces/mamba
-    directory. What this repo cannot load faithfully, or a missing file, is a one-line error."""
-    file = os.path.join(path, "config.json")
-    weights = os.path.join(path, "pytorch_model.bin")
-    if not os.path.isfile(file):
-        raise FileNotFoundError(f"{path}: no ckpt.pt (ours), no config.json + pytorch_model.bin (official)")
-    c = datafiles.read_json(file, "re-download it")
-    ssm_cfg = c.get("ssm_cfg") or {}
-    mixer = dict(ssm_cfg) if isinstance(ssm_cfg, dict) else {}
-    layer = mixer.pop("layer", "Mamba1")  # mamba_ssm's default layer
-    checks = [*((k not in c, f"no {k}") for k in OFFICIAL_SIZES[:3]),
-              *((k in c and not (type(c[k]) is int and c[k] > 0), f"{k} {c.get(k)!r}")
-                for k in OFFICIAL_SIZES),
-              (not isinstance(ssm_cfg, dict), f"ssm_cfg {ssm_cfg!r}"),
-              (c.get("d_intermediate") or c.get("attn_layer_idx"), "hybrid MLP/attention layers"),
-              (not c.get("rms_norm", True), "LayerNorm"),
-              (not c.get("tie_embeddings", True), "untied embeddings"),
-              (layer not in ("Mamba1", "Mamba2"), f"ssm_cfg.layer {layer!r}, not Mamba1 or Mamba2")]
-    heads = _mamba2_head_problems(c, mixer) if layer == "Mamba2" else []
-    bad = sorted(set(c) - OFFICIAL_KEYS) + [problem for failed, problem in checks if failed] + heads
-    if bad:
-        raise ValueError(f"{file}: not a Mamba LM this repo loads faithfully ({', '.join(bad)})")
-    if not os.path.isfile(weights):
-        raise FileNotFoundError(f"{path} holds config.json but no pytorch_model.bin (a partial download?): "
-                                f"run `hf download ORG/NAME pytorch_model.bin --local-dir {path}`")
-    arch = "mamba2" if layer == "Mamba2" else "mamba1"
-    return weights, dict(arch=arch, mixer=mixer, **{k: c[k] for k in OFFICIAL_SIZES if k in c})
-
-def _mamba2_head_problems(c, mixer):
-    """What keeps ssm.Mamba2 from building config.json's heads: headdim must divide expand * d_model, ngroups
-    the number of heads (mamba_ssm's defaults: headdim 64, expand 2, ngroups 1)."""
-    headdim, expand, ngroups = mixer.get("headdim", 64), mixer.get("expand", 2), mixer.get("ngroups", 1)
-    sizes = dict(headdim=headdim, expand=expand, ngroups=ngroups)
-    bad = [f"ssm_cfg.{k} {v!r}" for k, v in sizes.items() if not (type(v) is int and v > 0)]
-    d_model = c.get("d_model")
-    if bad or not (type(d_model) is int and d_model > 0):  # a bad d_model has its own message
-        return bad
-    d_inner = expand * d_model
-    if d_inner % headdim:
-        return [f"ssm_cfg.headdim {headdim} does not divide expand * d_model = {d_inner}: set headdim to a "
-                "divisor of it (official: 64), or re-download config.json"]
-    if d_inner // headdim % ngroups:
-        return [f"ssm_cfg.ngroups {ngroups} does not divide the {d_inner // headdim} heads: set ngroups to a "
-                "divisor of them (official: 1), or re-download config.json"]
-    return []

@@ -6,7 +6,8 @@ torch) in one call and in two calls carrying the state through its cache. tests/
 wrote them (its docstring: the command, the version); transformers is not needed here. Measured (transformers
 5.24.0, torch 2.13 CPU): max |ours - HF| over logits reaching |27| is 5.7e-6 (Mamba-1), 3.8e-6 (Mamba-2), one
 pass or two, either scan: tolerances of 1e-4. Dropping the carried state moves the second pass by > 10.
-Then the fixtures' config.json edited into what ssm.Mamba2 cannot build or another layer: a one-line error.
+Then the fixtures' config.json edited into what ssm.Mamba2 cannot build or another layer: a one-line error;
+and each fixture exported again (official.export) is its own files, transformers' logits still.
 """
 import json
 import os
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 import model
+import official
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 
@@ -72,3 +74,19 @@ def test_an_official_config_with_its_defaults_spelled_out_loads_as_it_is(tmp_pat
     assert lm.cfg.arch == "mamba2" and lm.cfg.mixer == dict(ref.cfg.mixer, expand=2, ngroups=1)
     _, fields = model.read_official(edited_fixture(tmp_path, "hf_mamba1", layer="Mamba1"))
     assert fields["arch"] == "mamba1" and fields["mixer"] == {}
+
+@pytest.mark.parametrize("name,layer", [("hf_mamba1", "Mamba1"), ("hf_mamba2", "Mamba2")])
+def test_an_official_checkpoint_exported_again_is_its_files_and_transformers_logits(name, layer, tmp_path):
+    path, out = os.path.join(FIXTURES, name), tmp_path / "out"
+    lm = model.from_pretrained(path)
+    official.export(lm, str(out))
+    config = json.loads(open(os.path.join(path, "config.json")).read())   # the layer spelled out (Mamba1)
+    assert json.loads((out / "config.json").read_text()) == dict(config, ssm_cfg={"layer": layer,
+                                                                                     **config["ssm_cfg"]})
+    before, after = (torch.load(os.path.join(p, "pytorch_model.bin"), weights_only=True) for p in (path, out))
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    ref = torch.load(os.path.join(path, "reference.pt"), weights_only=True)
+    with torch.no_grad():
+        logits = model.from_pretrained(str(out))(ref["tokens"])[0]
+        assert torch.equal(logits, lm(ref["tokens"])[0])
+    torch.testing.assert_close(logits, ref["logits_single"], atol=1e-4, rtol=1e-4)
