@@ -251,7 +251,7 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.error = lambda message: ap.exit(2, f"error: {message}\n")  # one line, as every other bad input
     a, positive = ap.add_argument, lambda text: _ints(text, one=True)
-    a("ckpts", nargs="+", metavar="CKPT", help="train.py's ckpt.pt (or its dir), or an official Mamba dir")
+    a("ckpts", nargs="+", metavar="CKPT", help="our ckpt.pt (or its dir), an official Mamba dir, its hub id")
     a("--metrics", default="ppl,effrem,state", help=f"subset of {','.join(LM_METRICS + TASK_METRICS)}")
     a("--eval-len", type=positive, help="tokens per evaluation window (default: 16 x the largest t_train)")
     a("--n-seqs", type=positive, default=64, help=f"evaluation windows (the verdict needs >= {MIN_SEQS})")
@@ -328,7 +328,7 @@ def check_args(args):
     require(not args.labels or len(args.ckpts) == len(args.labels) == len(set(args.labels)), f"--labels "
             f"{' '.join(args.labels or [])}: give each of the {len(args.ckpts)} checkpoints its own name")
     for p in args.ckpts:
-        require(os.path.exists(p), f"no checkpoint at {p}: check the path (OUT/ckpt.pt)")
+        require(os.path.exists(model.resolve(p)), f"no checkpoint at {p}: check the path (OUT/ckpt.pt)")
     files = [os.path.realpath(model.weights_file(p)[0]) for p in args.ckpts]   # a run's folder is its ckpt.pt
     require(len(set(files)) == len(files), f"{' '.join(args.ckpts)}: one checkpoint twice: pass each once")
     cfgs = [model.train_config(p) for p in args.ckpts]  # a corrupt checkpoint is reported as corrupt

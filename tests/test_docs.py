@@ -13,7 +13,7 @@ import pytest
 import config
 from conftest import ROOT
 
-SCRIPTS = ("train.py", "evaluate.py", "bench.py", "datafiles.py", "docs/kit.py")
+SCRIPTS = ("train.py", "evaluate.py", "bench.py", "datafiles.py", "official.py", "docs/kit.py")
 RECORD = r"""set -u
 python() { printf '%s\x1f' "$@" >> "$LOG"; echo >> "$LOG"; }
 """
