@@ -284,9 +284,10 @@ def parse_args(argv):
         action.default = argparse.SUPPRESS
     given = set(vars(ap.parse_args(argv))) - {"ckpts"}
     flag = lambda k: "--" + k.replace("_", "-")
-    if args.over_seeds and given - {"over_seeds", "labels", "out"}:
+    measuring = sorted(given - {"over_seeds", "labels", "out"})
+    if args.over_seeds and measuring:
         ap.error(f"--over-seeds summarises evaluations already made, it measures nothing: drop "
-                 f"{' '.join(map(flag, sorted(given - {'over_seeds', 'labels', 'out'})))}")
+                 f"{' '.join(map(flag, measuring))}")
     metrics = set(args.metrics.split(","))
     for k in sorted(given & set(APPLIES)):
         if not metrics & set(APPLIES[k]):

@@ -366,6 +366,8 @@ BAD_ARGV = [("NOPE", "no checkpoint"), ("BAD", "corrupt"), ("CK CK --labels one"
             # a flag that does not apply is refused, not ignored
             ("CK CK --over-seeds --metrics effrem --eval-len 4096", "it measures nothing: drop --eval-len "
              "--metrics"), ("CK CK --over-seeds --seed 2 --labels a b", "drop --seed"),
+            ("CK CK --over-seeds --metrics ppl", "it measures nothing: drop --metrics"),
+            ("CK --metrics passkey --eval-len 64", "--eval-len does not apply to --metrics passkey"),
             ("CK --metrics ppl --passkey-lengths 128", "--passkey-lengths does not apply to --metrics ppl"),
             ("CK --metrics passkey --data stdlib", "--data does not apply"),
             ("CK --metrics copy --n-seqs 4", "--n-seqs does not apply"),
