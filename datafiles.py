@@ -113,7 +113,7 @@ def _remove_stale_tmps(path):
     process is gone; a live writer's are its own."""
     for tmp in glob.glob(f"{glob.escape(path)}.*.tmp"):
         pid = tmp[len(path) + 1:-4]
-        if not pid.isdecimal() or int(pid) == os.getpid():
+        if not pid.isdecimal():   # (this process's own: alive, so kept below)
             continue
         try:
             os.kill(int(pid), 0)

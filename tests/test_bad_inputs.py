@@ -192,7 +192,7 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--data {u}/prep-no-dtype", '"dtype" None and'), ("--data {u}/prep-bpe-as-bytes", "holds id 2"),
     ("--tokenizer gpt5", "unknown tokenizer"),
     ("--data {u}/short.txt --cache-dir {u}/a-file", "Not a directory): nothing was written: pass a writable"),
-    ("--init-from org/x", "--init-from org/x does not exist"),
+    ("--init-from org/x", "org/x: no such path, and the Hugging Face cache "),   # a hub id: offline here
     # issue 42: a flag that does not apply is refused; T_train never guessed; a resume's real problem
     ("--init-state sp --sigma 0.5", "--init-state sp takes no --sigma (its options: --p-reset, --seed): "
      "leave --sigma out"), ("--init-state fitted --sigma 0.5", "--init-state fitted takes no --sigma"),
@@ -207,6 +207,7 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--babi-tasks qa1", "--babi-tasks applies only to --task babilong"),
     ("--data stdlib --split-seed 3", "--split-seed applies only to --data markov"),
     ("--split-seed 3", ""),   # TRAIN's data: a Markov corpus
+    ("--init-from {u}/run --task passkey --seq-len 130 --split-seed 3", "--split-seed applies only"),
     (lambda u: train.main(["--init-from", f"{u}/good", "--data", "stdlib", "--out", f"{u}/never"]),
      "does not state the length it was trained at: pass --seq-len T_train (the official Mamba checkpoints: "
      "2048)"),
