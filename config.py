@@ -28,7 +28,7 @@ FLAGS = [
     ("babi-tasks", str, ",".join(tasks.BABI_TASKS), "--task babilong: the bAbI tasks hidden in --data text"),
     ("arch", list(model.ARCHS), "mamba2", "recurrent architecture"),
     ("size", str, "tiny", "a preset of model.PRESETS"),
-    ("init-from", str, None, "post-train this: a run directory or an official Mamba one (GPU.md)"),
+    ("init-from", str, None, "post-train this: a run directory, an official Mamba one, its hub id (GPU.md)"),
     ("data", str, "stdlib", "stdlib, text (a file, a dir, its cache), markov:k=8 (post-training: parent's)"),
     ("tokenizer", str, "bytes", "bytes, gpt2 (tiktoken's, or another of its encodings), PATH/x.tiktoken or "
      "PATH/tokenizer.json (post-training: the parent's)"),
@@ -73,7 +73,7 @@ def get_args(argv=None, description=None):
     if args.resume:
         take_checkpoint_flags(args, given)
     parent = parent_flags(args.init_from) if args.init_from and not args.resume else {}
-    official = args.init_from and os.path.isfile(os.path.join(args.init_from, "config.json"))
+    official = args.init_from and os.path.isfile(os.path.join(model.resolve(args.init_from), "config.json"))
     if official and not args.resume and "seq_len" not in given:
         sys.exit(f"error: {args.init_from} is an official checkpoint, whose config.json does not state the "
                  "length it was trained at: pass --seq-len T_train (the official Mamba checkpoints: 2048)")
@@ -150,9 +150,9 @@ def take_checkpoint_flags(args, given):
 
 def parent_flags(init_from):
     """What post-training inherits: the parent run's flags; an official one's arch and its shape's preset."""
-    parent = model.train_config(init_from)
-    if os.path.isfile(os.path.join(init_from, "config.json")):
-        _, c = model.read_official(init_from)
+    parent, folder = model.train_config(init_from), model.resolve(init_from)   # a hub id: its cached folder
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        _, c = model.read_official(folder)
         shape = (c["d_model"], c["n_layer"])
         sizes = [s for s, q in model.PRESETS[c["arch"]].items() if (q["d_model"], q["n_layer"]) == shape]
         parent = {**parent, "arch": c["arch"], "size": sizes[0] if sizes else None}
@@ -191,7 +191,8 @@ def exit_on_bad_flags(args):
         must("grad_clip", args.grad_clip > 0, "> 0 (inf: no clipping)"),
         (not args.init_from and args.size not in model.PRESETS[args.arch], f"unknown --size {args.size!r} "
          f"for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}"),
-        (args.init_from and not args.resume and not exists(args.init_from),   # a resume: its ckpt.pt alone
+        # a resume: its ckpt.pt alone; a hub id: its folder in the Hugging Face cache
+        (args.init_from and not args.resume and not exists(model.resolve(args.init_from)),
          f"--init-from {args.init_from} does not exist"),
         (same_run, f"--init-from and --out are the same run ({args.out}): post-training needs another --out"),
         (exists(args.out) and not os.path.isdir(args.out), f"--out {args.out} is a file, not a directory"),
