@@ -524,7 +524,7 @@ def test_a_run_whose_corpus_changed_is_refused_and_eval_json_records_the_step(tm
     for i in range(3):   # one document held out
         (corpus / f"f{i}.py").write_text(CORPUS_TEXT.replace("river", f"river{i}"))
     train.main(["--data", str(corpus), "--seq-len", "16", "--batch-size", "4", "--steps", "2", "--quiet",
-                "--split-seed", "3", "--out", run])   # a split seed text ignores
+                "--out", run])
     argv = [run, "--metrics", "ppl", "--n-seqs", "2", "--eval-len", "32", "--out", str(out)]
     rc, stdout, err = cli(capsys, *argv)
     assert rc == 0 and "t_train 16, step 2" in stdout and json.load(open(out / "eval.json"))["models"][0][
