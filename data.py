@@ -87,7 +87,7 @@ class RandomWindows:
         self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
         self.seed, self.step = seed, 0
 
-    def next_batch(self):   # uniform starts seeded by (seed, step): training windows may overlap, as nanoGPT's
+    def next_batch(self):   # uniform starts seeded by (seed, step): windows may overlap, as nanoGPT's
         last = len(self.tokens) - self.seq_len - 1   # the last start that fits
         require(last >= 0, f"RandomWindows: windows of {self.seq_len + 1} > {len(self.tokens)} tokens: "
                 "shorten them or add data")

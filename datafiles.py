@@ -187,7 +187,7 @@ class TiktokenTokenizer:
     def encode_ordinary_batch(self, texts):   # a thread per core
         return self._enc.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
 
-    def decode(self, ids):   # numpy's, torch's ids: a list (tiktoken takes no tensor); a cut character: U+FFFD
+    def decode(self, ids):   # numpy's, torch's ids as a list (tiktoken takes no tensor); a cut char: U+FFFD
         return self._enc.decode(list(ids))
 
     def encode_single_token(self, piece):
