@@ -34,7 +34,7 @@ FLAGS = [
      "PATH/tokenizer.json (post-training: the parent's)"),
     ("seq-len", int, 64, "T_train (post-training: the parent's)"),
     ("batch-size", int, 16, "sequences per micro-batch and process"),
-    ("grad-accum", int, 1, "micro-batches per optimizer step; each is a batch for the strategy"),
+    ("grad-accum", int, 1, "micro-batches per optimizer step and process; each is a batch for the strategy"),
     ("steps", int, 1500, "optimizer steps"),
     ("tokens", float, None, "a token budget instead of --steps (e.g. 5e6)"),
     ("lr", float, None, "peak lr (default: PEAK_LR of the size; post-training: a tenth of the parent's)"),
@@ -51,7 +51,9 @@ FLAGS = [
     ("data-seed", int, None, "seed of the training batches (default: --seed; post-training: the parent's)"),
     ("split-seed", int, 0, "seed of a Markov corpus (post-training: parent's); text has one fixed split"),
     ("cache-dir", str, None, "text --data tokenized once, here (default: $LENGTHGEN_CACHE_DIR, data_cache)"),
-    ("device", str, "auto", "auto (CUDA when present), cpu, cuda, cuda:1 ..."),
+    ("device", str, "auto", "auto (CUDA when present), cpu, cuda, cuda:1 ... (torchrun: LOCAL_RANK's GPU)"),
+    ("dist-timeout", float, 600, "torchrun: seconds a process waits for the others (one frozen or ended, or "
+     "rank 0 tokenizing --data) before the run ends"),
     ("stop-at", int, None, "stop after this step as if killed (to test --resume)"),
     ("quiet", bool, False, "no progress bar"),
     ("demo", bool, False, "the demo in OUT/demo, minutes a seed (with --out, --seed(s), --device, --quiet): "
@@ -59,7 +61,7 @@ FLAGS = [
     ("seeds", str, None, "--demo: training seeds, e.g. 0-7 or 0,5: a demo each, then the summary over seeds")]
 DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
 # Not resumed: flags of one invocation, not of the run. May change on resume: the length, divergence remedies.
-PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo", "seeds", "cache_dir")
+PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo", "seeds", "cache_dir", "dist_timeout")
 DEMO_FLAGS = ("demo", "out", "seed", "seeds", "device", "quiet")   # what --demo takes
 MAY_CHANGE = ("steps", "ckpt_interval", "eval_interval", "lr", "grad_clip")
 INHERITED = ("data", "tokenizer", "seq_len", "split_seed", "arch", "size")   # post-training: the parent's
@@ -110,6 +112,8 @@ def exit_on_bad_command_line(args, given):
              f"back from another name), got {args.out!r}"),
             (empty, f"{empty} '': pass a value, or leave the flag out"),
             (args.demo and alone, f"--demo sets its training flags itself (a rerun goes on): drop {alone}"),
+            (args.demo and "RANK" in os.environ, "--demo runs in one process: start it with python, not "
+             "torchrun"),
             (args.seeds and not args.demo, "--seeds is for --demo: a training run takes one --seed"),
             ({"seed", "seeds"} <= given, "--seed and --seeds both: pass one"),
             ({"steps", "tokens"} <= given, "--steps and --tokens both set the length: pass one"),
@@ -128,7 +132,8 @@ def exit_on_flags_that_do_not_apply(args, given):
             ("data", args.task in ("lm", "babilong"), "--task lm or babilong (passkey and copy make theirs)"),
             ("copy_len", args.task == "copy", "--task copy"),
             ("babi_tasks", args.task == "babilong", "--task babilong"),
-            ("split_seed", markov and args.task == "lm", "--data markov:... (text has one fixed split)")]:
+            ("split_seed", markov and args.task == "lm", "--data markov:... (text has one fixed split)"),
+            ("dist_timeout", "RANK" in os.environ, "torchrun's processes (RANK set)")]:
         if flag in given and not applies:
             sys.exit(f"error: --{flag.replace('_', '-')} applies only to {where}: drop it")
 
@@ -168,7 +173,8 @@ def set_lr_and_steps(args, given, parent):
     if args.tokens is not None and math.isfinite(args.tokens):
         hi = args.copy_len.split(",")[-1]   # copy: the longest string twice + SEP + EOS (a bad one: refused)
         per_row = 2 * int(hi) + 2 if args.task == "copy" and hi.isdecimal() else args.seq_len
-        args.steps = max(1, int(args.tokens // (args.batch_size * per_row * args.grad_accum)))
+        processes = int(os.environ.get("WORLD_SIZE", 1)) if "RANK" in os.environ else 1   # torchrun's
+        args.steps = max(1, int(args.tokens // (args.batch_size * processes * per_row * args.grad_accum)))
 
 def exit_on_bad_flags(args):
     """Every flag's value, in one place: the first problem is one line naming the flag and the fix."""
@@ -189,6 +195,7 @@ def exit_on_bad_flags(args):
         must("warmup", 0 <= args.warmup < 1, "a fraction of the steps in [0, 1)"),
         must("weight_decay", 0 <= args.weight_decay < math.inf, "finite and >= 0"),
         must("grad_clip", args.grad_clip > 0, "> 0 (inf: no clipping)"),
+        must("dist_timeout", 1 <= args.dist_timeout <= 1e7, "in [1, 1e7] seconds"),
         (not args.init_from and args.size not in model.PRESETS[args.arch], f"unknown --size {args.size!r} "
          f"for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}"),
         # a resume: its ckpt.pt alone; a hub id: its folder in the Hugging Face cache

@@ -4,6 +4,7 @@ r"""The one training script: from scratch, or post-training a checkpoint, with a
     python train.py --init-from out/base --init-state sp --steps 300   # post-training (lr = peak/10)
     python train.py --init-from PATH/mamba2-370m --data corpus/ --tokenizer PATH/tokenizer.json \
         --seq-len 2048 --init-state sp --steps 100 --grad-accum 32   # Fig. 5 on an official checkpoint
+    torchrun --standalone --nproc_per_node 8 train.py ...   # DDP: each process reads --batch-size rows
 
 The interventions differ only in each sequence's initial state (interventions.py); the rest is Appendix B's
 recipe. --out: ckpt.pt (all a resume needs; atomic; finite weights), metrics.jsonl, args.json, train.lock."""
@@ -26,13 +27,14 @@ from tqdm import tqdm
 import config
 import data
 import datafiles
+import distributed
 import interventions
 import model
 import tasks
 
 def accumulate_gradients(lm, sampler, strategy, n_micro, device, autocast=nullcontext()):
     """The gradients of one optimizer step, the paper's loop: initial state -> forward -> backward -> observe.
-    Each micro-batch is a batch for the strategy."""
+    Each micro-batch is a batch for the strategy. lm under DDP: the ranks' gradients averaged at the end."""
     total = 0.0
     tokens = 0
     for micro in range(n_micro):
@@ -40,11 +42,12 @@ def accumulate_gradients(lm, sampler, strategy, n_micro, device, autocast=nullco
         x = batch.x.to(device)
         y = batch.y.to(device)
         initial_state = strategy.initial_state(batch)
-        with autocast:
-            logits, final_state = lm(x, state=initial_state)
-            # task batches mark every non-answer target -100: the mean over the answer tokens
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
-        (loss / n_micro).backward()  # the gradient of the mean over the micro-batches
+        with distributed.no_sync(lm, micro < n_micro - 1):   # DDP: all-reduced once, in the last backward
+            with autocast:
+                logits, final_state = lm(x, state=initial_state)
+                # task batches mark every non-answer target -100: the mean over the answer tokens
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100)
+            (loss / n_micro).backward()  # the gradient of the mean over the micro-batches
         strategy.observe(final_state)
         total += loss.item()
         tokens += x.numel()
@@ -56,18 +59,24 @@ def train(args):
         exit_on_bad_task(args)
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if args.device == "auto" else args.device)
+    device = distributed.start(device, args.dist_timeout)   # torchrun: this rank's GPU, in the process group
+    lead = distributed.rank() == 0   # the one process that prints and writes --out's files
     os.makedirs(args.out, exist_ok=True)
     sampler, val_sampler, vocab_size, n_vocab, source = setup_data(args)
     val_state0 = val_sampler.state_dict()  # the same validation batches at every evaluation
     ckpt_path = os.path.join(args.out, "ckpt.pt")
     lm, optimizer, strategy, step = setup_model(args, device, vocab_size, n_vocab, sampler, ckpt_path)
+    fwd = distributed.wrap(lm, device)   # DDP under torchrun; lm itself is evaluated and saved
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
     streams = " --streams" if args.streams else ""
-    print(f"{lm.extra_repr()}, data {source}, --init-state {args.init_state}{streams}, {args.steps} steps of "
-          f"{args.grad_accum * args.batch_size} x {args.seq_len} tokens, lr {args.lr:g}, {device}" +
-          (f", resuming at step {step}" if step else ""))
-    with open_run(args, step) as log, \
-            tqdm(total=args.steps, initial=step, disable=args.quiet, file=sys.stdout) as bar:
+    world = distributed.world()
+    ranks = f" x {world} processes" if distributed.launched() else ""
+    if lead:
+        print(f"{lm.extra_repr()}, data {source}, --init-state {args.init_state}{streams}, {args.steps} "
+              f"steps of {args.grad_accum * args.batch_size}{ranks} x {args.seq_len} tokens, lr {args.lr:g}, "
+              f"{device}" + (f", resuming at step {step}" if step else ""))
+    with open_run(args, step) if lead else open(os.devnull, "w") as log, \
+            tqdm(total=args.steps, initial=step, disable=args.quiet or not lead, file=sys.stdout) as bar:
         t0 = time.time()
         start = step
         saved_step = step or None  # resumed: the checkpoint's step
@@ -76,14 +85,15 @@ def train(args):
             for group in optimizer.param_groups:
                 group["lr"] = lr * group["lr_scale"]
             optimizer.zero_grad(set_to_none=True)
-            loss, tokens = accumulate_gradients(lm, sampler, strategy, args.grad_accum, device, amp)
+            loss, tokens = accumulate_gradients(fwd, sampler, strategy, args.grad_accum, device, amp)
+            loss = distributed.mean(loss)   # over the ranks: each logs, and stops on, one process's number
             grad_norm = torch.nn.utils.clip_grad_norm_(lm.parameters(), args.grad_clip).item()
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # stop before breaking the weights
                 diverged(args, step + 1, f"loss {loss:g}, gradient norm {grad_norm:g}", saved_step)
             optimizer.step()
             step += 1
             record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                      "tokens_per_s": tokens * (step - start) / max(time.time() - t0, 1e-9)}
+                      "tokens_per_s": tokens * world * (step - start) / max(time.time() - t0, 1e-9)}
             save = step % args.ckpt_interval == 0 or step == args.steps
             if save or step % args.eval_interval == 0:
                 val_sampler.load_state_dict(val_state0)
@@ -96,8 +106,11 @@ def train(args):
                     diverged(args, step, "the validation loss", saved_step)
                 save_checkpoint(ckpt_path, lm, optimizer, step, args, sampler, strategy)
                 saved_step = step
-    print(f"done: step {step}, {time.time() - t0:.0f}s, " + (f"checkpoint {ckpt_path} (step {saved_step})"
-          if saved_step else "no checkpoint (--stop-at before the first --ckpt-interval)"))
+    if lead:
+        print(f"done: step {step}, {time.time() - t0:.0f}s, " + (f"checkpoint {ckpt_path} (step {saved_step})"
+              if saved_step else "no checkpoint (--stop-at before the first --ckpt-interval)"))
+    del fwd   # DDP's hold on the process group, which finish() ends
+    distributed.finish()
     return lm
 
 def setup_data(args):
@@ -115,16 +128,18 @@ def setup_data(args):
         data.require(saved.get(key) in (None, now[key]), f"{flag} {vars(args)[flag[2:]]} ({now[key]}) does "
                      f"not match {args.out if args.resume else args.init_from}'s {saved.get(key)}: {fix}")
     vars(args).update(now)
+    rows = args.batch_size * distributed.world()   # the run's rows a batch; rank r reads B of them (RankRows)
     if args.task == "lm":
         Sampler = data.DocumentStreams if args.init_state == "tbtt" or args.streams else data.RandomWindows
         eot = (corpus.eot_token,) if Sampler is data.DocumentStreams else ()
-        sampler = Sampler(corpus.train, *eot, args.batch_size, args.seq_len, args.data_seed)
-        val_sampler = data.RandomWindows(corpus.val, args.batch_size, args.seq_len, 10_000)
+        sampler = Sampler(corpus.train, *eot, rows, args.seq_len, args.data_seed)
+        val_sampler = data.RandomWindows(corpus.val, rows, args.seq_len, 10_000)
         if args.init_from and not args.resume:
             read_on(sampler, args.init_from)
     else:  # babilong hides its stories in --data text (train / val split); passkey and copy bring their own
-        sampler = make_task_sampler(args, args.data_seed, corpus and corpus.train)
-        val_sampler = make_task_sampler(args, 10_000, corpus and corpus.val)
+        sampler = make_task_sampler(args, args.data_seed, corpus and corpus.train, rows)
+        val_sampler = make_task_sampler(args, 10_000, corpus and corpus.val, rows)
+    sampler, val_sampler = distributed.rows(sampler), distributed.rows(val_sampler)
     tokenizer = corpus.tokenizer if corpus else data.get_tokenizer(args.tokenizer)   # Markov: None
     n_vocab = tokenizer.n_vocab if tokenizer else None
     vocab_size = corpus.vocab_size if corpus else n_vocab
@@ -132,7 +147,8 @@ def setup_data(args):
 
 def read_corpus(args):
     """--data as data.load_data reads it, more than --seq-len tokens in each split (text for babilong)."""
-    corpus = data.load_data(args.data, args.tokenizer, args.split_seed, cache_dir=args.cache_dir)
+    with distributed.rank_zero_first():   # one process tokenizes --data into the cache, the others read it
+        corpus = data.load_data(args.data, args.tokenizer, args.split_seed, cache_dir=args.cache_dir)
     if args.task == "babilong" and corpus.tokenizer is None:
         raise ValueError(f"--task babilong hides its stories in --data text, but {corpus.name} is not text")
     for split, tokens in (("training", corpus.train), ("validation", corpus.val)):
@@ -146,9 +162,10 @@ def setup_model(args, device, vocab_size, n_vocab, sampler, path):
     resume = model.read_checkpoint(path, device) if args.resume else None
     if resume and not {"model_config", "model", "optimizer", "step", "sampler", "strategy"} <= resume.keys():
         raise ValueError(f"{path} is not a checkpoint of train.py: it cannot be resumed")
-    if resume and len(resume["sampler"]) != 1:   # one sampler state a process that trained it
-        raise ValueError(f"{path} was saved by {len(resume['sampler'])} processes, train.py runs one: start "
-                         "a new run")
+    saved, world = len(resume["sampler"]) if resume else 0, distributed.world()
+    if resume and saved != world:   # one sampler and strategy state a process that trained it
+        raise ValueError(f"{path} was saved by {saved} process{'es' * (saved > 1)}, this run has {world}: "
+                         f"resume with torchrun --nproc_per_node {saved}")
     if resume:
         lm = model.LM(model.ModelConfig(**resume["model_config"]))
     elif args.init_from:
@@ -161,12 +178,13 @@ def setup_model(args, device, vocab_size, n_vocab, sampler, path):
         raise ValueError(f"--steps {args.steps} is below the step of {path} ({resume['step']}): pass more")
     optimizer = make_optimizer(lm.to(device), args.lr, args.weight_decay, device)
     options = {k: vars(args)[k] for k in interventions.OPTIONS[args.init_state]}   # sigma, p_reset: theirs
+    options["seed"] += distributed.rank()   # each rank draws its own noise, SP resets; rank 0 one process's
     strategy = interventions.make_strategy(args.init_state, lm, args.batch_size, **options)
     if resume:
         lm.load_state_dict(resume["model"])
         optimizer.load_state_dict(resume["optimizer"])
-        sampler.load_state_dict(resume["sampler"][0])
-        strategy.load_state_dict(resume["strategy"][0])
+        sampler.load_state_dict(resume["sampler"][distributed.rank()])
+        strategy.load_state_dict(resume["strategy"][distributed.rank()])
     return lm, optimizer, strategy, resume["step"] if resume else 0
 
 def main(argv=None):
@@ -181,10 +199,14 @@ def main(argv=None):
         return train(args)
     except (OSError, ValueError) as e:  # bad input: one line, no trace
         sys.exit(f"error: {e}")
-    except (MemoryError, RuntimeError) as e:  # the CPU allocator's out of memory is a plain RuntimeError
-        if not (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)):
+    except (MemoryError, RuntimeError) as e:  # the CPU allocator's out of memory is a plain RuntimeError,
+        if isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in str(e):
+            sys.exit("error: out of memory: lower --batch-size (and raise --grad-accum) or --seq-len")
+        if not (why := distributed.lost(e)):   # as is a collective's that lost a peer (torchrun)
             raise
-        sys.exit("error: out of memory: lower --batch-size (and raise --grad-accum) or --seq-len")
+        sys.exit(f"error: rank {os.environ['RANK']} lost the other processes ({why}): one ended, or froze or "
+                 f"was busy past --dist-timeout {args.dist_timeout:g} s (tokenizing a large --data: tokenize "
+                 f"it first, python datafiles.py); {last_checkpoint(args)}")
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM
         if args and args.demo:
             sys.exit("interrupted: rerun the same command to go on: finished runs are kept, the one "
@@ -237,13 +259,15 @@ def read_on(sampler, parent):
             state.update(row_doc=[-1] * sampler.batch_size, row_pos=[0] * sampler.batch_size)
         sampler.load_state_dict(state)
 
-def make_task_sampler(args, seed, filler_tokens):
-    """Batches of --task examples of --seq-len + 1 tokens (bAbI's hidden in filler_tokens), or copy's."""
+def make_task_sampler(args, seed, filler_tokens, rows=None):
+    """Batches of `rows` (default --batch-size) --task examples of --seq-len + 1 tokens (bAbI's hidden in
+    filler_tokens), or copy's."""
     babi = args.task == "babilong"
     kw = dict(babi_tasks=tuple(args.babi_tasks.split(",")), filler_tokens=filler_tokens) if babi else {}
     length = tuple(map(int, args.copy_len.split(","))) if args.task == "copy" else args.seq_len + 1
-    return data.TaskSampler(tasks.babi_mixture if babi else tasks.TASKS[args.task], args.batch_size, seed,
-                            tokenizer=args.tokenizer, length=length, **kw)
+    task_fn = tasks.babi_mixture if babi else tasks.TASKS[args.task]
+    return data.TaskSampler(task_fn, rows or args.batch_size, seed, tokenizer=args.tokenizer, length=length,
+                            **kw)
 
 def exit_on_bad_task(args):
     """One --task example now: a --seq-len too short for the task, or a --tokenizer, is a clear error."""
@@ -254,7 +278,8 @@ def exit_on_bad_task(args):
 
 @torch.no_grad()
 def evaluate_loss(lm, sampler, n_batches, device, autocast):
-    """Mean next-token loss (tasks: per answer token) on validation batches, from the zero state."""
+    """Mean next-token loss (tasks: per answer token) on validation batches, from the zero state; under
+    torchrun over every rank's rows."""
     lm.eval()  # no layer here depends on the mode; one added (dropout) would
     total, count = 0.0, 0
     for x, y, _ in (sampler.next_batch() for _ in range(n_batches)):
@@ -263,6 +288,7 @@ def evaluate_loss(lm, sampler, n_batches, device, autocast):
         total += F.cross_entropy(logits, y.to(device).flatten(), ignore_index=-100, reduction="sum").item()
         count += int((y != -100).sum())
     lm.train()
+    total, count = distributed.sums(total, count)
     return total / count
 
 def diverged(args, step, what, saved):
@@ -313,10 +339,14 @@ def open_run(args, step):
             yield log
 
 def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy):
-    """All a resume needs: it continues exactly. The sampler's and the strategy's states: one a process."""
+    """All a resume needs: it continues exactly. The sampler's and the strategy's states: one a process,
+    gathered to rank 0, which writes."""
+    states = distributed.gather((sampler.state_dict(), strategy.state_dict()))   # other ranks: None
+    if states is None:
+        return
     ckpt = {"model_config": vars(lm.cfg), "model": lm.state_dict(), "optimizer": optimizer.state_dict(),
-            "train_config": vars(args), "step": step, "sampler": [sampler.state_dict()],
-            "strategy": [strategy.state_dict()]}
+            "train_config": vars(args), "step": step, "sampler": [s for s, _ in states],
+            "strategy": [s for _, s in states]}
     datafiles.write_atomically(path, lambda tmp: torch.save(ckpt, tmp))
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from conftest import ROOT
 SCRIPTS = ("train.py", "evaluate.py", "bench.py", "datafiles.py", "official.py", "docs/kit.py")
 RECORD = r"""set -u
 python() { printf '%s\x1f' "$@" >> "$LOG"; echo >> "$LOG"; }
+torchrun() { while [[ $1 != *.py ]]; do shift; done; python "$@"; }   # its script and flags
 """
 
 class Parsed(Exception):
