@@ -1,5 +1,5 @@
 """Data for the length-generalization experiments: 1. load_data -> Data, a train and a val stream of token
-ids (the files behind them: datafiles.py), 2. the in-context Markov process and its exact Bayes floor, 3. the
+ids (the files behind them: plumbing/token_cache.py, plumbing/tokenizers.py), 2. the in-context Markov process and its exact Bayes floor, 3. the
 samplers (each next_batch() -> Batch). A stream is [eot d1 eot d2 ...]: a window that starts at an eot starts
 a document."""
 import collections
@@ -10,8 +10,9 @@ import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-import datafiles
-from datafiles import DataError, get_tokenizer, is_int, require
+from plumbing import token_cache
+from plumbing.files import DataError, is_int, require
+from plumbing.tokenizers import get_tokenizer
 
 # train, val: 1-D token ids (often np.memmaps); markov: tokenizer None, optimal_nll(windows) its exact floor.
 Data = collections.namedtuple("Data", "name train val vocab_size eot_token tokenizer optimal_nll info",
@@ -21,14 +22,14 @@ Batch = collections.namedtuple("Batch", "x y new_doc")
 
 # --- 1. load_data ----------------------------------------------------------------------------------------
 def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache_dir=None):
-    """data: "markov:k=8,..." (MARKOV_DEFAULTS, drawn with `seed`), or the token ids datafiles.token_ids
+    """data: "markov:k=8,..." (MARKOV_DEFAULTS, drawn with `seed`), or the token ids token_cache.token_ids
     reads with the tokenizer: "stdlib" (offline text), text (cached in cache_dir) or a cache folder."""
     require(isinstance(data, str) and data and is_int(seed, 0) and isinstance(val_fraction, (int, float)) and
             0 <= val_fraction < 1, "load_data: need a data name, seed >= 0 and val_fraction in [0, 1)")
     if data.split(":")[0] == "markov":
         return _load_markov(data[7:], int(seed))
     enc = get_tokenizer(tokenizer)
-    train, val, info = datafiles.token_ids(data, enc, val_fraction, cache_dir)
+    train, val, info = token_cache.token_ids(data, enc, val_fraction, cache_dir)
     return Data(data, train, val, enc.n_vocab, enc.eot_token, enc, info=info)
 
 # --- 2. The in-context Markov process and its exact Bayes floor -----------------------------------

@@ -9,7 +9,7 @@ another rule than Definition 3.2 read literally (length_generalization_naive; it
 short_context_nll is itself a definition and state_statistics a pooled moment: neither has another form.
 Any LM with model.LM's interface works: logits, final_state = lm(idx, state=None, last_only=False);
 lm.zero_state(b, device). Entry i of a per-position curve is the prediction after i + 1 tokens. Section 5:
-the command line (the tables and figures: report.py)."""
+the command line (the tables and figures: plumbing/report.py)."""
 import argparse
 import json
 import math
@@ -23,12 +23,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import data
-import datafiles
 import model
-import report
 import tasks
-from datafiles import is_int, require
-from report import sem
+from plumbing import checkpoints, report, tokenizers
+from plumbing.files import is_int, require
+from plumbing.report import sem
 
 MIN_SEQS = 16  # below this many sequences the verdict's bootstrap means nothing: warn
 
@@ -329,10 +328,10 @@ def check_args(args):
     require(not args.labels or len(args.ckpts) == len(args.labels) == len(set(args.labels)), f"--labels "
             f"{' '.join(args.labels or [])}: give each of the {len(args.ckpts)} checkpoints its own name")
     for p in args.ckpts:
-        require(os.path.exists(model.resolve(p)), f"no checkpoint at {p}: check the path (OUT/ckpt.pt)")
-    files = [os.path.realpath(model.weights_file(p)[0]) for p in args.ckpts]   # a run's folder is its ckpt.pt
+        require(os.path.exists(checkpoints.resolve(p)), f"no checkpoint at {p}: check the path (OUT/ckpt.pt)")
+    files = [os.path.realpath(checkpoints.weights_file(p)[0]) for p in args.ckpts]   # a run's folder is its ckpt.pt
     require(len(set(files)) == len(files), f"{' '.join(args.ckpts)}: one checkpoint twice: pass each once")
-    cfgs = [model.train_config(p) for p in args.ckpts]  # a corrupt checkpoint is reported as corrupt
+    cfgs = [checkpoints.train_config(p) for p in args.ckpts]  # a corrupt checkpoint is reported as corrupt
     args.metrics, known = args.metrics.split(","), LM_METRICS + TASK_METRICS
     require(len(set(args.metrics) & set(known)) == len(args.metrics), f"unknown or repeated metric in "
             f"--metrics {','.join(args.metrics)}: use a subset of {','.join(known)}")
@@ -352,7 +351,7 @@ def check_args(args):
     ids = {c["tokenizer_id"] for c in cfgs if c.get("tokenizer_id")}   # the runs' tokenizers (train.py)
     require(len(ids) <= 1, f"checkpoints of different tokenizers {sorted(ids)}: evaluate them separately")
     args.tokenizer = _agree(args, cfgs, "tokenizer", required=False) or "bytes"
-    enc = datafiles.get_tokenizer(args.tokenizer)
+    enc = tokenizers.get_tokenizer(args.tokenizer)
     require(ids <= {enc.name}, f"--tokenizer {args.tokenizer} ({enc.name}) does not match the checkpoints' "
                                f"{''.join(ids)}: pass the --tokenizer they were trained with")
     if _asks(args, TASK_METRICS):
@@ -407,7 +406,7 @@ def read_eval_data(args, cfgs, t_trains):
                     f"{trained_on}, {name} is {'not ' * (corpus.tokenizer is not None)}a Markov process: its "
                     "ids would mean other things: evaluate it on data of its own kind (--data)")
         for path, c in zip(args.ckpts, cfgs):   # its split re-drawn from changed files: val may hold train
-            now = model.data_id(corpus, c.get("split_seed", args.split_seed))
+            now = checkpoints.data_id(corpus, c.get("split_seed", args.split_seed))
             require(c.get("data") != name or c.get("data_id") in (None, now), f"{path} was trained on "
                     f"{c.get('data_id')}, but {name} now reads {now} (its files changed: the validation "
                     "split may hold training documents): restore them, or pass other --data")
@@ -444,8 +443,8 @@ def run(args):
                 enc.n_vocab if _asks(args, TASK_METRICS) else 0)
     markov = args.optimal is not None and not _asks(args, TASK_METRICS)   # its ids: states, no tokenizer
     for path, label, t_train, c in zip(args.ckpts, args.labels, t_trains, cfgs):
-        lm = model.from_pretrained(path, device=args.device)
-        model.check_vocabulary(lm, n_ids, None if markov else enc.n_vocab, path)
+        lm = checkpoints.from_pretrained(path, device=args.device)
+        checkpoints.check_vocabulary(lm, n_ids, None if markov else enc.n_vocab, path)
         step = getattr(lm, "step", None)   # the checkpoint's, read with its weights (a run may go on)
         result["models"].append(measure(lm, t_train, args, label=label, path=path, step=step,
                                         train_seed=c.get("seed")))   # --over-seeds tells runs apart by it

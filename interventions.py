@@ -20,7 +20,7 @@ from functools import partial
 
 import torch
 
-from datafiles import is_int, require
+from plumbing.files import is_int, require
 
 class Zero:
     """The baseline: every training sequence starts from h = 0."""
@@ -121,7 +121,7 @@ MIN_SIGMA = math.sqrt(torch.finfo(torch.float32).tiny)   # below: sigma^2 no nor
 
 def check_options(name, **options):
     """Checks --init-state `name` and the options make_strategy would get: a bad one is a one-line DataError
-    naming its flag and the fix (the words of train.py's flags, which config.py may check with it)."""
+    naming its flag and the fix (the words of train.py's flags, which plumbing/flags.py checks with it)."""
     require(isinstance(name, str) and name in STRATEGIES,
             f"unknown --init-state {name!r}: choose one of {', '.join(STRATEGIES)}")
     flag = lambda k: "--" + k.replace("_", "-")

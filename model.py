@@ -10,16 +10,14 @@ interventions (State Passing, TBTT) and streaming evaluation rely on. state=None
 
 Module names follow mamba_ssm's MambaLMHeadModel (backbone.embedding, backbone.layers.{i}.norm,
 backbone.layers.{i}.mixer, backbone.norm_f, lm_head) so official Mamba checkpoints load as they are
-(official.py: reading them, exporting ours in their layout, hub ids)."""
+(plumbing/checkpoints.py loads ours and theirs; plumbing/official.py reads and writes their layout)."""
 import math
-import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 
 import gla
-import official
 import rwkv
 import ssm
 
@@ -165,95 +163,3 @@ def stream(lm, x, chunk_len, stops=(), last_only=False):
     for a, b in zip([0] + ends[:-1], ends):
         logits, state = lm(x[:, a:b], state, last_only=last_only)
         yield a, b, logits, state
-
-# --- loading: our checkpoints (train.py's ckpt.pt), official Mamba LMs (mamba_ssm's layout) -----------
-def from_pretrained(path, device="cpu"):
-    """Our checkpoint (train.py's ckpt.pt or its directory), a state-spaces/mamba directory (config.json +
-    pytorch_model.bin, Mamba-1 or -2) or a hub id of one (official.resolve). What cannot load faithfully is
-    an error.
-    lm.step: the training step of our checkpoint (None: official)."""
-    path, cfg = weights_file(path)
-    ours = cfg is None
-    ckpt = read_checkpoint(path, device)
-    try:
-        state_dict = ckpt["model"] if ours else ckpt
-        lm = LM(ModelConfig(**ckpt["model_config"]) if ours else cfg)
-    except (TypeError, KeyError, IndexError, ValueError) as e:
-        raise ValueError(f"{path}: not a model checkpoint of this repo ({type(e).__name__}: {e})") from None
-    lm.load_state_dict(_checked_weights(path, lm, state_dict))
-    lm.step = ckpt.get("step") if ours else None
-    return lm.to(device)
-
-def _checked_weights(path, lm, state_dict):
-    """-> state_dict with the head of a tied LM, if it holds exactly lm's weights, each of lm's shape,
-    floating point and finite; else a one-line error naming the first weight that is not."""
-    own = lm.state_dict()
-    if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
-        raise ValueError(f"{path}: its weights are not a dict of tensors: not a checkpoint of this repo")
-    if lm.cfg.tie_embeddings:   # a tied head (every official Mamba LM) may be stored or not, but must equal
-        emb = state_dict.get("backbone.embedding.weight")   # the embedding
-        if emb is not None and not torch.equal(state_dict.get("lm_head.weight", emb), emb):
-            raise ValueError(f"{path}: lm_head.weight differs from the embedding it is tied to: not loadable")
-        state_dict = {**state_dict, "lm_head.weight": emb}
-    missing = sorted(set(own) - set(state_dict))
-    unknown = sorted(set(state_dict) - set(own))
-    if missing or unknown:
-        raise ValueError(f"{path}: weights not of this model: missing {missing[:5]}, unknown {unknown[:5]}")
-    for k, v in state_dict.items():
-        for bad, problem in [(v.shape != own[k].shape, f"shape {list(v.shape)}, not {list(own[k].shape)}"),
-                             (not v.is_floating_point(), f"{v.dtype} values, not floating point"),
-                             (not torch.isfinite(v).all(), "NaN or inf values")]:
-            if bad:
-                raise ValueError(f"{path}: {k} has {problem}: not a checkpoint this model can load")
-    return state_dict
-
-def train_config(path):
-    """train.py's arguments stored in one of our checkpoints (a ckpt.pt or the run directory holding it); {}
-    for an official Mamba directory (or hub id) or no file at path. An unreadable file is an error."""
-    path, cfg = weights_file(path)
-    if cfg is not None or not os.path.isfile(path):
-        return {}
-    tc = read_checkpoint(path, "cpu", mmap=True).get("train_config")
-    return tc if isinstance(tc, dict) else {}
-
-def check_vocabulary(lm, n_ids, n_vocab, name):
-    """name's model must read every id of its data (n_ids of them), and have at most twice its tokenizer's
-    n_vocab ids (None: Markov states, no tokenizer): more is an LM of another tokenizer (an official one)."""
-    if n_ids > lm.cfg.vocab_size or n_vocab and lm.cfg.vocab_size > 2 * n_vocab:
-        tokenizer = f", the tokenizer {n_vocab}" if n_vocab else ""
-        raise ValueError(f"{name} has a vocabulary of {lm.cfg.vocab_size}, the data {n_ids} ids{tokenizer}: "
-                         "pass the --tokenizer it was trained with (official: PATH/tokenizer.json)")
-
-def data_id(corpus, split_seed):
-    """What a checkpoint records of the data it read (train.py; --resume and evaluate.py compare it): the
-    corpus, its content's key (text: the hash of its token ids) and the split seed."""
-    return " ".join([corpus.name, str(corpus.info.get("key", "")), f"split-seed {split_seed}"])
-
-# official.py's, by the names config.py, evaluate.py and the tests call
-read_official, resolve = official.read, official.resolve
-
-def weights_file(path):
-    """-> (the file holding path's weights, None) for ours (a ckpt.pt or its run directory), or
-    (its pytorch_model.bin, its ModelConfig) for an official directory or hub id; a missing file is named."""
-    path = official.resolve(path)
-    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "ckpt.pt")):
-        weights, fields = official.read(path)
-        return weights, ModelConfig(**fields)
-    return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path, None
-
-def read_checkpoint(path, device, **kw):
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} does not exist")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True, **kw)
-    except PermissionError as e:
-        raise ValueError(f"cannot read {path} ({e.strerror}): fix its permissions") from None
-    except Exception as e:  # a file cut short fails as EINVAL, EOFError or a zip without its directory
-        # (torch's own text may give advice, e.g. weights_only=False, that is wrong for an unknown file)
-        why = f"truncated, corrupt or not a torch checkpoint: {type(e).__name__}"
-        raise ValueError(f"cannot read {path} ({why}): copy it again whole, or pass a ckpt.pt written by "
-                         "train.py") from None
-    if not isinstance(ckpt, dict):  # every checkpoint (ours, official weights) is a dict
-        raise ValueError(f"{path} holds a {type(ckpt).__name__}, not a dict: not a checkpoint of this repo "
-                         "(pass a ckpt.pt written by train.py, or an official pytorch_model.bin)")
-    return ckpt

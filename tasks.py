@@ -10,8 +10,9 @@ import torch
 from tqdm import tqdm
 
 import model
-from babi import BABI_TASKS, babi_story, pick
-from datafiles import DataError, get_tokenizer, is_int, require
+from plumbing.babi import BABI_TASKS, babi_story, pick
+from plumbing.files import DataError, is_int, require
+from plumbing.tokenizers import get_tokenizer
 
 Sample = collections.namedtuple("Sample", "tokens answer_mask meta")   # int64 [n], bool [n], dict
 FLAGS = "train.py --seq-len; evaluate.py --passkey-lengths, --babi-lengths"   # where a length comes from
@@ -62,7 +63,7 @@ def copy_scores(pred_tokens, target_tokens):
     correct = sum(p == t for p, t in zip(pred, target))
     return correct / len(target), correct == len(target)
 
-# --- BABILong-style QA (Fig. 6): a bAbI story (babi.py) hidden in filler -----------------------------
+# --- BABILong-style QA (Fig. 6): a bAbI story (plumbing/babi.py) hidden in filler -----------------------------
 def babi_sample(task, tokenizer, length, seed=0, filler_tokens=None):
     """A bAbI story (task "qa1".."qa10", None: uniform), its facts in order at random boundaries of filler."""
     enc, (task_rng, story_rng, layout_rng) = task_tokenizer(tokenizer), np.random.default_rng(seed).spawn(3)

@@ -24,13 +24,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-import config
 import data
-import datafiles
-import distributed
 import interventions
 import model
 import tasks
+from plumbing import checkpoints, demo, distributed, files, flags
 
 def accumulate_gradients(lm, sampler, strategy, n_micro, device, autocast=nullcontext()):
     """The gradients of one optimizer step, the paper's loop: initial state -> forward -> backward -> observe.
@@ -54,7 +52,7 @@ def accumulate_gradients(lm, sampler, strategy, n_micro, device, autocast=nullco
     return total / n_micro, tokens
 
 def train(args):
-    config.exit_on_bad_flags(args)
+    flags.exit_on_bad_flags(args)
     if args.task != "lm":
         exit_on_bad_task(args)
     auto = "cuda" if torch.cuda.is_available() else "cpu"
@@ -104,7 +102,7 @@ def train(args):
             if save:
                 if not math.isfinite(record["val_loss"]):  # only weights with a finite val loss are saved
                     diverged(args, step, "the validation loss", saved_step)
-                save_checkpoint(ckpt_path, lm, optimizer, step, args, sampler, strategy)
+                checkpoints.save_checkpoint(ckpt_path, lm, optimizer, step, args, sampler, strategy)
                 saved_step = step
     if lead:
         print(f"done: step {step}, {time.time() - t0:.0f}s, " + (f"checkpoint {ckpt_path} (step {saved_step})"
@@ -119,10 +117,10 @@ def setup_data(args):
     corpus = read_corpus(args) if args.task in ("lm", "babilong") else None  # passkey, copy: no --data
     # what the run read, kept in its checkpoint: a resume must read the same, post-training the same tokenizer
     now = dict(tokenizer_id=data.get_tokenizer(args.tokenizer).name,
-               data_id=model.data_id(corpus, args.split_seed) if corpus else None)
+               data_id=checkpoints.data_id(corpus, args.split_seed) if corpus else None)
     saved = vars(args) if args.resume else {}
     if args.init_from and not args.resume:
-        saved = {"tokenizer_id": model.train_config(args.init_from).get("tokenizer_id")}
+        saved = {"tokenizer_id": checkpoints.train_config(args.init_from).get("tokenizer_id")}
     for key, flag, fix in [("tokenizer_id", "--tokenizer", "pass the --tokenizer it was trained with"),
                            ("data_id", "--data", "restore its files, or start a new run")]:
         data.require(saved.get(key) in (None, now[key]), f"{flag} {vars(args)[flag[2:]]} ({now[key]}) does "
@@ -135,7 +133,7 @@ def setup_data(args):
         sampler = Sampler(corpus.train, *eot, rows, args.seq_len, args.data_seed)
         val_sampler = data.RandomWindows(corpus.val, rows, args.seq_len, 10_000)
         if args.init_from and not args.resume:
-            read_on(sampler, args.init_from)
+            checkpoints.read_on(sampler, args.init_from)
     else:  # babilong hides its stories in --data text (train / val split); passkey and copy bring their own
         sampler = make_task_sampler(args, args.data_seed, corpus and corpus.train, rows)
         val_sampler = make_task_sampler(args, 10_000, corpus and corpus.val, rows)
@@ -159,7 +157,7 @@ def read_corpus(args):
 def setup_model(args, device, vocab_size, n_vocab, sampler, path):
     """-> (lm, optimizer, strategy, step): new, --init-from's, or resumed from `path` with the sampler."""
     torch.manual_seed(args.seed)
-    resume = model.read_checkpoint(path, device) if args.resume else None
+    resume = checkpoints.read_checkpoint(path, device) if args.resume else None
     if resume and not {"model_config", "model", "optimizer", "step", "sampler", "strategy"} <= resume.keys():
         raise ValueError(f"{path} is not a checkpoint of train.py: it cannot be resumed")
     saved, world = len(resume["sampler"]) if resume else 0, distributed.world()
@@ -169,11 +167,11 @@ def setup_model(args, device, vocab_size, n_vocab, sampler, path):
     if resume:
         lm = model.LM(model.ModelConfig(**resume["model_config"]))
     elif args.init_from:
-        lm = model.from_pretrained(args.init_from)
+        lm = checkpoints.from_pretrained(args.init_from)
     else:
         lm = model.LM(model.make_config(args.arch, args.size, vocab_size=vocab_size))
     args.arch = lm.cfg.arch
-    model.check_vocabulary(lm, vocab_size, n_vocab, args.init_from if args.init_from else path)
+    checkpoints.check_vocabulary(lm, vocab_size, n_vocab, args.init_from if args.init_from else path)
     if resume and args.steps < resume["step"]:
         raise ValueError(f"--steps {args.steps} is below the step of {path} ({resume['step']}): pass more")
     optimizer = make_optimizer(lm.to(device), args.lr, args.weight_decay, device)
@@ -192,10 +190,9 @@ def main(argv=None):
         signal.signal(s, interrupted)
     args = None
     try:
-        args = config.get_args(argv, description=__doc__)
+        args = flags.get_args(argv, description=__doc__)
         if args.demo:
-            import demo   # here: demo.py imports this file
-            return demo.main(args)
+            return demo.main(args, train)
         return train(args)
     except (OSError, ValueError) as e:  # bad input: one line, no trace
         sys.exit(f"error: {e}")
@@ -206,30 +203,18 @@ def main(argv=None):
             raise
         sys.exit(f"error: rank {os.environ['RANK']} lost the other processes ({why}): one ended, or froze or "
                  f"was busy past --dist-timeout {args.dist_timeout:g} s (tokenizing a large --data: tokenize "
-                 f"it first, python datafiles.py); {last_checkpoint(args)}")
+                 f"it first, python -m plumbing.token_cache); {checkpoints.last_checkpoint(args)}")
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM
         if args and args.demo:
             sys.exit("interrupted: rerun the same command to go on: finished runs are kept, the one "
                      "interrupted resumes")
-        sys.exit(f"interrupted: {last_checkpoint(args)}")
+        sys.exit(f"interrupted: {checkpoints.last_checkpoint(args)}")
 
 def interrupted(signum, frame):
     """The first Ctrl-C or SIGTERM stops the run; more, during its clean-up, are ignored."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
-
-def last_checkpoint(args):
-    """What a stopped run leaves: its last checkpoint (each file is replaced whole: write_atomically)."""
-    step = checkpoint_step(args.out) if args else None
-    if not step:
-        return "no checkpoint was saved: nothing to resume"
-    return f"the last checkpoint {args.out}/ckpt.pt (step {step}) is intact; continue with --resume"
-
-def checkpoint_step(run):
-    """The step of run's ckpt.pt, or None without one."""
-    ckpt = os.path.join(run, "ckpt.pt")
-    return model.read_checkpoint(ckpt, "cpu", mmap=True).get("step") if os.path.isfile(ckpt) else None
 
 def lr_at(step, args):
     """Linear warm-up over the first `warmup` fraction of steps, then cosine decay to min_lr."""
@@ -248,16 +233,6 @@ def make_optimizer(lm, lr, weight_decay, device):
         groups.setdefault((0.0 if no_decay else weight_decay, getattr(p, "_lr_scale", 1.0)), []).append(p)
     groups = [dict(params=ps, weight_decay=wd, lr_scale=s, lr=lr * s) for (wd, s), ps in groups.items()]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
-
-def read_on(sampler, parent):
-    """Post-training reads on where the parent's sampler (same kind, seed) stopped: new data, as the paper."""
-    path = os.path.join(parent, "ckpt.pt") if os.path.isdir(parent) else parent
-    states = model.read_checkpoint(path, "cpu", mmap=True).get("sampler", []) if os.path.isfile(path) else []
-    state = dict(states[0]) if states else {}
-    if state.keys() == sampler.state_dict().keys() and state["seed"] == sampler.seed:
-        if "row_doc" in state:  # every row starts the next unread document
-            state.update(row_doc=[-1] * sampler.batch_size, row_pos=[0] * sampler.batch_size)
-        sampler.load_state_dict(state)
 
 def make_task_sampler(args, seed, filler_tokens, rows=None):
     """Batches of `rows` (default --batch-size) --task examples of --seq-len + 1 tokens (bAbI's hidden in
@@ -312,18 +287,18 @@ def open_run(args, step):
         # under the lock no other train.py writes --out: it must still hold what this process read, no run
         # (step 0) or the checkpoint it resumes (another may have saved there since exit_on_bad_flags looked)
         ckpt = os.path.join(args.out, "ckpt.pt")
-        saved = model.read_checkpoint(ckpt, "cpu", mmap=True).get("step", "?") if os.path.isfile(ckpt) else 0
+        saved = checkpoints.read_checkpoint(ckpt, "cpu", mmap=True).get("step", "?") if os.path.isfile(ckpt) else 0
         if saved != step and not step:
             sys.exit(f"error: {args.out} holds a run: --resume it, or use another --out")
-        if not step and config.run_files(args.out) and not config.records_this_run(args):   # since looked
-            sys.exit(f"error: {args.out} holds another run's {config.run_files(args.out)}: use another --out")
+        if not step and flags.run_files(args.out) and not flags.records_this_run(args):   # since looked
+            sys.exit(f"error: {args.out} holds another run's {flags.run_files(args.out)}: use another --out")
         if saved != step:
             sys.exit(f"error: {ckpt} is at step {saved}, not {step} as read: another train.py wrote it "
                      "meanwhile; --resume again")
         path = os.path.join(args.out, "metrics.jsonl")
         written = os.path.join(args.out, "args.json")
         resumed = step and os.path.isfile(written)   # a new run: another's args.json is replaced
-        theirs = datafiles.read_json(written, "move it away").get("run_id") if resumed else None
+        theirs = files.read_json(written, "move it away").get("run_id") if resumed else None
         if theirs and theirs != args.run_id:
             sys.exit(f"error: {path} and args.json are another run's than {ckpt}: move them away, or resume "
                      "the run that wrote the checkpoint")
@@ -334,20 +309,9 @@ def open_run(args, step):
             sys.exit(f"error: {path} holds a row that is not train.py's (JSON with a step): move it away")
         for name, text in (("args.json", json.dumps(vars(args), indent=1)), ("metrics.jsonl", kept)):
             write = lambda tmp: pathlib.Path(tmp).write_text(text)
-            datafiles.write_atomically(os.path.join(args.out, name), write)
+            files.write_atomically(os.path.join(args.out, name), write)
         with open(path, "a") as log:
             yield log
-
-def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy):
-    """All a resume needs: it continues exactly. The sampler's and the strategy's states: one a process,
-    gathered to rank 0, which writes."""
-    states = distributed.gather((sampler.state_dict(), strategy.state_dict()))   # other ranks: None
-    if states is None:
-        return
-    ckpt = {"model_config": vars(lm.cfg), "model": lm.state_dict(), "optimizer": optimizer.state_dict(),
-            "train_config": vars(args), "step": step, "sampler": [s for s, _ in states],
-            "strategy": [s for _, s in states]}
-    datafiles.write_atomically(path, lambda tmp: torch.save(ckpt, tmp))
 
 if __name__ == "__main__":
     main()

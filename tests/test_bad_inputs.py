@@ -16,11 +16,11 @@ import pytest
 import torch
 
 import data
-import datafiles
 import evaluate
 import interventions
 import model
 import train
+from plumbing import checkpoints, token_cache, tokenizers
 from conftest import CORPUS_TEXT, ROOT, TRAIN, checkpoint, logged, official_dir, tiny_lm
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def data_files(d, tok_json):
              "prep-no-dtype": ("bytes", dict(dtype=None)),   # None: the key removed
              "prep-bpe-as-bytes": (tok_json, dict(tokenizer="bytes", vocab_size=None))}
     for name, (tok, edit) in edits.items():
-        datafiles.token_ids(str(d / "docs"), tok, cache_dir=str(d / "c" / name))
+        token_cache.token_ids(str(d / "docs"), tok, cache_dir=str(d / "c" / name))
         (folder,) = (d / "c" / name).iterdir()
         folder.rename(d / name)
         meta = json.loads((d / name / "meta.json").read_text())
@@ -137,7 +137,7 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--init-from {u}/nothing", "does not exist"), ("--resume --out {u}/corrupt-run", "cannot read"),
     ("--resume --out {u}/two-ranks", "2 processes"),  # another world size
     # 7. official checkpoints that cannot be loaded faithfully; 8. never torch's advice weights_only=False
-    *[(lambda u, d=d: model.from_pretrained(f"{u}/{d}"), w) for d, w in (
+    *[(lambda u, d=d: checkpoints.from_pretrained(f"{u}/{d}"), w) for d, w in (
         ("unknown-key", "n_head"), ("untied", "untied"), ("head", "lm_head"), ("nan-weights", "NaN"),
         ("int-weights", "floating point"), ("missing-weight", "missing"), ("pickle.pt", "cannot read"),
         ("good", ""), ("no-vocab", "no vocab_size"), ("attention", "hybrid MLP/attention"),
@@ -168,7 +168,7 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--task copy --tokenizer {u}/wordlevel.json", "byte-level BPE"),
     # a checkpoint cut short, an official folder without its weights
     ("--init-from {u}/cut-short.pt", "truncated"),
-    (lambda u: model.from_pretrained(f"{u}/cut-short.pt"), "copy it again whole"),
+    (lambda u: checkpoints.from_pretrained(f"{u}/cut-short.pt"), "copy it again whole"),
     ("--init-from {u}/config-only", "config.json but no pytorch_model.bin"),
     # a value a flag check accepts must be one the run can use; no flag is ignored
     ("--lr 1e300", "--lr"), ("--stop-at 0", "--stop-at"), ("--stop-at -3", "--stop-at"),
@@ -223,7 +223,7 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
 
 @pytest.mark.parametrize("command,word", ROWS)
 def test_bad_input_is_one_line_and_changes_nothing(user, tmp_path, command, word, monkeypatch):
-    monkeypatch.setattr(datafiles, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(token_cache, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
     before = snapshot(user)
     task_makes_its_data = "--task passkey" in str(command) or "--task copy" in str(command)
     flags = TRAIN[2:] if task_makes_its_data else TRAIN   # (TRAIN[:2]: its --data)
@@ -328,19 +328,19 @@ def test_a_failed_read_or_write_is_named_and_keeps_the_checkpoint(user, tmp_path
     assert not list(run.glob("*.tmp")) and (run / "ckpt.pt").read_bytes() == before
 
 def test_a_run_refuses_another_tokenizer_or_changed_data(tmp_path, tok_json, monkeypatch, capsys):
-    monkeypatch.setattr(datafiles, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(token_cache, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
     text, tok = tmp_path / "a.txt", pathlib.Path(shutil.copy(tok_json, tmp_path / "tok.json"))
     text.write_text(CORPUS_TEXT)
     runs = {name: str(tmp_path / name) for name in ("bytes", "bpe")}
     train.main(TRAIN + ["--steps", "1", "--out", runs["bytes"], "--data", str(text)])
     train.main(TRAIN + ["--steps", "1", "--out", runs["bpe"], "--tokenizer", str(tok)])
-    assert model.train_config(runs["bpe"])["tokenizer_id"] == data.get_tokenizer(str(tok)).name
+    assert checkpoints.train_config(runs["bpe"])["tokenizer_id"] == data.get_tokenizer(str(tok)).name
     code, message = train_main(["--init-from", runs["bpe"], "--tokenizer", "bytes", "--out", f"{tmp_path}/x"])
     assert code == 1 and "--tokenizer bytes" in message and "json-" in message
     text.write_text(CORPUS_TEXT + "# edited\n")   # a resume must read the data it was trained on
     assert "--data" in train_main(["--resume", "--out", runs["bytes"], "--steps", "2"])[1]
     tok.write_text(tok.read_text() + "\n")   # another file at the same path (a new process reads it anew)
-    datafiles._load_tokenizer.cache_clear()
+    tokenizers._load_tokenizer.cache_clear()
     assert "--tokenizer" in train_main(["--resume", "--out", runs["bpe"], "--steps", "2"])[1]
     lm = tiny_lm(vocab_size=50280)   # an official directory of GPT-NeoX's vocabulary, without --tokenizer
     official = official_dir(tmp_path / "neox", lm.state_dict(), d_model=64, n_layer=2, vocab_size=50280,

@@ -1,7 +1,7 @@
-"""Text corpora (data.load_data, datafiles.token_ids): tokenized in line-aligned pieces (exactly the ids of
+"""Text corpora (data.load_data, token_cache.token_ids): tokenized in line-aligned pieces (exactly the ids of
 the whole file), split by a fixed seeded draw of the files, cached by files and tokenizer (one cache for
 every seed, verified, rebuilt when damaged), a cache folder as --data (nanoGPT's train.bin,
-val.bin plus meta.json), written on its own by `python datafiles.py` (tokenize once). tiktoken and nanoGPT's
+val.bin plus meta.json), written on its own by `python -m plumbing.token_cache` (tokenize once). tiktoken and nanoGPT's
 own folders: test_tiktoken.py."""
 import contextlib
 import errno
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import data
-import datafiles
+from plumbing import files, token_cache, tokenizers
 from conftest import ROOT
 from data import DataError
 
@@ -45,11 +45,11 @@ class Wide:   # a vocabulary past uint16
 
 @pytest.mark.parametrize("name", ["bytes", "bpe"])
 def test_a_file_tokenized_in_pieces_gives_the_ids_of_the_whole(name, tok_json, tmp_path, monkeypatch):
-    enc = datafiles.get_tokenizer(tok_json if name == "bpe" else "bytes")
+    enc = tokenizers.get_tokenizer(tok_json if name == "bpe" else "bytes")
     (tmp_path / "big.txt").write_text(TEXT)
-    monkeypatch.setattr(datafiles, "PIECE_CHARS", 50)   # and 3 pieces a batch: many batches
-    monkeypatch.setattr(datafiles, "BATCH_PIECES", 3)
-    pieces = list(datafiles._pieces(tmp_path / "big.txt"))   # each cut after a newline between non-spaces
+    monkeypatch.setattr(token_cache, "PIECE_CHARS", 50)   # and 3 pieces a batch: many batches
+    monkeypatch.setattr(token_cache, "BATCH_PIECES", 3)
+    pieces = list(token_cache._pieces(tmp_path / "big.txt"))   # each cut after a newline between non-spaces
     assert len(pieces) > 40 and "".join(pieces) == TEXT
     assert all(a[-1] == "\n" and a[-2].strip() and b[0].strip() for a, b in zip(pieces, pieces[1:]))
     d = data.load_data(str(tmp_path / "big.txt"), enc, val_fraction=0.1, cache_dir=str(tmp_path / "c"))
@@ -74,7 +74,7 @@ def test_one_cache_for_every_seed_split_by_document_and_rebuilt_when_damaged(tmp
     drawn = {sorted(tmp_path.glob("corpus/[!.]*"))[i] for i in np.random.default_rng(0).permutation(22)[:4]}
     assert val == {texts[p].encode() for p in drawn if p in texts} and not train & val and val
     assert train | val == {t.encode() for t in texts.values()}   # 4 of the 22 files drawn, skipped ones too
-    monkeypatch.setattr(datafiles, "_build", None)   # other seeds read the same cache, build nothing
+    monkeypatch.setattr(token_cache, "_build", None)   # other seeds read the same cache, build nothing
     val = np.array(d.val)
     assert all(np.array_equal(load(seed=s, val_fraction=0.2).val, val) for s in (1, 2))
     (cache,) = (tmp_path / "c").iterdir()
@@ -119,7 +119,7 @@ def test_failed_cache_builds_leave_nothing_behind(tmp_path, monkeypatch):
         def write(self, data):
             raise OSError(errno.ENOSPC, "No space left on device")
     full_disk = lambda p, m="r", **k: FullDisk(p, "w") if "w" in m else open(p, m, **k)
-    monkeypatch.setattr(datafiles, "open", full_disk, raising=False)
+    monkeypatch.setattr(token_cache, "open", full_disk, raising=False)
     with pytest.raises(OSError, match="space"):
         data.load_data(str(tmp_path / "corpus"), cache_dir=str(tmp_path / "c"))
     assert os.listdir(tmp_path / "c") == []
@@ -150,7 +150,7 @@ def test_a_cache_folder_is_read_as_its_meta_json_says_for_its_tokenizer(tmp_path
     (tmp_path / "corpus").mkdir()   # a cache folder whose id 255 is in val only, read as of 255 ids
     (tmp_path / "corpus" / "a.txt").write_text("\xff\n" * 20)
     (tmp_path / "corpus" / "b.txt").write_text("plain text\n" * 20)
-    datafiles.token_ids(str(tmp_path / "corpus"), Small(), cache_dir=str(tmp_path / "c"))
+    token_cache.token_ids(str(tmp_path / "corpus"), Small(), cache_dir=str(tmp_path / "c"))
     (next((tmp_path / "c").iterdir())).rename(tmp_path / "prep")
     meta = json.loads((tmp_path / "prep" / "meta.json").read_text())
     assert 255 in np.fromfile(tmp_path / "prep" / "val.bin", np.uint16) and meta["docs_val"] == 1
@@ -215,17 +215,17 @@ def test_write_atomically_replaces_all_the_files_of_a_folder_or_none(tmp_path, m
     for name in "ab":
         (tmp_path / name).write_text("old")
     with pytest.raises(OSError, match="cannot write .*a, .*b .Permission denied.: the previous one is intact"):
-        datafiles.write_atomically(str(tmp_path), {"a": new, "b": fails})
+        files.write_atomically(str(tmp_path), {"a": new, "b": fails})
     assert [p.read_text() for p in sorted(tmp_path.iterdir())] == ["old", "old"]   # no .tmp left, a unchanged
     with pytest.raises(OSError, match=r"c \(Permission denied\): nothing was written$"):   # said of the file
-        datafiles.write_atomically(str(tmp_path), {"c": fails})
+        files.write_atomically(str(tmp_path), {"c": fails})
     replace = os.replace
     def interrupted(*args):   # a Ctrl-C between the two renames is held: both files are the new ones
         os.kill(os.getpid(), signal.SIGINT)
         replace(*args)
     monkeypatch.setattr(os, "replace", interrupted)
     try:
-        datafiles.write_atomically(str(tmp_path), {"a": new, "b": new})
+        files.write_atomically(str(tmp_path), {"a": new, "b": new})
     except KeyboardInterrupt:
         pytest.fail("a Ctrl-C between the renames stopped them: the folder holds a mix")
     assert [p.read_text() for p in sorted(tmp_path.iterdir())] == ["new", "new"]
@@ -248,16 +248,16 @@ def test_a_tokenizer_is_a_file_or_a_folder_holding_one_and_a_relative_path_is_th
     names = []
     for folder in ("a", "b"):
         monkeypatch.chdir(tmp_path / folder)
-        names.append(datafiles.get_tokenizer("t/tokenizer.json").name)
+        names.append(tokenizers.get_tokenizer("t/tokenizer.json").name)
     assert names[0] != names[1]   # each process-wide cache entry is a file, not a name
-    assert names[1] == datafiles.get_tokenizer(str(tmp_path / "b" / "t" / "tokenizer.json")).name
-    assert names[1] == datafiles.get_tokenizer("t").name   # a folder: its tokenizer.json
+    assert names[1] == tokenizers.get_tokenizer(str(tmp_path / "b" / "t" / "tokenizer.json")).name
+    assert names[1] == tokenizers.get_tokenizer("t").name   # a folder: its tokenizer.json
     with pytest.raises(DataError, match=r"unknown tokenizer 'org/tok': pass bytes or a Hugging Face "
                                         r"tokenizer.json \(`hf download ORG/NAME tokenizer.json"):
-        datafiles.get_tokenizer("org/tok")   # no such path: nothing is fetched
+        tokenizers.get_tokenizer("org/tok")   # no such path: nothing is fetched
     (tmp_path / "b" / "empty").mkdir()
     with pytest.raises(DataError, match=r"unknown tokenizer 'empty/tokenizer.json'"):
-        datafiles.get_tokenizer("empty")   # a folder without one
+        tokenizers.get_tokenizer("empty")   # a folder without one
 
 def test_cache_and_run_folders_under_data_are_not_read_and_what_is_read_stays_the_same(
         tmp_path, monkeypatch, capsys):
@@ -280,7 +280,7 @@ def test_cache_and_run_folders_under_data_are_not_read_and_what_is_read_stays_th
     (corpus / "R1" / "eval").mkdir()   # evaluate.py's --out in a run's folder: skipped with it
     (corpus / "R1" / "eval" / "eval.json").write_text("{}\n")
     shutil.copytree(next((corpus / "cache").iterdir()), corpus / "sub" / "prep")   # a cache folder copied in
-    monkeypatch.setattr(datafiles, "_build", None)   # the same files: the same cache, nothing built
+    monkeypatch.setattr(token_cache, "_build", None)   # the same files: the same cache, nothing built
     assert load(corpus / "cache").info["key"] == first.info["key"]
     monkeypatch.undo()
     again = load(tmp_path / "elsewhere")   # built anew: its line names the folders skipped
@@ -296,7 +296,7 @@ def test_cache_and_run_folders_under_data_are_not_read_and_what_is_read_stays_th
         said = f"{root}' holds no files (1 folders skipped, caches or train.py runs: {skipped}): point --data"
         with pytest.raises(DataError, match=re.escape(said)):
             load(corpus / "cache", root)
-    assert datafiles._skipped([f"d{i}" for i in range(3)], "<{}>") == \
+    assert token_cache._skipped([f"d{i}" for i in range(3)], "<{}>") == \
         "<3 folders skipped, caches or train.py runs: d0, d1, d2>"
 
 class Blocked(Exception):
@@ -349,16 +349,16 @@ def test_a_fifo_or_a_device_is_named_not_opened_nor_said_missing(tmp_path, tok_j
         assert np.array_equal(load(tmp_path / "corpus").val, built.val)   # the cache, read: nothing rebuilt
         with pytest.raises(DataError, match="fifo is a FIFO, not a regular file: pass a Hugging Face "
                                             "tokenizer.json$"):
-            datafiles.get_tokenizer(str(tmp_path / "fifo"))
+            tokenizers.get_tokenizer(str(tmp_path / "fifo"))
         with pytest.raises(DataError, match="fifo is a FIFO, not a regular file: move it away$"):
-            datafiles.read_json(tmp_path / "fifo", "move it away")
-    assert datafiles.read_json(tmp_path / "c" / cache.name / "meta.json", "-")["docs_val"] == 1
+            files.read_json(tmp_path / "fifo", "move it away")
+    assert files.read_json(tmp_path / "c" / cache.name / "meta.json", "-")["docs_val"] == 1
     with pytest.raises(DataError, match=r"is not readable JSON \(FileNotFoundError\): move it away$"):
-        datafiles.read_json(tmp_path / "none.json", "move it away")   # a missing file: as before
+        files.read_json(tmp_path / "none.json", "move it away")   # a missing file: as before
     with pytest.raises(DataError, match=r"/dev/null is a device, not a regular file: fix$"):
-        datafiles.require_file("/dev/null", "fix")
+        files.require_file("/dev/null", "fix")
     with pytest.raises(DataError, match=r"corpus is a folder, not a regular file: fix$"):
-        datafiles.require_file(tmp_path / "corpus", "fix")
+        files.require_file(tmp_path / "corpus", "fix")
 
 def test_a_folder_of_data_that_cannot_be_listed_is_named_not_left_out(tmp_path, monkeypatch):
     write_docs(tmp_path / "corpus", n=3)
@@ -386,8 +386,8 @@ def test_a_killed_writers_temporary_files_are_removed_by_the_next_write(tmp_path
         (tmp_path / f"eval.json.{dead.pid}.tmp.keep").write_text("the user's")
         (tmp_path / "eval.json.x.tmp").write_text("the user's")
         (tmp_path / f"cache.{dead.pid}.tmp").mkdir()   # a corpus cache's, a folder
-        datafiles.write_atomically(str(target), lambda tmp: pathlib.Path(tmp).write_text("{}"))
-        datafiles.write_atomically(str(tmp_path / "cache"), lambda tmp: os.mkdir(tmp))
+        files.write_atomically(str(target), lambda tmp: pathlib.Path(tmp).write_text("{}"))
+        files.write_atomically(str(tmp_path / "cache"), lambda tmp: os.mkdir(tmp))
         assert sorted(os.listdir(tmp_path)) == sorted(["cache", "eval.json", f"eval.json.{alive.pid}.tmp",
                                                        f"ppl.png.{dead.pid}.tmp", "eval.json.x.tmp",
                                                        f"eval.json.{dead.pid}.tmp.keep"])
@@ -404,18 +404,18 @@ def test_a_folder_removed_while_writing_is_named_not_a_full_disk(tmp_path):
         shutil.rmtree(folder)
         torch.save({"step": 1}, tmp)   # torch reports the missing folder as a RuntimeError
     with pytest.raises(OSError, match=f"the folder {folder} no longer exists\\): nothing was written$"):
-        datafiles.write_atomically(str(folder / "ckpt.pt"), removed_then_saved)
+        files.write_atomically(str(folder / "ckpt.pt"), removed_then_saved)
     folder.mkdir()
 
     def full(tmp):   # torch.save's error on a full disk: a RuntimeError, the folder still there
         raise RuntimeError("unexpected pos 64 vs 0")
     with pytest.raises(OSError, match="unexpected pos 64 vs 0; disk full\\?\\): nothing was written$"):
-        datafiles.write_atomically(str(folder / "ckpt.pt"), full)
+        files.write_atomically(str(folder / "ckpt.pt"), full)
 
-# --- python datafiles.py: tokenize once, without training -------------------------------------------------
-def tokenize_once(argv, capsys):   # -> (exit status, stdout, stderr) of datafiles.main(argv), in this process
+# --- python -m plumbing.token_cache: tokenize once, without training -------------------------------------------------
+def tokenize_once(argv, capsys):   # -> (exit status, stdout, stderr) of token_cache.main(argv), in this process
     try:
-        datafiles.main(argv)
+        token_cache.main(argv)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
@@ -432,18 +432,18 @@ def test_tokenize_once_writes_the_cache_train_py_reads_and_that_folder_is_data_a
     (folder,) = (tmp_path / "c").iterdir()
     assert code == 0 and out.splitlines()[-1] == str(folder) and f"-> {folder}" in out and not err
     assert signal.getsignal(signal.SIGTERM) is handler   # main's own SIGTERM handler is put back
-    monkeypatch.setattr(datafiles, "_build", None)   # train.py (load_data) reads that cache: nothing built
+    monkeypatch.setattr(token_cache, "_build", None)   # train.py (load_data) reads that cache: nothing built
     cached = data.load_data(str(tmp_path / "corpus"), tok_json, cache_dir=str(tmp_path / "c"))
     code, out, err = tokenize_once(argv, capsys)   # again: reported, not rebuilt
     said = f"data: {folder} holds the verified ids of {tmp_path}/corpus already: nothing rebuilt\n{folder}\n"
     assert code == 0 and out == said
     shutil.copytree(folder, tmp_path / "elsewhere" / "ids")   # copied where one trains
     monkeypatch.undo()
-    train, val, _ = datafiles.token_ids(str(tmp_path / "corpus"), tok_json, cache_dir=str(tmp_path / "other"))
+    train, val, _ = token_cache.token_ids(str(tmp_path / "corpus"), tok_json, cache_dir=str(tmp_path / "other"))
     copied = data.load_data(str(tmp_path / "elsewhere" / "ids"), tok_json)
     assert np.array_equal(copied.train, train) and np.array_equal(copied.val, val)   # the ids of token_ids
     assert np.array_equal(cached.train, train) and len(train) and len(val)
-    enc = datafiles.get_tokenizer(tok_json)
+    enc = tokenizers.get_tokenizer(tok_json)
     assert {enc.decode(d) for d in np.split(np.r_[train, val], np.flatnonzero(np.r_[train, val] == 1))[1:]} \
         == {"<|endoftext|>" + t for t in texts.values()}   # each file one document, eot first
     with pytest.raises(DataError, match="--tokenizer"):
@@ -456,8 +456,8 @@ def test_tokenize_once_writes_the_cache_train_py_reads_and_that_folder_is_data_a
 def test_tokenize_once_as_a_command_and_its_help(tmp_path):
     write_docs(tmp_path / "corpus", n=3)
     env = dict(os.environ, LENGTHGEN_CACHE_DIR=str(tmp_path / "c"))   # the default --cache-dir
-    run = lambda *argv: subprocess.run([sys.executable, f"{ROOT}/datafiles.py", *argv], capture_output=True,
-                                       text=True, env=env)
+    run = lambda *argv: subprocess.run([sys.executable, "-m", "plumbing.token_cache", *argv], capture_output=True,
+                                       text=True, env=env, cwd=ROOT)
     r = run("--data", str(tmp_path / "corpus"))   # bytes, into $LENGTHGEN_CACHE_DIR
     (folder,) = (tmp_path / "c").iterdir()
     assert r.returncode == 0 and r.stdout.splitlines()[-1] == str(folder) and not r.stderr, r
@@ -473,9 +473,9 @@ NOTHING = "not text: nothing to tokenize: pass it to train.py\n"
 TOKENIZE_ONCE_ERRORS = [   # (argv, exit status, its one line on stderr; {d}: the test's folder)
     ([], 2, "error: the following arguments are required: --data\n"),
     (["--data", "{d}", "--bogus"], 2, "error: unrecognized arguments: --bogus\n"),
-    (["--data", " "], 2, "error: --data is empty: pass a value (python datafiles.py --help)\n"),
+    (["--data", " "], 2, "error: --data is empty: pass a value (python -m plumbing.token_cache --help)\n"),
     (["--data", "{d}", "--cache-dir", ""], 2, "error: --cache-dir is empty: pass a value (python "
-                                             "datafiles.py --help)\n"),
+                                             "-m plumbing.token_cache --help)\n"),
     (["--data", "markov:k=4"], 1, "error: --data markov:k=4 is a Markov process, " + NOTHING),
     (["--data", "{d}/prep"], 1, "error: --data {d}/prep is a cache folder, " + NOTHING),
     (["--data", "{d}/owt"], 1, "error: --data {d}/owt is nanoGPT's ids, " + NOTHING),
@@ -487,7 +487,7 @@ TOKENIZE_ONCE_ERRORS = [   # (argv, exit status, its one line on stderr; {d}: th
 @pytest.mark.parametrize("argv, code, line", TOKENIZE_ONCE_ERRORS, ids=range(len(TOKENIZE_ONCE_ERRORS)))
 def test_tokenize_once_bad_input_is_one_line(tmp_path, capsys, argv, code, line):
     write_docs(tmp_path / "prep", n=2)
-    datafiles.token_ids(str(tmp_path / "prep"), cache_dir=str(tmp_path / "c"))
+    token_cache.token_ids(str(tmp_path / "prep"), cache_dir=str(tmp_path / "c"))
     shutil.rmtree(tmp_path / "prep")
     next((tmp_path / "c").iterdir()).rename(tmp_path / "prep")   # a cache folder
     (tmp_path / "owt").mkdir()   # nanoGPT's train.bin and val.bin
@@ -505,14 +505,14 @@ def test_tokenize_once_bad_input_is_one_line(tmp_path, capsys, argv, code, line)
 def test_tokenize_once_interrupted_leaves_no_folder(tmp_path, monkeypatch, capsys):
     write_docs(tmp_path / "corpus", n=3)
 
-    write_atomically = datafiles.write_atomically
+    write_atomically = files.write_atomically
 
     def interrupted(path, write):   # Ctrl-C (or SIGTERM: main makes it one) once the files are written
         def then_interrupted(tmp):
             write(tmp)
             raise KeyboardInterrupt
         write_atomically(path, then_interrupted)
-    monkeypatch.setattr(datafiles, "write_atomically", interrupted)
+    monkeypatch.setattr(token_cache, "write_atomically", interrupted)   # the name it calls
     code, out, err = tokenize_once(["--data", str(tmp_path / "corpus"), "--cache-dir", str(tmp_path / "c")],
                                    capsys)
     assert code == 1 and err == "interrupted: no cache folder written, no temporary file left\n"

@@ -1,4 +1,4 @@
-"""train.py under torchrun (distributed.py): N ranks of --batch-size B train as one process of N x B on the
+"""train.py under torchrun (plumbing/distributed.py): N ranks of --batch-size B train as one process of N x B on the
 same rows, resume exactly at the same N and refuse another in one line, and end in one line, their last
 checkpoint intact, when a rank freezes or dies. Ranks: CPU processes on gloo, on 127.0.0.1 at a free port."""
 import itertools
@@ -13,10 +13,9 @@ import types
 import pytest
 import torch
 
-import config
 import data
-import distributed
 import train
+from plumbing import distributed, flags
 from conftest import ROOT, TRAIN, logged
 
 RUN = TRAIN + ["--ckpt-interval", "2", "--eval-interval", "2"]   # a validation loss at every checkpoint
@@ -174,16 +173,16 @@ def test_rank_rows_are_one_process_rows_documents_too():
 def test_torchrun_flags_checked_in_one_line(tmp_path, monkeypatch):
     out = ["--out", str(tmp_path / "r")]
     with pytest.raises(SystemExit, match="--dist-timeout applies only to torchrun's processes"):
-        config.get_args(TRAIN + ["--dist-timeout", "5"] + out)
+        flags.get_args(TRAIN + ["--dist-timeout", "5"] + out)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "4")
     for bad in ("0.5", "1e8", "nan"):
         with pytest.raises(SystemExit, match=r"^error: --dist-timeout must be in \[1, 1e7\] seconds"):
             train.main(TRAIN + ["--dist-timeout", bad] + out)
     with pytest.raises(SystemExit, match="--demo runs in one process: start it with python, not torchrun"):
-        config.get_args(["--demo"])
+        flags.get_args(["--demo"])
     # --tokens counts every process's rows: 4 x 4 rows x 16 tokens a step
-    assert config.get_args(TRAIN + ["--tokens", "2560"] + out).steps == 10
+    assert flags.get_args(TRAIN + ["--tokens", "2560"] + out).steps == 10
 
 def test_a_lost_rank_is_one_line_and_another_error_a_traceback(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
@@ -201,7 +200,7 @@ def test_a_lost_rank_is_one_line_and_another_error_a_traceback(tmp_path, monkeyp
             main_raising(error)
         assert e.value.code == (f"error: rank 1 lost the other processes ({why}): one ended, or froze or was "
                                 "busy past --dist-timeout 600 s (tokenizing a large --data: tokenize it "
-                                "first, python datafiles.py); no checkpoint was saved: nothing to resume")
+                                "first, python -m plumbing.token_cache); no checkpoint was saved: nothing to resume")
     with pytest.raises(RuntimeError, match="^a bug$"):
         main_raising(RuntimeError("a bug"))
     monkeypatch.delenv("RANK")   # outside torchrun gloo's words are no lost rank either

@@ -10,10 +10,11 @@ import sys
 
 import pytest
 
-import config
+from plumbing import flags
 from conftest import ROOT
 
-SCRIPTS = ("train.py", "evaluate.py", "bench.py", "datafiles.py", "official.py", "docs/kit.py")
+SCRIPTS = ("train.py", "evaluate.py", "bench.py", "docs/kit.py")
+MODULES = ("plumbing.token_cache", "plumbing.export")   # python -m MODULE: the tokenize-only command, export
 RECORD = r"""set -u
 python() { printf '%s\x1f' "$@" >> "$LOG"; echo >> "$LOG"; }
 torchrun() { while [[ $1 != *.py ]]; do shift; done; python "$@"; }   # its script and flags
@@ -47,20 +48,26 @@ def problems(doc, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_only)
     monkeypatch.chdir(ROOT)
     found, bad = commands(doc, tmp_path)
-    for block, argv in [(b, a) for b, a in found if not a[0].startswith("-")]:  # not python -m / -c
+    for block, argv in [(b, a) for b, a in found if a[0] != "-c"]:  # python -c: not a script's flags
         where = f"block {block + 1}: python {' '.join(argv)}"
-        if argv[0] not in SCRIPTS:
+        module = argv[1] if argv[0] == "-m" else None
+        if module not in (None, "pytest") and module not in MODULES or not module and argv[0] not in SCRIPTS:
             bad.append(f"{where}: no such script")
             continue
-        monkeypatch.setattr(sys, "argv", argv)
+        if module == "pytest":
+            continue
+        monkeypatch.setattr(sys, "argv", argv[1:] if module else argv)
         try:
-            runpy.run_path(os.path.join(ROOT, argv[0]), run_name="__main__")
+            if module:
+                runpy.run_path(os.path.join(ROOT, *module.split(".")) + ".py", run_name="__main__")
+            else:
+                runpy.run_path(os.path.join(ROOT, argv[0]), run_name="__main__")
             bad.append(f"{where}: ran past its flags")
         except SystemExit as e:  # argparse's error: an unknown flag, a missing or bad value
             bad.append(f"{where}: {e} {capsys.readouterr().err.strip()}")
         except Parsed as parsed:
             try:
-                _ = argv[0] == "train.py" and parsed.args[0].seeds and config.parse_seeds(parsed.args[0].seeds)
+                _ = argv[0] == "train.py" and parsed.args[0].seeds and flags.parse_seeds(parsed.args[0].seeds)
             except SystemExit as e:
                 bad.append(f"{where}: {e}")
     return bad if found else [f"{doc}: no command found"]

@@ -13,12 +13,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import data
-import datafiles
 import evaluate as ev
-import model
-import report
 import tasks
 import train
+from plumbing import checkpoints, report, token_cache
 from conftest import CORPUS_TEXT, ROOT, checkpoint, official_dir, tiny_lm
 
 MARKOV = "markov:k=4,alpha=0.3,doc_len=128,docs=4,val_docs=24"
@@ -426,7 +424,7 @@ def test_cli_end_to_end(paired, tmp_path, capsys):
 def test_cli_measures_on_windows_of_the_validation_split(paired):
     corpus = data.load_data(MARKOV, seed=0)
     windows = data.eval_windows(corpus.val, 4, 49, seed=0, eot_token=corpus.eot_token)
-    want = ev.position_nll(model.from_pretrained(paired[0][0]), windows)
+    want = ev.position_nll(checkpoints.from_pretrained(paired[0][0]), windows)
     np.testing.assert_allclose(paired[1]["models"][0]["ppl"]["nll"], want, rtol=1e-5)
 
 def test_cli_paired_difference_is_the_run_minus_the_reference(paired, tmp_path):
@@ -450,7 +448,7 @@ def test_cli_buckets_and_state_positions_have_an_edge_at_t_train_off_the_log_gri
 
 @pytest.mark.filterwarnings("error::UserWarning")   # no matplotlib warning about an empty legend
 def test_a_model_that_outputs_nan_is_reported_not_a_crash(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(ev.model, "from_pretrained", lambda path, device: CurveLM(vocab=257, nan=True))
+    monkeypatch.setattr(checkpoints, "from_pretrained", lambda path, device: CurveLM(vocab=257, nan=True))
     ck, _ = checkpoint(tmp_path / "run", seq_len=8, data=MARKOV, tokenizer="bytes", seed=0)
     rc, _, err = cli(capsys, ck, "--n-seqs", "4", "--eval-len", "32", "--metrics", "ppl,effrem",
                      "--out", str(tmp_path / "eval"))
@@ -518,7 +516,7 @@ def test_the_verdict_bootstrap_follows_the_seed():
     assert set(verdicts) == {8, 16} and verdicts[:12] == verdicts[12:]
 
 def test_a_run_whose_corpus_changed_is_refused_and_eval_json_records_the_step(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(datafiles, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(token_cache, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
     corpus, run, out = tmp_path / "corpus", str(tmp_path / "run"), tmp_path / "eval"
     corpus.mkdir()
     for i in range(3):   # one document held out
@@ -579,7 +577,7 @@ def test_the_defaults_are_the_checkpoints_and_the_buckets_have_edges_at_each_t_t
 
 def test_an_unwritable_out_is_refused_before_any_checkpoint_is_read(tmp_path, capsys, monkeypatch):
     ck, _ = checkpoint(tmp_path / "run", seq_len=8, data=MARKOV, tokenizer="bytes")
-    monkeypatch.setattr(ev.model, "from_pretrained", lambda *a, **kw: pytest.fail("measured first"))
+    monkeypatch.setattr(checkpoints, "from_pretrained", lambda *a, **kw: pytest.fail("measured first"))
     access = os.access   # a read-only folder, as a user (not root) would have it
     monkeypatch.setattr(os, "access", lambda path, mode, **kw: not mode & os.W_OK and access(path, mode))
     rc, _, err = cli(capsys, ck, "--metrics", "ppl", "--out", str(tmp_path / "ro" / "ev"))

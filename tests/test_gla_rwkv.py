@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import model
+from plumbing import checkpoints
 from gla import GLA, GLA_SCANS, SwiGLU
 from rwkv import RWKV6_SCANS, RWKV6ChannelMix, RWKV6TimeMix
 from conftest import checkpoint, tiny_lm
@@ -24,7 +24,7 @@ def test_gla_layer_mlp_and_lm_are_sized_and_initialised_as_fla(tmp_path):
     assert gla_lm.lm_head.weight is not gla_lm.backbone.embedding.weight  # fla's GLAConfig: untied
     assert {m.eps for m in gla_lm.modules() if isinstance(m, torch.nn.RMSNorm)} == {1e-6}
     x = torch.randint(0, 257, (2, 9))
-    loaded = model.from_pretrained(checkpoint(tmp_path / "run", lm=gla_lm)[0])
+    loaded = checkpoints.from_pretrained(checkpoint(tmp_path / "run", lm=gla_lm)[0])
     torch.testing.assert_close(loaded(x)[0], gla_lm(x)[0], rtol=0, atol=0)
     m = tiny_lm("mamba2")
     assert m.lm_head.weight is m.backbone.embedding.weight and m.cfg.norm_eps == 1e-5

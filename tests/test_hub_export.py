@@ -1,6 +1,6 @@
 """Hub ids (official.resolve) read from a Hugging Face cache built here, offline, or fetched from a stand-in
 Hub on 127.0.0.1 (one that answers, one that stalls); our Mamba runs exported in mamba_ssm's layout
-(official.py --export), read back bit-exact, with the keys, shapes and config.json that mamba_ssm's
+(python -m plumbing.export), read back bit-exact, with the keys, shapes and config.json that mamba_ssm's
 MambaLMHeadModel reads (written out below from its module structure: mamba_ssm is not installed here)."""
 import hashlib
 import http.server
@@ -20,9 +20,9 @@ import torch
 
 import gla
 import model
-import official
+from plumbing import checkpoints, export, official
 from conftest import ROOT, checkpoint, tiny_lm
-from datafiles import DataError
+from plumbing.files import DataError
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 X = torch.randint(0, 61, (2, 24))   # ids every model here reads (the fixtures have 61)
@@ -99,7 +99,7 @@ def test_an_export_reads_back_bit_exact_with_the_keys_and_config_mamba_ssm_reads
                                                                                  capsys):
     lm = trained(arch, **overrides)
     run, out = checkpoint(tmp_path / "run", lm=lm, seq_len=16)[0], tmp_path / "out"
-    official.main(["--export", run, str(out)])
+    export.main([run, str(out)])
     assert capsys.readouterr().out.startswith(f"{out}: config.json, pytorch_model.bin")
     assert sorted(os.listdir(out)) == FILES and sorted(os.listdir(tmp_path)) == ["out", "run"]
     config = json.loads((out / "config.json").read_text())
@@ -115,10 +115,10 @@ def test_an_export_reads_back_bit_exact_with_the_keys_and_config_mamba_ssm_reads
     own = lm.state_dict()
     assert all(torch.equal(weights[k], own[k]) and weights[k].dtype == own[k].dtype for k in own)
     # what our loader reads: the same model, every weight and logit equal
-    _, fields = model.read_official(str(out))
+    _, fields = checkpoints.read_official(str(out))
     assert fields["arch"] == arch and fields["mixer"] == lm.cfg.mixer
-    back = model.from_pretrained(str(out))
-    assert back.cfg == lm.cfg and back.step is None and model.train_config(str(out)) == {}
+    back = checkpoints.from_pretrained(str(out))
+    assert back.cfg == lm.cfg and back.step is None and checkpoints.train_config(str(out)) == {}
     back_sd = back.state_dict()
     assert back_sd.keys() == own.keys() and all(torch.equal(back_sd[k], own[k]) for k in own)
     with torch.no_grad():
@@ -154,23 +154,23 @@ def test_the_command_refuses_a_gla_run_an_out_holding_files_a_file_and_empty_nam
                        ([run, "half"], "half holds files already: pass a new or empty OUT"),
                        ([gla_run, "new"], "no official layout holds a gla LM ")]:
         with pytest.raises(SystemExit, match=f"^error: {says}") as e:
-            official.main(["--export", *args])
+            export.main(args)
         assert "\n" not in str(e.value.code)
     for args in [run, ""], ["", "o"], [run, " "]:   # "" would read as the working folder
         with pytest.raises(SystemExit, match="^2$"):
-            official.main(["--export", *args])
+            export.main(args)
         assert capsys.readouterr().err.endswith(": RUN and OUT must not be empty\n")
     assert sorted(os.listdir()) == ["file", "gla", "half", "run"]
     assert (tmp_path / "file").read_text() == "mine"
     assert [f.read_text() for f in (tmp_path / "half").iterdir()] == ["mine"]
     (tmp_path / "empty").mkdir()   # an empty folder is filled; a missing parent is made
     for out in "empty/", "new/deeper":
-        official.main(["--export", run, out])
+        export.main([run, out])
         assert sorted(os.listdir(out)) == FILES
     assert sorted(os.listdir()) == ["empty", "file", "gla", "half", "new", "run"]   # no temporary folder
     with pytest.raises(SystemExit, match="^0$"):
-        official.main(["--help"])
-    assert "--export RUN OUT" in capsys.readouterr().out
+        export.main(["--help"])
+    assert "RUN OUT" in capsys.readouterr().out
 
 def test_an_interrupted_or_failed_export_leaves_no_file_and_says_so(tmp_path, monkeypatch):
     run, out = checkpoint(tmp_path / "run")[0], str(tmp_path / "out")
@@ -181,10 +181,10 @@ def test_an_interrupted_or_failed_export_leaves_no_file_and_says_so(tmp_path, mo
         raise KeyboardInterrupt
     monkeypatch.setattr(official.torch, "save", killed)
     with pytest.raises(SystemExit, match=f"^interrupted: nothing written to {out}$"):
-        official.main(["--export", run, out])
+        export.main([run, out])
     monkeypatch.setattr(official.torch, "save", lambda obj, f: (_ for _ in ()).throw(OSError(28, "No space")))
     with pytest.raises(SystemExit, match="^error: \\[Errno 28\\] No space$"):
-        official.main(["--export", run, out])
+        export.main([run, out])
     assert os.listdir(tmp_path) == ["run"]
 
 def test_an_export_killed_by_kill_9_leaves_a_folder_the_next_one_removes_or_names(tmp_path):
@@ -236,17 +236,17 @@ def hub(tmp_path, monkeypatch):
 
 def test_a_hub_id_loads_offline_from_the_cache_and_a_local_path_of_its_name_wins(hub, tmp_path, monkeypatch):
     snapshot = hub_cache(hub, "state-spaces/m", official_files("hf_mamba2"))
-    lm, ref = model.from_pretrained("state-spaces/m"), model.from_pretrained(f"{FIXTURES}/hf_mamba2")
+    lm, ref = checkpoints.from_pretrained("state-spaces/m"), checkpoints.from_pretrained(f"{FIXTURES}/hf_mamba2")
     with torch.no_grad():
         assert lm.cfg == ref.cfg and torch.equal(lm(X)[0], ref(X)[0])
-    assert model.resolve("state-spaces/m") == str(snapshot) and model.train_config("state-spaces/m") == {}
-    assert model.weights_file("state-spaces/m") == (str(snapshot / "pytorch_model.bin"), ref.cfg)
+    assert checkpoints.resolve("state-spaces/m") == str(snapshot) and checkpoints.train_config("state-spaces/m") == {}
+    assert checkpoints.weights_file("state-spaces/m") == (str(snapshot / "pytorch_model.bin"), ref.cfg)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "state-spaces").mkdir()
     checkpoint(tmp_path / "state-spaces" / "m", lm=tiny_lm(seed=2), seq_len=16)
-    assert model.train_config("state-spaces/m") == {"seq_len": 16}
+    assert checkpoints.train_config("state-spaces/m") == {"seq_len": 16}
     with torch.no_grad():
-        assert torch.equal(model.from_pretrained("state-spaces/m")(X)[0], tiny_lm(seed=2)(X)[0])
+        assert torch.equal(checkpoints.from_pretrained("state-spaces/m")(X)[0], tiny_lm(seed=2)(X)[0])
 
 def test_a_hub_id_not_in_the_cache_is_one_line_naming_hf_download_and_the_cache(hub):
     hub_cache(hub, "org/part", official_files("hf_mamba2")[:1])   # config.json fetched, the weights not
@@ -255,7 +255,7 @@ def test_a_hub_id_not_in_the_cache_is_one_line_naming_hf_download_and_the_cache(
     (marked.parents[1] / ".no_exist" / ("a" * 40) / "pytorch_model.bin").touch()
     for repo, missing in [("org/none", "config.json nor pytorch_model.bin"),
                           ("org/part", "pytorch_model.bin"), ("org/marked", "pytorch_model.bin")]:
-        for load in model.from_pretrained, model.train_config, model.weights_file:
+        for load in checkpoints.from_pretrained, checkpoints.train_config, checkpoints.weights_file:
             with pytest.raises(DataError) as e:
                 load(repo)
             assert str(e.value) == (
@@ -264,7 +264,7 @@ def test_a_hub_id_not_in_the_cache_is_one_line_naming_hf_download_and_the_cache(
                 "pytorch_model.bin --local-dir DIR` and pass DIR, or leave out --local-dir to fill that "
                 "cache (HF_HUB_CACHE sets it)")
     with pytest.raises(DataError, match=r"^org/a--b: no such path, nor a hub id \(Cannot have -- .* path$"):
-        model.from_pretrained("org/a--b")
+        checkpoints.from_pretrained("org/a--b")
     for path in "a/b/c", "./x", "nothing", "/abs/x", "org/", "org/x/":   # no hub ids: their readers name them
         assert official.resolve(path) == path
     assert not os.path.exists(hub / "models--org--none")   # nothing written to the cache
@@ -273,8 +273,8 @@ def test_the_export_command_reads_a_hub_id_from_hf_homes_cache_offline(tmp_path)
     hub_cache(tmp_path / "hf" / "hub", "state-spaces/m", official_files("hf_mamba2"))
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")}
     env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
-    cmd = [sys.executable, f"{ROOT}/official.py", "--export", "state-spaces/m", str(tmp_path / "out")]
-    runs = [subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120) for _ in range(2)]
+    cmd = [sys.executable, "-m", "plumbing.export", "state-spaces/m", str(tmp_path / "out")]
+    runs = [subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120) for _ in range(2)]
     assert runs[0].returncode == 0, runs[0].stderr
     again = f"error: {tmp_path}/out holds files already: pass a new or empty OUT\n"
     assert runs[1].returncode == 1 and runs[1].stderr == again
@@ -323,7 +323,7 @@ class Server(http.server.ThreadingHTTPServer):
 
 RESOLVE = """import sys, time
 sys.path.insert(0, sys.argv[1])
-import official
+from plumbing import official
 for repo in sys.argv[2:]:
     t = time.time()
     try:

@@ -6,7 +6,7 @@ import torch
 import data
 import interventions
 from conftest import tiny_lm
-from datafiles import DataError
+from plumbing.files import DataError
 
 def known_states(lm, batch, value_fn):
     """A final state whose "h" of head j in layer i is value_fn(i, j, shape)."""

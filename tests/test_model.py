@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import model
+from plumbing import checkpoints
 from conftest import tiny_lm
 
 ARCHS = ["mamba1", "mamba2", "gla", "rwkv6"]
@@ -155,7 +156,7 @@ def test_a_file_that_holds_no_checkpoint_dict_is_refused_in_one_line(tmp_path):
     for name, obj in [("tensor", torch.zeros(3)), ("list", [torch.zeros(2), 1])]:
         path = str(tmp_path / f"{name}.pt")
         torch.save(obj, path)
-        for read in (model.from_pretrained, model.train_config, lambda p: model.read_checkpoint(p, "cpu")):
+        for read in (checkpoints.from_pretrained, checkpoints.train_config, lambda p: checkpoints.read_checkpoint(p, "cpu")):
             match = f"holds a {type(obj).__name__}, not a dict: not a checkpoint of this repo"
             with pytest.raises(ValueError, match=match):
                 read(path)
@@ -165,13 +166,13 @@ def test_a_file_that_holds_no_checkpoint_dict_is_refused_in_one_line(tmp_path):
         path = str(tmp_path / f"{name}-weights.pt")
         torch.save({"model_config": asdict(lm.cfg), "model": weights}, path)
         with pytest.raises(ValueError, match="weights are not a dict of tensors: not a checkpoint of this"):
-            model.from_pretrained(path)
+            checkpoints.from_pretrained(path)
     path = str(tmp_path / "bad-heads.pt")   # a config our Mamba2 cannot build: named with the file
     config = dict(asdict(lm.cfg), mixer=dict(lm.cfg.mixer, headdim=24))
     torch.save({"model_config": config, "model": {}}, path)
     match = re.escape(f"{path}: not a model checkpoint of this repo (ValueError: Mamba2: headdim 24 must")
     with pytest.raises(ValueError, match=match):
-        model.from_pretrained(path)
+        checkpoints.from_pretrained(path)
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_one_non_finite_value_among_finite_weights_is_refused(tmp_path, bad):
@@ -181,4 +182,4 @@ def test_one_non_finite_value_among_finite_weights_is_refused(tmp_path, bad):
     path = str(tmp_path / "ckpt.pt")
     torch.save({"model_config": asdict(lm.cfg), "model": weights}, path)
     with pytest.raises(ValueError, match="backbone.layers.1.mixer.in_proj.weight has NaN or inf values"):
-        model.from_pretrained(path)
+        checkpoints.from_pretrained(path)

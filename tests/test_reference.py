@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import model
-import official
+from plumbing import checkpoints, official
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 
@@ -27,7 +27,7 @@ FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 def test_official_checkpoint_matches_transformers(name, arch, impl):
     path = os.path.join(FIXTURES, name)
     ref = torch.load(os.path.join(path, "reference.pt"), weights_only=True)
-    lm = model.set_scan_impl(model.from_pretrained(path), impl)  # the official path: no ckpt.pt there
+    lm = model.set_scan_impl(checkpoints.from_pretrained(path), impl)  # the official path: no ckpt.pt there
     assert lm.cfg.arch == arch and lm.cfg.vocab_size == ref["logits_single"].shape[-1]
     x, split = ref["tokens"], ref["split"]
     with torch.no_grad():
@@ -64,21 +64,21 @@ def test_an_official_config_this_repo_cannot_build_is_refused_in_one_line(tmp_pa
     # neither an assertion deep in ssm.Mamba2 nor another layer read silently as Mamba-1
     path = edited_fixture(tmp_path, name, **ssm_cfg)
     with pytest.raises(ValueError, match=match) as e:
-        model.from_pretrained(path)
+        checkpoints.from_pretrained(path)
     assert "\n" not in str(e.value)
 
 def test_an_official_config_with_its_defaults_spelled_out_loads_as_it_is(tmp_path):
     # mamba_ssm's defaults: Mamba-2's expand 2 and ngroups 1 (headdim 16 here); the layer Mamba1
-    ref = model.from_pretrained(os.path.join(FIXTURES, "hf_mamba2"))
-    lm = model.from_pretrained(edited_fixture(tmp_path, "hf_mamba2", expand=2, ngroups=1))
+    ref = checkpoints.from_pretrained(os.path.join(FIXTURES, "hf_mamba2"))
+    lm = checkpoints.from_pretrained(edited_fixture(tmp_path, "hf_mamba2", expand=2, ngroups=1))
     assert lm.cfg.arch == "mamba2" and lm.cfg.mixer == dict(ref.cfg.mixer, expand=2, ngroups=1)
-    _, fields = model.read_official(edited_fixture(tmp_path, "hf_mamba1", layer="Mamba1"))
+    _, fields = checkpoints.read_official(edited_fixture(tmp_path, "hf_mamba1", layer="Mamba1"))
     assert fields["arch"] == "mamba1" and fields["mixer"] == {}
 
 @pytest.mark.parametrize("name,layer", [("hf_mamba1", "Mamba1"), ("hf_mamba2", "Mamba2")])
 def test_an_official_checkpoint_exported_again_is_its_files_and_transformers_logits(name, layer, tmp_path):
     path, out = os.path.join(FIXTURES, name), tmp_path / "out"
-    lm = model.from_pretrained(path)
+    lm = checkpoints.from_pretrained(path)
     official.export(lm, str(out))
     config = json.loads(open(os.path.join(path, "config.json")).read())   # the layer spelled out (Mamba1)
     assert json.loads((out / "config.json").read_text()) == dict(config, ssm_cfg={"layer": layer,
@@ -87,6 +87,6 @@ def test_an_official_checkpoint_exported_again_is_its_files_and_transformers_log
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     ref = torch.load(os.path.join(path, "reference.pt"), weights_only=True)
     with torch.no_grad():
-        logits = model.from_pretrained(str(out))(ref["tokens"])[0]
+        logits = checkpoints.from_pretrained(str(out))(ref["tokens"])[0]
         assert torch.equal(logits, lm(ref["tokens"])[0])
     torch.testing.assert_close(logits, ref["logits_single"], atol=1e-4, rtol=1e-4)

@@ -1,11 +1,11 @@
-"""report.py: where each curve's points lie on the x axis, in _curves, the printed table and the figures."""
+"""plumbing/report.py: where each curve's points lie on the x axis, in _curves, the printed table and the figures."""
 import math
 
 import matplotlib.figure
 import numpy as np
 import pytest
 
-import report
+from plumbing import report
 
 # buckets (lo, hi] of positions: a bucket holds contexts lo + 1 .. hi, drawn at their geometric middle
 LO, HI = [0, 8, 16], [8, 16, 64]

@@ -11,9 +11,8 @@ import torch.nn.functional as F
 
 import evaluate
 import data
-import model
-import config
 import train
+from plumbing import checkpoints, flags
 from conftest import checkpoint, logged, tiny_lm
 
 TASK_FLAGS = {"passkey": "--seq-len 160 --init-state fitted".split(),  # bytes: a passkey takes >= 124 tokens
@@ -35,17 +34,17 @@ def test_task_loss_is_the_mean_cross_entropy_over_answer_tokens(tmp_path, task):
     train.main(argv + ["--out", str(tmp_path / "run")])
     # step 1's loss is the initial model's on the sampler's first batch (every strategy starts from zero)
     filler = data.load_data("stdlib", seed=0).train if task == "babilong" else None
-    sampler = train.make_task_sampler(config.get_args(argv + ["--out", str(tmp_path / "new")]), 0, filler)
+    sampler = train.make_task_sampler(flags.get_args(argv + ["--out", str(tmp_path / "new")]), 0, filler)
     x, y, _ = sampler.next_batch()   # its targets are -100 but on the answer tokens (test_tasks.py)
     with torch.no_grad():
-        logp = model.from_pretrained(init).eval()(x)[0].float().log_softmax(-1)
+        logp = checkpoints.from_pretrained(init).eval()(x)[0].float().log_softmax(-1)
     mask = y != -100
     want = -logp[mask].gather(-1, y[mask][:, None]).sum() / mask.sum()   # per answer token over the batch
     assert logged(str(tmp_path / "run"))[1] == pytest.approx(want.item(), rel=1e-5)
     if task == "copy":                                        # answers of different lengths: not the row mean
         rows = torch.stack([-logp[r, m].gather(1, y[r, m][:, None]).mean() for r, m in enumerate(mask)])
         assert mask.sum(1).unique().numel() > 1 and rows.mean().item() != pytest.approx(want.item(), rel=1e-4)
-    cfg = model.train_config(str(tmp_path / "run"))
+    cfg = checkpoints.train_config(str(tmp_path / "run"))
     assert cfg["task"] == task and logged(str(tmp_path / "run"), "val_loss")[1] > 0
     if task == "babilong":   # a plain fine-tune of the SP-post-trained LM on stories in the LM's corpus
         assert (cfg["init_from"], cfg["init_state"], cfg["data"]) == (init, "zero", "stdlib")

@@ -1,4 +1,4 @@
-"""data.py, tasks.py and babi.py: the two tokenizers (built-in bytes, a Hugging Face tokenizer.json), the
+"""data.py, tasks.py and plumbing/babi.py: the two tokenizers (built-in bytes, a Hugging Face tokenizer.json), the
 Markov process's exact Bayes floor, the samplers, the Sec. 5 task generators, bad inputs (corpora:
 test_data.py)."""
 import collections
@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-import babi
 import data
-import datafiles
 import tasks
-from babi import BABI_TASKS
+from plumbing import babi, files, tokenizers
+from plumbing.babi import BABI_TASKS
 from conftest import CORPUS_TEXT
 from data import DataError, DocumentStreams, RandomWindows, TaskSampler
 from tasks import babi_mixture, babi_sample, passkey_sample
@@ -44,9 +43,9 @@ def test_bytes_tokenizer():
     assert BYTES.decode([EOT, 65]) == "<|endoftext|>A" and BYTES.encode_single_token(b"<|endoftext|>") == EOT
 
 def test_tokenizer_json_encodes_exactly_as_the_tokenizers_library(tok_json, tmp_path, monkeypatch):
-    import tokenizers
+    import tokenizers   # the Hugging Face library (ours: plumbing.tokenizers)
     enc, ref = data.get_tokenizer(tok_json), tokenizers.Tokenizer.from_file(tok_json)
-    assert enc.eot_token == ref.token_to_id(datafiles.EOT) == 1 and enc.n_vocab == ref.get_vocab_size() == 300
+    assert enc.eot_token == ref.token_to_id("<|endoftext|>") == 1 and enc.n_vocab == ref.get_vocab_size() == 300
     for text in ["plain words", "  two  spaces\t\ttabs \n\n\nnewlines   \n",
                  "ünïcödé 中文 🐍 𝄞 é", "", " ", CORPUS_TEXT[:500], "x<|endoftext|>y <|pad|>"]:
         ids = enc.encode_ordinary(text)
@@ -61,7 +60,7 @@ def test_tokenizer_json_encodes_exactly_as_the_tokenizers_library(tok_json, tmp_
     assert data.get_tokenizer(str(tmp_path / "added.json")).n_vocab == 301
     monkeypatch.setitem(sys.modules, "tokenizers", None)   # the library is not installed
     (tmp_path / "other.json").write_text(open(tok_json).read())
-    with pytest.raises(datafiles.DataError, match="pip install tokenizers"):
+    with pytest.raises(files.DataError, match="pip install tokenizers"):
         data.get_tokenizer(str(tmp_path / "other.json"))
 
 def resumes_exactly(make, sampler, n=3):

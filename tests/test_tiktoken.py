@@ -1,4 +1,4 @@
-"""tiktoken's tokenizers (datafiles.py): a .tiktoken ranks file made here, tiktoken's named encodings from its
+"""tiktoken's tokenizers (plumbing/tokenizers.py): a .tiktoken ranks file made here, tiktoken's named encodings from its
 cache and the one-line error that names the file they need (nothing fetched: no network in tests), and
 nanoGPT's prepare.py folders of GPT-2 ids (train.bin, val.bin, uint16) with a stand-in GPT-2."""
 import base64
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import data
-import datafiles
 import tasks
+from plumbing import token_cache, tokenizers
 from data import DataError
 
 tiktoken = pytest.importorskip("tiktoken")
@@ -41,9 +41,9 @@ def reference(name="ref", special=None):   # tiktoken's own Encoding of RANKS, G
 
 @pytest.fixture
 def fresh():   # tokenizers loaded in a test are not left in the process-wide cache of later tests
-    datafiles._load_tokenizer.cache_clear()
+    tokenizers._load_tokenizer.cache_clear()
     yield
-    datafiles._load_tokenizer.cache_clear()
+    tokenizers._load_tokenizer.cache_clear()
 
 @pytest.fixture
 def no_network(monkeypatch):   # a connection attempted fails the test at once
@@ -54,7 +54,7 @@ def no_network(monkeypatch):   # a connection attempted fails the test at once
 
 def test_a_tiktoken_file_is_gpt2s_pattern_with_endoftext_after_its_last_rank(tmp_path, fresh):
     path = ranks_file(tmp_path / "tiny.tiktoken")
-    enc, ref = datafiles.get_tokenizer(path), reference()
+    enc, ref = tokenizers.get_tokenizer(path), reference()
     sha1 = hashlib.sha1((tmp_path / "tiny.tiktoken").read_bytes()).hexdigest()
     assert (enc.name, enc.n_vocab, enc.eot_token) == (f"tiktoken-{sha1[:12]}", N + 1, N)
     assert enc.encode_ordinary("hello world") == [RANKS[b"hello"], RANKS[b" world"]]   # merged
@@ -70,9 +70,9 @@ def test_a_tiktoken_file_is_gpt2s_pattern_with_endoftext_after_its_last_rank(tmp
         enc.encode_single_token(b"hello w")
     (tmp_path / "copy").mkdir()   # its name is its content's: the same elsewhere, another for other ranks
     copy = ranks_file(tmp_path / "copy" / "x.tiktoken")
-    assert datafiles.get_tokenizer(copy).name == enc.name and datafiles.get_tokenizer(path) is enc
+    assert tokenizers.get_tokenizer(copy).name == enc.name and tokenizers.get_tokenizer(path) is enc
     fewer = ranks_file(tmp_path / "fewer.tiktoken", dict(list(RANKS.items())[:-1]))
-    fewer = datafiles.get_tokenizer(fewer)
+    fewer = tokenizers.get_tokenizer(fewer)
     assert fewer.name != enc.name and fewer.eot_token == N - 1
     assert tasks.task_tokenizer(path) is enc   # it spells the tasks' text
     sample = tasks.passkey_sample(path, 200)
@@ -81,14 +81,14 @@ def test_a_tiktoken_file_is_gpt2s_pattern_with_endoftext_after_its_last_rank(tmp
 def test_a_tiktoken_files_blank_lines_are_skipped_as_tiktoken_does(tmp_path, fresh):
     lines = [f"{base64.b64encode(t).decode()} {r}" for t, r in RANKS.items()]
     path = ranks_file(tmp_path / "blank.tiktoken", lines=lines[:100] + ["", "  "] + lines[100:])
-    assert datafiles.get_tokenizer(path).encode_ordinary(TEXT) == reference().encode_ordinary(TEXT)
+    assert tokenizers.get_tokenizer(path).encode_ordinary(TEXT) == reference().encode_ordinary(TEXT)
 
 def test_text_tokenized_with_a_tiktoken_file_in_pieces_gives_the_ids_of_the_whole(tmp_path, monkeypatch,
                                                                                    fresh):
     path = ranks_file(tmp_path / "tiny.tiktoken")
     (tmp_path / "big.txt").write_text(TEXT)
-    monkeypatch.setattr(datafiles, "PIECE_CHARS", 50)
-    monkeypatch.setattr(datafiles, "BATCH_PIECES", 3)
+    monkeypatch.setattr(token_cache, "PIECE_CHARS", 50)
+    monkeypatch.setattr(token_cache, "BATCH_PIECES", 3)
     d = data.load_data(str(tmp_path / "big.txt"), path, val_fraction=0.1, cache_dir=str(tmp_path / "c"))
     assert np.concatenate([d.train, d.val]).tolist() == [N] + reference().encode_ordinary(TEXT)
     assert d.train.dtype == np.uint16 and (d.eot_token, d.vocab_size) == (N, N + 1)
@@ -116,32 +116,32 @@ def test_a_bad_tiktoken_file_is_a_one_line_error(tmp_path, fresh, lines, error):
     fix = r": pass a .tiktoken file of a byte-level BPE \(a line `base64\(token\) rank` each, ranks 0..n-1 " \
           r"once\)$"
     with pytest.raises(DataError, match=f"^{re.escape(path)}:? {error}{fix}"):
-        datafiles.get_tokenizer(path)
+        tokenizers.get_tokenizer(path)
 
 def test_a_missing_or_special_tiktoken_path_is_named(tmp_path, fresh):
     with pytest.raises(DataError, match=r"^unknown tokenizer '.*none.tiktoken': pass bytes or a Hugging "
                                         r"Face tokenizer.json .*, a tiktoken encoding \(gpt2, r50k_base, "
                                         r"p50k_base, cl100k_base, o200k_base\) or PATH/x.tiktoken$"):
-        datafiles.get_tokenizer(str(tmp_path / "none.tiktoken"))
+        tokenizers.get_tokenizer(str(tmp_path / "none.tiktoken"))
     os.mkfifo(tmp_path / "pipe.tiktoken")
     with pytest.raises(DataError, match=r"pipe.tiktoken is a FIFO, not a regular file: pass a .tiktoken "
                                         r"file$"):
-        datafiles.get_tokenizer(str(tmp_path / "pipe.tiktoken"))
+        tokenizers.get_tokenizer(str(tmp_path / "pipe.tiktoken"))
 
 def test_tiktoken_not_installed_names_the_package(tmp_path, monkeypatch, fresh):
     path = ranks_file(tmp_path / "tiny.tiktoken")
     monkeypatch.setitem(sys.modules, "tiktoken", None)
     for name in (path, "gpt2"):
         with pytest.raises(DataError, match=r"^tokenizer \S+ needs: pip install tiktoken$"):
-            datafiles.get_tokenizer(name)
+            tokenizers.get_tokenizer(name)
 
-@pytest.mark.parametrize("name", datafiles.TIKTOKEN_NAMES)
+@pytest.mark.parametrize("name", tokenizers.TIKTOKEN_NAMES)
 def test_a_named_encoding_not_in_tiktokens_cache_names_the_file_it_needs_and_fetches_nothing(
         name, tmp_path, monkeypatch, fresh, no_network):
     cache = tmp_path / "tiktoken-cache"
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
     with pytest.raises(DataError) as info:
-        datafiles.get_tokenizer(name)
+        tokenizers.get_tokenizer(name)
     url = GPT2_URL if name == "gpt2" else CL100K_URL.replace("cl100k_base", name)
     file = cache / hashlib.sha1(url.encode()).hexdigest()   # where tiktoken.load.read_file_cached looks
     said = (f"tiktoken's {name} needs {url} in its cache, as {file} (missing, or not the file its sha256 "
@@ -161,32 +161,32 @@ def test_tiktokens_cache_folder_is_found_as_tiktoken_finds_it(tmp_path, monkeypa
         if env:
             monkeypatch.setenv(env, str(folder))
         with pytest.raises(DataError, match=f"in its cache, as {re.escape(str(folder / key))} "):
-            datafiles.get_tokenizer("gpt2")
+            tokenizers.get_tokenizer("gpt2")
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")   # tiktoken: no cache at all
     with pytest.raises(DataError, match=r"vocab.bpe in its cache, and TIKTOKEN_CACHE_DIR is empty \(no "
                                         r"cache\) "):
-        datafiles.get_tokenizer("gpt2")
+        tokenizers.get_tokenizer("gpt2")
 
 def test_a_named_encoding_reads_the_file_its_error_names(tmp_path, monkeypatch, fresh, no_network):
     """cl100k_base from a stand-in of its file put where the error says: tiktoken checks a file's sha256,
     which the stand-in fails (it is removed and named again) until that check is patched to accept it."""
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tk"))
     with pytest.raises(DataError) as info:
-        datafiles.get_tokenizer("cl100k_base")
+        tokenizers.get_tokenizer("cl100k_base")
     file = re.search(r"in its cache, as (\S+) ", str(info.value))[1]
     assert file == str(tmp_path / "tk" / hashlib.sha1(CL100K_URL.encode()).hexdigest())
     os.makedirs(os.path.dirname(file))
     ranks_file(pathlib.Path(file))
     with pytest.raises(DataError, match="not the file its sha256 names"):   # not cl100k_base's own
-        datafiles.get_tokenizer("cl100k_base")
+        tokenizers.get_tokenizer("cl100k_base")
     ranks_file(pathlib.Path(file))
     stand_in = open(file, "rb").read()
     monkeypatch.setattr(tiktoken.load, "check_hash", lambda contents, expected: contents == stand_in)
-    enc = datafiles.get_tokenizer("cl100k_base")
+    enc = tokenizers.get_tokenizer("cl100k_base")
     assert (enc.name, enc.eot_token, enc.n_vocab) == ("cl100k_base", 100257, 100277)   # its special tokens
     assert enc.encode_ordinary("hello world") == [RANKS[b"hello"], RANKS[b" world"]]
     assert enc.decode([RANKS[b"hello"], 100257]) == "hello<|endoftext|>"
-    assert datafiles.get_tokenizer("cl100k_base") is enc   # read once a process
+    assert tokenizers.get_tokenizer("cl100k_base") is enc   # read once a process
 
 def test_an_encoding_name_is_tiktokens_even_beside_a_folder_of_that_name(tmp_path, monkeypatch, fresh,
                                                                          tok_json):
@@ -195,17 +195,17 @@ def test_an_encoding_name_is_tiktokens_even_beside_a_folder_of_that_name(tmp_pat
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tk"))
     with pytest.raises(DataError, match="^tiktoken's gpt2 needs"):
-        datafiles.get_tokenizer("gpt2")
-    assert datafiles.get_tokenizer("./gpt2").name.startswith("json-")   # the folder, as a path
+        tokenizers.get_tokenizer("gpt2")
+    assert tokenizers.get_tokenizer("./gpt2").name.startswith("json-")   # the folder, as a path
 
 # --- nanoGPT's prepare.py folders: train.bin, val.bin of uint16 GPT-2 ids, each document then eot 50256 ----
 def stand_in_gpt2(name="gpt2"):   # GPT-2's ids: RANKS's tokens, eot 50256, n_vocab 50257 (offline)
-    return datafiles.TiktokenTokenizer(reference(name, {"<|endoftext|>": 50256}))
+    return tokenizers.TiktokenTokenizer(reference(name, {"<|endoftext|>": 50256}))
 
 @pytest.fixture
 def gpt2(monkeypatch, fresh):   # --tokenizer gpt2 without tiktoken's files
-    monkeypatch.setattr(datafiles, "_tiktoken", lambda name: stand_in_gpt2(name))
-    return datafiles.get_tokenizer("gpt2")
+    monkeypatch.setattr(tokenizers, "_tiktoken", lambda name: stand_in_gpt2(name))
+    return tokenizers.get_tokenizer("gpt2")
 
 def nanogpt(folder, docs=("hello world", "line 1\nline 2", "hello"), val=("line hello",)):
     """A folder as nanoGPT's prepare.py writes it: the ids of each document followed by eot, beside the
@@ -235,7 +235,7 @@ def test_a_nanogpt_folder_is_data_with_tokenizer_gpt2(tmp_path, gpt2):
 def test_a_nanogpt_folder_without_tokenizer_gpt2_says_it_needs_it(tmp_path, monkeypatch, gpt2, tokenizer):
     nanogpt(tmp_path / "owt")
     name = ranks_file(tmp_path / "tiny.tiktoken") if tokenizer == "tiny" else tokenizer
-    enc = datafiles.get_tokenizer(name)
+    enc = tokenizers.get_tokenizer(name)
     said = (f"{tmp_path}/owt: its train.bin and val.bin (no meta.json) look like nanoGPT's GPT-2 ids, not "
             f"{enc.name}'s: pass --tokenizer gpt2")
     with pytest.raises(DataError, match=f"^{re.escape(said)}$"):
@@ -287,7 +287,7 @@ def test_stdlib_is_the_standard_library_even_beside_a_nanogpt_folder_named_so(tm
         pass
     def text(*args):
         raise Text()
-    monkeypatch.setattr(datafiles, "_cache", text)   # read as text: the standard library's
+    monkeypatch.setattr(token_cache, "_cache", text)   # read as text: the standard library's
     with pytest.raises(Text):
         data.load_data("stdlib", "gpt2")
     assert len(data.load_data("./stdlib", "gpt2").train) == 13
@@ -304,7 +304,7 @@ def test_train_py_reads_a_nanogpt_folder_and_a_tiktoken_file_and_records_each_to
     for run, flags, tokenizer_id, vocab in (("gpt2", ["--data", f"{tmp_path}/owt", "--tokenizer", "gpt2",
                                                       "--streams"], "gpt2", 50257),
                                             ("file", ["--data", f"{tmp_path}/corpus", "--tokenizer", path],
-                                             datafiles.get_tokenizer(path).name, N + 1)):
+                                             tokenizers.get_tokenizer(path).name, N + 1)):
         train.main(common + flags + ["--out", str(tmp_path / run)])
         ckpt = torch.load(tmp_path / run / "ckpt.pt", weights_only=False)
         assert ckpt["train_config"]["tokenizer_id"] == tokenizer_id
@@ -317,10 +317,10 @@ def test_tokenize_once_with_a_tiktoken_file(tmp_path, capsys, fresh):
     for i in range(3):
         (tmp_path / "corpus" / f"{i}.txt").write_text(TEXT[i * 100:])
     path = ranks_file(tmp_path / "tiny.tiktoken")
-    datafiles.main(["--data", str(tmp_path / "corpus"), "--tokenizer", path, "--cache-dir",
+    token_cache.main(["--data", str(tmp_path / "corpus"), "--tokenizer", path, "--cache-dir",
                     str(tmp_path / "c")])
     folder = capsys.readouterr().out.splitlines()[-1]
-    enc = datafiles.get_tokenizer(path)
+    enc = tokenizers.get_tokenizer(path)
     assert os.path.basename(folder).startswith(f"corpus-{enc.name}-")
     d = data.load_data(folder, path)
     ids = np.r_[d.train, d.val]

@@ -1,5 +1,5 @@
 """train.py: exact resume, post-training, gradient accumulation, the optimizer; its flags
-(config.py) and the demo (demo.py)."""
+(plumbing/flags.py) and the demo (plumbing/demo.py)."""
 import json
 import os
 import signal
@@ -11,14 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-import config
 import data
-import datafiles
-import demo
 import evaluate
 import interventions
-import model
 import train
+from plumbing import checkpoints, demo, flags, token_cache
 from conftest import CORPUS_TEXT, ROOT, TRAIN, logged, official_dir, tiny_lm
 
 @pytest.mark.parametrize("flags", [["--init-state", "sp", "--grad-accum", "2"], ["--init-state", "fitted"],
@@ -40,7 +37,7 @@ def test_post_training_inherits_data_seq_len_and_a_tenth_of_the_peak_lr(tmp_path
     lm = train.main(TRAIN + ["--arch=rwkv6", "--init-state=zero", "--steps=1", "--lr=1e-3", "--out", base])
     x = torch.randint(0, 5, (1, 6))
     with torch.no_grad():
-        torch.testing.assert_close(lm.eval()(x)[0], model.from_pretrained(base).eval()(x)[0])
+        torch.testing.assert_close(lm.eval()(x)[0], checkpoints.from_pretrained(base).eval()(x)[0])
     for parent, out in ((base, post), (post, post2)):
         train.main(["--quiet", "--steps", "1", "--batch-size", "4", "--init-from", parent, "--out", out])
         a = json.load(open(os.path.join(out, "args.json")))
@@ -49,8 +46,8 @@ def test_post_training_inherits_data_seq_len_and_a_tenth_of_the_peak_lr(tmp_path
 
 def test_seeds_are_independent_and_post_training_reads_on(tmp_path):
     # --seed: the model's init; --data-seed (default --seed): the batches; --split-seed: the validation split
-    flags = [[], ["--seed=5"], ["--seed=5", "--data-seed=0"], ["--split-seed=1"]]
-    args = [config.get_args(TRAIN + ["--out", str(tmp_path / "x"), *f]) for f in flags]
+    runs = [[], ["--seed=5"], ["--seed=5", "--data-seed=0"], ["--split-seed=1"]]
+    args = [flags.get_args(TRAIN + ["--out", str(tmp_path / "x"), *f]) for f in runs]
     assert [(a.seed, a.data_seed, a.split_seed) for a in args] == [(0, 0, 0), (5, 5, 0), (5, 0, 0), (0, 0, 1)]
     samplers = [train.setup_data(a)[:2] for a in args]
     batches, val = zip(*[(s.next_batch().x, v.next_batch().x) for s, v in samplers])
@@ -74,7 +71,7 @@ def test_seeds_are_independent_and_post_training_reads_on(tmp_path):
 def test_demo_fig5_post_trains_the_base_five_ways_on_two_seeds(tmp_path, capsys):
     out = str(tmp_path / "demo")
     small = dict(base_steps=2, post_steps=1, n_seqs=4, eval_len=64, quiet=True)
-    assert demo.demo(out, [0, 3], sigma=0.37, **small) == 0
+    assert demo.demo(train.train, out, [0, 3], sigma=0.37, **small) == 0
     report = json.load(open(os.path.join(out, "seed3", "eval.json")))
     assert [m["label"] for m in report["models"]] == ["base", "control", "random", "fitted", "SP", "TBTT",
                                                       "streams"]   # each minus the control; TBTT its streams
@@ -90,7 +87,7 @@ def test_demo_fig5_post_trains_the_base_five_ways_on_two_seeds(tmp_path, capsys)
                        if m["label"] == "SP")["diff"]["nll"][-1] for s in (0, 3)]
     assert seeds["summary"]["SP"]["diff"] == pytest.approx(np.mean(sp))
     assert os.path.exists(os.path.join(out, "seeds.png"))
-    assert demo.demo(out, [3], **small) == 0  # kept
+    assert demo.demo(train.train, out, [3], **small) == 0  # kept
     assert "seed3/eval.json exists, kept" in capsys.readouterr().out
 
 def numbers(where):
@@ -103,7 +100,7 @@ def test_a_demo_interrupted_goes_on_from_what_it_kept_to_the_same_numbers(tmp_pa
     finished run, and ends with the numbers of an uninterrupted demo. Rerun finished (eval.json removed), it
     trains nothing."""
     small = dict(base_steps=3, post_steps=2, n_seqs=4, eval_len=64, quiet=True)
-    assert demo.demo(str(tmp_path / "whole"), [0], **small) == 0
+    assert demo.demo(train.train, str(tmp_path / "whole"), [0], **small) == 0
     real = train.train
     def killed(args):   # as if killed right after a checkpoint, halfway through the run
         if args.init_state == "sp":
@@ -114,19 +111,19 @@ def test_a_demo_interrupted_goes_on_from_what_it_kept_to_the_same_numbers(tmp_pa
         return real(args)
     monkeypatch.setattr(train, "train", killed)
     with pytest.raises(KeyboardInterrupt):
-        demo.demo(str(tmp_path / "cut"), [0], **small)
+        demo.demo(train.train, str(tmp_path / "cut"), [0], **small)
     seed = tmp_path / "cut" / "seed0"
     kept = {p: p.read_bytes() for p in seed.glob("*/ckpt.pt") if p.parent.name != "SP"}
     assert len(kept) == 4   # base, control, random, fitted
     monkeypatch.setattr(train, "train", real)
-    assert demo.demo(str(tmp_path / "cut"), [0], **small) == 0
+    assert demo.demo(train.train, str(tmp_path / "cut"), [0], **small) == 0
     out = capsys.readouterr().out
     assert all(p.read_bytes() == b for p, b in kept.items()) and out.count(", kept") == len(kept), out
     assert "--resume" in out.split("SP:")[-1].splitlines()[0], out
     assert numbers(seed) == numbers(tmp_path / "whole" / "seed0")
     os.remove(seed / "eval.json")
     copies = {p: p.read_bytes() for p in seed.glob("*/ckpt.pt")}
-    assert demo.demo(str(tmp_path / "cut"), [0], **small) == 0
+    assert demo.demo(train.train, str(tmp_path / "cut"), [0], **small) == 0
     assert "python train.py" not in capsys.readouterr().out
     assert {p: p.read_bytes() for p in seed.glob("*/ckpt.pt")} == copies and numbers(seed) == numbers(
         tmp_path / "whole" / "seed0")
@@ -139,14 +136,14 @@ def test_post_training_an_official_checkpoint_on_a_tokenizer_json_corpus(tok_jso
                             ssm_cfg=dict(lm.cfg.mixer, layer="Mamba2"))
     post, eval_out = str(tmp_path / "post"), tmp_path / "eval"
     (tmp_path / "long.txt").write_text(CORPUS_TEXT * 3)
-    monkeypatch.setattr(datafiles, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(token_cache, "DEFAULT_CACHE_DIR", str(tmp_path / "cache"))
     text = ["--data", str(tmp_path / "long.txt"), "--tokenizer", tok_json]
     train.main(TRAIN + text + ["--init-from", official, "--init-state", "sp", "--steps", "2", "--out", post])
     lr = json.load(open(os.path.join(post, "args.json")))["lr"]
-    assert lr == pytest.approx(config.PEAK_LR["tiny"] / 10)
-    given = config.get_args(["--init-from", official, "--lr", "1e-4", "--seq-len", "16"])   # the peak: parent's
-    assert (given.lr, given.peak_lr) == (1e-4, config.PEAK_LR["tiny"])
-    assert model.from_pretrained(post).cfg == model.from_pretrained(official).cfg
+    assert lr == pytest.approx(flags.PEAK_LR["tiny"] / 10)
+    given = flags.get_args(["--init-from", official, "--lr", "1e-4", "--seq-len", "16"])   # the peak: parent's
+    assert (given.lr, given.peak_lr) == (1e-4, flags.PEAK_LR["tiny"])
+    assert checkpoints.from_pretrained(post).cfg == checkpoints.from_pretrained(official).cfg
     for path in (official, post):
         argv = [path, "--t-train", "16", "--eval-len", "64", "--n-seqs", "2", "--metrics", "ppl"]
         assert evaluate.main(argv + text + ["--out", str(eval_out)]) == 0
@@ -176,7 +173,7 @@ def test_optimizer_groups_honour_no_weight_decay_and_lr_scale_and_the_schedule()
     assert decay["lr"] == pytest.approx(2e-3) and decay["lr_scale"] == 2.0 and decay["weight_decay"] == 0.0
     assert group_of(lm.backbone.layers[0].mixer.o_proj.weight)["weight_decay"] == 0.01
     assert group_of(lm.backbone.norm_f.weight)["weight_decay"] == 0.0
-    args = config.get_args(["--steps", "10", "--out", "/nonexistent/out"])  # 1 warm-up step, cosine to min_lr
+    args = flags.get_args(["--steps", "10", "--out", "/nonexistent/out"])  # 1 warm-up step, cosine to min_lr
     assert [train.lr_at(s, args) for s in (0, 10)] == pytest.approx([args.lr, args.min_lr])
 
 def test_the_training_loop_keeps_rwkv6_decay_at_twice_the_lr(tmp_path):
@@ -201,23 +198,23 @@ def test_a_run_that_fails_or_is_stopped_ends_in_one_line(monkeypatch, tmp_path, 
     assert word in str(stop.value) and "\n" not in str(stop.value)
 
 def test_the_demo_takes_its_own_flags_and_seeds(tmp_path):
-    args = config.get_args(["--demo", "--seeds", "0-2", "--device", "cpu", "--quiet", "--out", "o"])
+    args = flags.get_args(["--demo", "--seeds", "0-2", "--device", "cpu", "--quiet", "--out", "o"])
     assert (bool(args.demo), args.device, args.quiet) == (True, "cpu", True)
-    assert config.parse_seeds(args.seeds) == [0, 1, 2]
-    assert config.parse_seeds("4,1") == [4, 1] and config.get_args(["--demo", "--seed", "3"]).seed == 3
+    assert flags.parse_seeds(args.seeds) == [0, 1, 2]
+    assert flags.parse_seeds("4,1") == [4, 1] and flags.get_args(["--demo", "--seed", "3"]).seed == 3
     for bad in ("1-x", "-1", "1,x", "3-1", "", "2,2"):
         with pytest.raises(SystemExit, match="^error: --seeds must be A-B or A,B"):
-            config.parse_seeds(bad)
-    assert config.get_args(["--tokens", "6400", "--seq-len", "8", "--batch-size", "8"]).steps == 100
-    assert config.get_args(["--tokens", "6400", "--seq-len", "8", "--batch-size", "8", "--grad-accum", "2"]
+            flags.parse_seeds(bad)
+    assert flags.get_args(["--tokens", "6400", "--seq-len", "8", "--batch-size", "8"]).steps == 100
+    assert flags.get_args(["--tokens", "6400", "--seq-len", "8", "--batch-size", "8", "--grad-accum", "2"]
                            ).steps == 50   # a step: two micro-batches
     copy = ["--task", "copy", "--copy-len", "5,10", "--tokens", "2200", "--batch-size", "10"]
-    assert config.get_args(copy).steps == 10   # a row: the longest string twice + SEP + EOS = 22 tokens
-    assert config.get_args(copy + ["--batch-size", "1"]).steps == 100
+    assert flags.get_args(copy).steps == 10   # a row: the longest string twice + SEP + EOS = 22 tokens
+    assert flags.get_args(copy + ["--batch-size", "1"]).steps == 100
     for bad, word in ((["--task", "copy", "--copy-len", "x", "--tokens", "100"], "--copy-len must be LO,HI"),
                       (["--tokens", "inf"], "--tokens must be a finite number > 0, got inf")):
         with pytest.raises(SystemExit, match=f"^error: {word}"):   # --copy-len: read for --tokens first
-            config.exit_on_bad_flags(config.get_args(bad + ["--out", str(tmp_path)]))
+            flags.exit_on_bad_flags(flags.get_args(bad + ["--out", str(tmp_path)]))
 
 def test_a_step_counts_all_its_micro_batches_in_the_first_line_and_in_tokens_per_s(tmp_path, capsys,
                                                                                    monkeypatch):
@@ -237,7 +234,7 @@ def test_stopped_before_any_checkpoint_the_last_line_names_none(tmp_path, capsys
     two = tmp_path / "two"
     train.main(TRAIN + ["--steps", "10", "--stop-at", "3", "--ckpt-interval", "2", "--out", str(two)])
     assert capsys.readouterr().out.splitlines()[-1].endswith(f"checkpoint {two / 'ckpt.pt'} (step 2)")
-    assert train.last_checkpoint(types.SimpleNamespace(out=str(tmp_path / "two"))) == (
+    assert checkpoints.last_checkpoint(types.SimpleNamespace(out=str(tmp_path / "two"))) == (
         f"the last checkpoint {tmp_path / 'two'}/ckpt.pt (step 2) is intact; continue with --resume")
 
 def test_a_second_ctrl_c_during_the_clean_up_is_ignored_and_one_during_import_torch_is_one_line(tmp_path):
@@ -256,10 +253,10 @@ def test_a_new_run_never_cuts_or_replaces_another_runs_files(tmp_path, capsys):
     train.main(TRAIN + ["--init-state", "zero", "--steps", "8", "--ckpt-interval", "4", "--out", run])
     os.remove(os.path.join(run, "ckpt.pt"))
     before = {f: open(os.path.join(run, f), "rb").read() for f in ("metrics.jsonl", "args.json")}
-    for flags in (["--init-state", "sp", "--steps", "2"], ["--init-state", "zero", "--steps", "2"]):
+    for extra in (["--init-state", "sp", "--steps", "2"], ["--init-state", "zero", "--steps", "2"]):
         with pytest.raises(SystemExit, match=f"{run} holds another run's metrics.jsonl and args.json but no "
                                              "ckpt.pt: move them away, or use another --out"):
-            train.main(TRAIN + flags + ["--ckpt-interval", "4", "--out", run])
+            train.main(TRAIN + extra + ["--ckpt-interval", "4", "--out", run])
     assert {f: open(os.path.join(run, f), "rb").read() for f in before} == before
     assert len(logged(run)) == 8
     os.remove(os.path.join(run, "args.json"))   # metrics.jsonl alone is still another run's
@@ -273,14 +270,14 @@ def test_the_same_run_stopped_before_its_first_checkpoint_starts_again(tmp_path,
     train.main(argv + ["--stop-at", "2"])
     assert not os.path.exists(os.path.join(run, "ckpt.pt")) and len(logged(run)) == 2
     checked = []
-    same = config.records_this_run
-    monkeypatch.setattr(config, "records_this_run", lambda args: checked.append(same(args)) or checked[-1])
+    same = flags.records_this_run
+    monkeypatch.setattr(flags, "records_this_run", lambda args: checked.append(same(args)) or checked[-1])
     train.main(argv + ["--device", "cpu"])   # --device, --stop-at: of one invocation, not of the run
     assert checked == [True, True] and len(logged(run)) == 6   # by exit_on_bad_flags and under the lock
     other = str(tmp_path / "other")
     train.main(argv[:-1] + [other, "--stop-at", "2"])
     # another run's args.json written after exit_on_bad_flags looked: refused under the lock
-    monkeypatch.setattr(config, "records_this_run", lambda args: checked.append(0) or len(checked) == 3)
+    monkeypatch.setattr(flags, "records_this_run", lambda args: checked.append(0) or len(checked) == 3)
     with pytest.raises(SystemExit, match=f"{other} holds another run's metrics.jsonl and args.json: use "):
         train.main(argv[:-1] + [other])
     assert len(logged(other)) == 2
@@ -294,15 +291,15 @@ def test_a_post_trained_run_resumes_after_its_parent_folder_moved(tmp_path, caps
     train.main(["--resume", "--out", child, "--steps", "6", "--quiet", "--device", "cpu"])   # C/ckpt.pt alone
     assert len(logged(child)) == 6   # (--steps may change on resume: the run's own files, not another's)
 
-@pytest.mark.parametrize("flags", [[], ["--task", "passkey", "--seq-len", "130"],
+@pytest.mark.parametrize("extra", [[], ["--task", "passkey", "--seq-len", "130"],
                                    ["--task", "copy", "--copy-len", "3,9"]])
-def test_validation_batches_are_their_own_draw_whatever_the_training_seed(tmp_path, flags):
+def test_validation_batches_are_their_own_draw_whatever_the_training_seed(tmp_path, extra):
     # the validation sampler's seed is fixed (10_000): not the training stream's, or the first validation
     # batch would be the first training batch; and the same for every --seed / --data-seed
-    base = TRAIN[2:] if flags else TRAIN
+    base = TRAIN[2:] if extra else TRAIN
     firsts = []
     for seed in (0, 10_000):
-        args = config.get_args(base + flags + ["--data-seed", str(seed), "--out", str(tmp_path / "r")])
+        args = flags.get_args(base + extra + ["--data-seed", str(seed), "--out", str(tmp_path / "r")])
         sampler, val_sampler, *_ = train.setup_data(args)
         firsts.append(val_sampler.next_batch().x)
         if seed == 0:

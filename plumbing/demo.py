@@ -4,10 +4,8 @@ this file."""
 import functools
 import os
 
-import config
 import evaluate
-import report
-import train
+from plumbing import checkpoints, flags, report
 
 # The demo: a tiny Mamba-1 whose state channels barely decay within T_train ("tiny-slow"), trained from the
 # zero state on Python bytes at T_train = 16: past it the state drifts to values it never learned to read and
@@ -20,13 +18,13 @@ DEMO = dict(arch="mamba1", size="tiny-slow", data="stdlib", seq_len=16, batch_si
 INTERVENTIONS = {"control": "zero", "random": "random", "fitted": "fitted", "SP": "sp", "TBTT": "tbtt",
                  "streams": "zero"}
 
-def main(args):
-    """train.py --demo: the demo in OUT/demo, per --seed(s)."""
-    seeds = config.parse_seeds(args.seeds) if args.seeds else [args.seed]
-    return demo(os.path.join(args.out, "demo"), seeds, args.device, args.quiet)
+def main(args, train):
+    """train.py --demo: the demo in OUT/demo, per --seed(s); train: train.train (passed: no import circle)."""
+    seeds = flags.parse_seeds(args.seeds) if args.seeds else [args.seed]
+    return demo(train, os.path.join(args.out, "demo"), seeds, args.device, args.quiet)
 
-def demo(out, seeds=(0,), device="auto", quiet=False, **overrides):
-    """The demo per training seed in OUT/seed{S} (kept if it has an eval.json), then the seeds' summary
+def demo(train, out, seeds=(0,), device="auto", quiet=False, **overrides):
+    """The demo per training seed in OUT/seed{S}, each run trained by train(args) (train.train) (kept if it has an eval.json), then the seeds' summary
     (report.over_seeds)."""
     d = {**DEMO, **overrides}  # tests shrink it
     for seed in seeds:
@@ -38,7 +36,7 @@ def demo(out, seeds=(0,), device="auto", quiet=False, **overrides):
                   "--seed", str(seed), "--device", device, "--eval-interval", "100000"]
         if quiet:
             common.append("--quiet")
-        runs = demo_runs(d, where, functools.partial(train_or_keep, common, f"demo seed {seed}"))
+        runs = demo_runs(d, where, functools.partial(train_or_keep, train, common, f"demo seed {seed}"))
         if code := evaluate.main([*runs.values(), "--labels", *runs, "--metrics", "ppl,state", "--reference",
                                   "control", "TBTT=streams", "--eval-len", str(d["eval_len"]), "--n-seqs",
                                   str(d["n_seqs"]), "--device", device, "--out", where]):
@@ -46,17 +44,17 @@ def demo(out, seeds=(0,), device="auto", quiet=False, **overrides):
     folders = [os.path.join(out, f"seed{seed}") for seed in seeds]
     return report.over_seeds(report.read_reports(folders, list(seeds)), out) if len(seeds) > 1 else 0
 
-def train_or_keep(common, name, label, argv):
+def train_or_keep(train, common, name, label, argv):
     """train.py common + argv; a finished --out is kept, an interrupted one resumed: a rerun goes on."""
     out = argv[argv.index("--out") + 1]
-    step = train.checkpoint_step(out)
+    step = checkpoints.checkpoint_step(out)
     if step is not None and step >= int(argv[argv.index("--steps") + 1]):
         print(f"{name}: {label}: {out} is at step {step}, kept")
         return
     if step is not None:
         argv = argv + ["--resume"]
     print(f"{name}: {label}: python train.py {' '.join(argv)}")
-    train.train(config.get_args(common + argv))
+    train(flags.get_args(common + argv))
 
 def demo_runs(d, where, train_run):
     """Trains one seed's runs under `where` with train_run(label, argv) -> {label: run dir}."""

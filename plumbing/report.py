@@ -11,8 +11,8 @@ import matplotlib.figure  # no pyplot: figures written to files, no backend to c
 import numpy as np
 import torch
 
-import datafiles
-from datafiles import require
+from plumbing import files
+from plumbing.files import require
 
 def sem(x):
     """The standard error of the mean over dim 0 of x [n, ...] (the std with N - 1); NaN for one sample."""
@@ -96,7 +96,7 @@ def _draw(report, panels):
 
 def show(report, out):
     """Per model the verdict; each curve printed (8 columns, models together) and drawn in its PANELS PNG;
-    the report written as out/eval.json, all files together (datafiles.write_atomically)."""
+    the report written as out/eval.json, all files together (files.write_atomically)."""
     for m in report["models"]:   # its size and, under ppl, the verdict and the perplexity at T_train contexts
         step = "" if m.get("step") is None else f", step {m['step']}"
         print(f"[{m['label']}] {m['arch']}, {m['params']:,} params, t_train {m['t_train']}{step}")
@@ -121,7 +121,7 @@ def show(report, out):
     writes = {"eval.json": lambda tmp: pathlib.Path(tmp).write_text(json.dumps(report, indent=1)), **figures}
     os.makedirs(out, exist_ok=True)
     previous = _figures_of(os.path.join(out, "eval.json"))
-    datafiles.write_atomically(out, writes)   # all files at once: the previous ones or all the new
+    files.write_atomically(out, writes)   # all files at once: the previous ones or all the new
     old = [os.path.join(out, f) for f in previous if f not in writes and os.path.isfile(os.path.join(out, f))]
     for f in old:   # the replaced eval.json's figures that this one has not: they would describe other runs
         os.unlink(f)
@@ -209,7 +209,7 @@ def over_seeds(reports, out):
     left.legend(fontsize=8)
     text = json.dumps(dict(seeds=rows, summary=summary), indent=1)
     os.makedirs(out, exist_ok=True)   # only now: a refused or failed call leaves no folder behind
-    datafiles.write_atomically(out, {"seeds.json": lambda tmp: pathlib.Path(tmp).write_text(text),
+    files.write_atomically(out, {"seeds.json": lambda tmp: pathlib.Path(tmp).write_text(text),
                                 "seeds.png": lambda tmp: left.figure.savefig(tmp, format="png", dpi=120)})
     print(f"wrote {out}/seeds.json, {out}/seeds.png")
     return 0

@@ -3,7 +3,7 @@ ten bAbI families' stories (our own words) and asks each one question about the 
 the paper can skip it: tasks.py hides these stories in filler and scores the answers."""
 import numpy as np
 
-from datafiles import require
+from plumbing.files import require
 
 # A story: event dicts (sentence in "text"); meta["asked"] names the question: tests re-derive its answer
 BABI_PEOPLE = ("Alice", "Bruno", "Chloe", "Dmitri", "Elena", "Farid")

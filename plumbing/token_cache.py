@@ -1,13 +1,11 @@
-"""The files behind --data and --tokenizer, which a reader of the paper can skip: tokenizers (bytes, a
-tokenizer.json, tiktoken's), text tokenized once into a verified cache (also on its own: python datafiles.py
---data PATH --tokenizer T), nanoGPT's train.bin and val.bin, atomic writes, and DataError, the one-line bad
-input."""
+"""Text tokenized once into a verified cache folder (train.bin, val.bin, meta.json), a cache folder or
+nanoGPT's train.bin/val.bin as --data, and the tokenize-only command:
+
+    python -m plumbing.token_cache --data PATH --tokenizer T [--cache-dir DIR]
+"""
 import argparse
-import base64
 import codecs
 import errno
-import functools
-import glob
 import hashlib
 import itertools
 import json
@@ -19,261 +17,20 @@ import signal
 import stat
 import sys
 import sysconfig
-import tempfile
-import unittest.mock
 
 import numpy as np
 from tqdm import tqdm
 
-EOT = "<|endoftext|>"
-DEFAULT_CACHE_DIR = os.environ.get("LENGTHGEN_CACHE_DIR") or os.path.join(os.path.dirname(os.path.abspath(
-    __file__)), "data_cache")  # gitignored
+from plumbing.files import DataError, _kind, require, require_file, require_not_special, write_atomically
+from plumbing.tokenizers import TIKTOKEN_NAMES, get_tokenizer
+
+DEFAULT_CACHE_DIR = os.environ.get("LENGTHGEN_CACHE_DIR") or os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "data_cache")  # gitignored
 CACHE_VERSION = 4  # bump when the cache layout or the document format changes
 VAL_FRACTION = 0.05   # the files held out, as data.load_data's default (train.py's): the same cache key
 PIECE_CHARS, BATCH_PIECES = 1 << 14, 256   # text per encoding, pieces per batch (on all cores): bound memory
 LINE_CUT = re.compile(r"\n(?=\S)(?<=\S\n)")   # a newline between non-spaces: byte-level BPEs split there
 codecs.register_error("nul", lambda e: ("\0", e.end))   # an invalid UTF-8 byte reads as NUL (binary files)
-
-class DataError(ValueError):
-    """Bad input (data, tokenizer, task or metric arguments); the message is one line naming the fix."""
-
-def require(ok, message):   # bad input: a one-line DataError naming the problem and the fix
-    if not ok:
-        raise DataError(message)
-
-def is_int(x, minimum=1):
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= minimum
-
-KINDS = {stat.S_IFREG: "a regular file", stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO",
-         stat.S_IFCHR: "a device", stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}   # by os.stat's mode
-
-def _kind(mode):   # -> what a file of this st_mode is, to name it in a message
-    return KINDS.get(stat.S_IFMT(mode), "not a file")
-
-def require_file(path, fix):   # -> os.stat of a regular file we may read, else DataError (a FIFO would hang)
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise DataError(f"{path}: {e.strerror}: {fix}") from None
-    require(stat.S_ISREG(st.st_mode), f"{path} is {_kind(st.st_mode)}, not a regular file: {fix}")
-    require(os.access(path, os.R_OK), f"{path}: permission denied: {fix}")
-    return st
-
-def require_not_special(path, fix):   # a path that exists is a regular file or a folder: opened, a FIFO hangs
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:   # missing: its reader says so
-        return
-    require(stat.S_ISREG(mode) or stat.S_ISDIR(mode), f"{path} is {_kind(mode)}, not a regular file: {fix}")
-
-def read_json(file, fix):   # -> the JSON object file holds, else a one-line DataError ending in fix
-    require_not_special(file, fix)
-    try:
-        obj = json.loads(pathlib.Path(file).read_text())
-    except (OSError, ValueError) as e:
-        raise DataError(f"{file} is not readable JSON ({type(e).__name__}): {fix}") from None
-    require(isinstance(obj, dict), f"{file} is not a JSON object: {fix}")
-    return obj
-
-def write_atomically(path, write):
-    """write(tmp) under a name unique to this process, then rename: a kill leaves the old file or the new.
-    write a dict {name: write} of files in the folder path: all renamed at once, Ctrl-C and SIGTERM held
-    meanwhile: the folder keeps its previous files or gets all the new ones, never a mix."""
-    several = isinstance(write, dict)
-    paths = {os.path.join(path, name): w for name, w in write.items()} if several else {path: write}
-    tmps = {p: f"{p}.{os.getpid()}.tmp" for p in paths}
-    for p in paths:
-        _remove_stale_tmps(p)
-    try:
-        for p, w in paths.items():
-            w(tmps[p])
-        held = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM) if several}
-        try:
-            for p, tmp in tmps.items():
-                os.replace(tmp, p)
-        finally:
-            for s, handler in held.items():
-                signal.signal(s, handler)
-    except BaseException as e:  # also Ctrl-C, SIGTERM: no temporary file is left
-        for tmp in tmps.values():
-            shutil.rmtree(tmp, ignore_errors=True)   # a directory's (a corpus's)
-            if os.path.lexists(tmp):   # (not when its folder is missing or a file)
-                os.unlink(tmp)
-        if not isinstance(e, (OSError, RuntimeError)):  # torch.save reports a full disk as a RuntimeError
-            raise
-        folder = os.path.dirname(next(iter(paths))) or "."
-        why = f"{str(e).splitlines()[0]}; disk full?" if isinstance(e, RuntimeError) else e.strerror or e
-        if isinstance(e, RuntimeError) and not os.path.isdir(folder):   # removed meanwhile: not a full disk
-            why = f"the folder {folder} no longer exists"
-        kept = "the previous one is intact" if os.path.exists(next(iter(paths))) else "nothing was written"
-        raise OSError(f"cannot write {', '.join(paths)} ({why}): {kept}") from None
-
-def _remove_stale_tmps(path):
-    """The temporary files of path that a killed process (kill -9: no clean-up) left, PATH.<pid>.tmp whose
-    process is gone; a live writer's are its own."""
-    for tmp in glob.glob(f"{glob.escape(path)}.*.tmp"):
-        pid = tmp[len(path) + 1:-4]
-        if not pid.isdecimal():   # (this process's own: alive, so kept below)
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            if os.path.isdir(tmp):   # a corpus cache's
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                os.unlink(tmp)
-        except OSError:   # alive, another user's
-            pass
-
-# --- Tokenizers: name, n_vocab, eot_token, encode_ordinary(text) -> ids (a special token's text inside a
-# document stays plain text), decode(ids) and encode_single_token(bytes) ------------------------------------
-class ByteTokenizer:
-    """One token per byte (id = byte value) plus <|endoftext|> = 256: built in, no file, no merges."""
-    name, n_vocab, eot_token = "bytes", 257, 256
-    _pieces = [bytes([i]) for i in range(256)] + [EOT.encode()]
-
-    def encode_ordinary(self, text):
-        return list(text.encode())
-
-    def encode_ordinary_batch(self, texts):   # -> uint8 arrays: no Python int per byte
-        return [np.frombuffer(text.encode(), np.uint8) for text in texts]
-
-    def decode(self, ids):   # a character cut in two reads U+FFFD
-        return b"".join(self._pieces[int(t)] for t in ids).decode(errors="replace")
-
-    def encode_single_token(self, piece):
-        return self._pieces.index(piece)
-
-class JsonTokenizer:
-    """A Hugging Face tokenizer.json (GPT-NeoX's, as the official Mamba checkpoints) via `tokenizers`."""
-
-    def __init__(self, path):
-        import tokenizers
-        raw = pathlib.Path(path).read_bytes()
-        try:
-            self._tok = tokenizers.Tokenizer.from_str(raw.decode())
-        except Exception:
-            raise DataError(f"{path} is not a readable tokenizer.json: pass the model's own") from None
-        self._tok.encode_special_tokens = True   # "<|endoftext|>" inside a document is plain text
-        special = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
-        require(EOT in special, f"{path} has no {EOT} special token to mark documents: use GPT-NeoX's")
-        self.name = "json-" + hashlib.sha1(raw).hexdigest()[:12]
-        self.eot_token = special[EOT]
-        self.n_vocab = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
-
-    def encode_ordinary(self, text):   # no template (BOS...) added: documents are marked by the eot
-        return self._tok.encode(text, add_special_tokens=False).ids
-
-    def encode_ordinary_batch(self, texts):   # in parallel on every core (RAYON_NUM_THREADS: fewer)
-        return [e.ids for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)]
-
-    def decode(self, ids):
-        return self._tok.decode([int(t) for t in ids], skip_special_tokens=False)
-
-    def encode_single_token(self, piece):
-        ids = self.encode_ordinary(piece.decode())
-        require(len(ids) == 1, f"{piece!r} is not one token of {self.name}: use a byte-level BPE")
-        return ids[0]
-
-class TiktokenTokenizer:
-    """A tiktoken Encoding: one of tiktoken's (gpt2: nanoGPT's ids) or a .tiktoken file's."""
-
-    def __init__(self, enc):
-        self._enc, self.name, self.n_vocab, self.eot_token = enc, enc.name, enc.n_vocab, enc.eot_token
-
-    def encode_ordinary(self, text):
-        return self._enc.encode_ordinary(text)
-
-    def encode_ordinary_batch(self, texts):   # a thread per core
-        return self._enc.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
-
-    def decode(self, ids):   # numpy's, torch's ids as a list (tiktoken takes no tensor); a cut char: U+FFFD
-        return self._enc.decode(list(ids))
-
-    def encode_single_token(self, piece):
-        try:
-            return self._enc.encode_single_token(piece)
-        except KeyError:
-            raise DataError(f"{piece!r} is not one token of {self.name}: use a byte-level BPE") from None
-
-TIKTOKEN_NAMES = ("gpt2", "r50k_base", "p50k_base", "cl100k_base", "o200k_base")   # each has <|endoftext|>
-
-def get_tokenizer(name="bytes"):
-    """-> the tokenizer "bytes" (built in), a tiktoken encoding of TIKTOKEN_NAMES (that name wins over a
-    folder of the same name: ./gpt2 is the folder), or of a .tiktoken file, a tokenizer.json or a folder
-    holding one (GPT-NeoX's: the official Mamba checkpoints'); a tokenizer passes through."""
-    if hasattr(name, "encode_ordinary"):
-        return name
-    require(isinstance(name, str) and name, f"unknown tokenizer {name!r}: use bytes or a tokenizer.json")
-    if name not in ("bytes", *TIKTOKEN_NAMES):
-        name = os.path.join(name, "tokenizer.json") if os.path.isdir(name) else name
-        require(os.path.exists(name), f"unknown tokenizer {name!r}: pass bytes or a Hugging Face "
-                "tokenizer.json (`hf download ORG/NAME tokenizer.json --local-dir DIR`: DIR/tokenizer.json), "
-                f"a tiktoken encoding ({', '.join(TIKTOKEN_NAMES)}) or PATH/x.tiktoken")
-        tiktoken_file = name.endswith(".tiktoken")
-        require_file(name, "pass a .tiktoken file" if tiktoken_file else "pass a Hugging Face tokenizer.json")
-        name = os.path.abspath(name)   # not a FIFO (it would hang): a file, read once a process
-    return _load_tokenizer(name)
-
-@functools.lru_cache(maxsize=None)
-def _load_tokenizer(name):   # one object a name: a file is read once a process
-    try:
-        if name == "bytes":
-            return ByteTokenizer()
-        if name in TIKTOKEN_NAMES:
-            return _tiktoken(name)
-        return _tiktoken_file(name) if name.endswith(".tiktoken") else JsonTokenizer(name)
-    except ImportError as e:   # an optional package (requirements.txt) not installed
-        raise DataError(f"tokenizer {name} needs: pip install {e.name}") from None
-
-def _tiktoken_cache_dir():   # -> where tiktoken.load.read_file_cached looks ("": no cache)
-    default = os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    return os.environ.get("TIKTOKEN_CACHE_DIR", os.environ.get("DATA_GYM_CACHE_DIR", default))
-
-def _tiktoken(name):
-    """tiktoken's encoding from its BPE files in tiktoken's cache (_tiktoken_cache_dir(): a file a URL, named
-    by the sha1 of the URL, checked against its sha256): never fetched here, a missing one named."""
-    import tiktoken
-    import tiktoken.load
-    from tiktoken_ext.openai_public import ENCODING_CONSTRUCTORS
-
-    def offline(url):   # tiktoken's read_file: called for a file not in the cache, or failing its sha256
-        folder = _tiktoken_cache_dir()
-        file = os.path.join(folder, hashlib.sha1(url.encode()).hexdigest())
-        where = f"as {file}" if folder else "and TIKTOKEN_CACHE_DIR is empty (no cache)"
-        fetch = f"python -c \"import tiktoken; tiktoken.get_encoding('{name}')\""
-        raise DataError(f"tiktoken's {name} needs {url} in its cache, {where} (missing, or not the file its "
-                        f"sha256 names; nothing is fetched at run time): run TIKTOKEN_CACHE_DIR=DIR {fetch} "
-                        "on a connected machine, copy DIR here and set TIKTOKEN_CACHE_DIR=DIR")
-    with unittest.mock.patch.object(tiktoken.load, "read_file", offline):
-        return TiktokenTokenizer(tiktoken.Encoding(**ENCODING_CONSTRUCTORS[name]()))
-
-def _tiktoken_file(path):
-    """A .tiktoken file: tiktoken's BPE ranks, a line `base64(token) rank` each (as OpenAI's
-    r50k_base.tiktoken), ranks 0..n-1 in merge order. The file holds no split pattern nor special tokens:
-    GPT-2's pattern, and <|endoftext|> = n, after the last rank, as in r50k_base itself (a copy of
-    r50k_base.tiktoken reads as gpt2's ids). Its name: tiktoken- and the file's sha1."""
-    import tiktoken
-    from tiktoken_ext.openai_public import r50k_pat_str   # GPT-2's split pattern
-    raw = pathlib.Path(path).read_bytes()
-    fix = "pass a .tiktoken file of a byte-level BPE (a line `base64(token) rank` each, ranks 0..n-1 once)"
-    ranks = {}
-    for n, line in enumerate(raw.splitlines(), 1):
-        if not line.strip():   # blank lines: skipped, as tiktoken's own loader does
-            continue
-        try:
-            token, rank = line.split()
-            ranks[base64.b64decode(token, validate=True)] = int(rank)
-        except ValueError:   # not two fields, not base64 (binascii.Error), not an integer
-            raise DataError(f"{path}: line {n} is not `base64(token) rank`: {fix}") from None
-    gap = min(set(range(len(ranks))) - set(ranks.values()), default=len(ranks))   # the first rank missing
-    lack = next((bytes([b]) for b in range(256) if bytes([b]) not in ranks), None)   # tiktoken panics on it
-    require(ranks, f"{path} holds no tokens: {fix}")
-    require(gap == len(ranks), f"{path}: no token has rank {gap}: {fix}")
-    require(lack is None, f"{path}: the byte {lack!r} is no token: {fix}")
-    name = "tiktoken-" + hashlib.sha1(raw).hexdigest()[:12]
-    return TiktokenTokenizer(tiktoken.Encoding(name, pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                                               special_tokens={EOT: len(ranks)}))
 
 # --- Token files: text tokenized once into the cache, or a cache folder itself ---------------------------
 def token_ids(data, tokenizer="bytes", val_fraction=VAL_FRACTION, cache_dir=None):
@@ -488,7 +245,7 @@ def _prepared(folder, meta, enc):   # -> (train, val, info) of folder's train.bi
     return train, val, dict(meta, key=meta["sha1"][:16])
 
 def main(argv=None):
-    """python datafiles.py --data PATH --tokenizer T [--cache-dir DIR]: the text tokenized once into the
+    """python -m plumbing.token_cache --data PATH --tokenizer T [--cache-dir DIR]: the text tokenized once into the
     verified cache folder train.py would read (the same key and split), its path printed last."""
     ap = argparse.ArgumentParser(description="Tokenize text once into its verified cache folder (train.bin, "
                                  "val.bin, meta.json; 5% of the files held out, drawn with seed 0; one "
@@ -500,10 +257,10 @@ def main(argv=None):
     ap.add_argument("--tokenizer", default="bytes", help="bytes (default), a tiktoken encoding "
                     f"({', '.join(TIKTOKEN_NAMES)}), PATH/x.tiktoken or PATH/tokenizer.json")
     ap.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR, metavar="DIR", help="where the folder is "
-                    "written (default: $LENGTHGEN_CACHE_DIR, else data_cache/ beside this file)")
+                    "written (default: $LENGTHGEN_CACHE_DIR, else data_cache/ in the repository)")
     args = ap.parse_args(argv)
     if empty := [k for k, v in vars(args).items() if not v.strip()]:   # "" would read as "."
-        ap.error(f"--{empty[0].replace('_', '-')} is empty: pass a value (python datafiles.py --help)")
+        ap.error(f"--{empty[0].replace('_', '-')} is empty: pass a value (python -m plumbing.token_cache --help)")
     handler = signal.signal(signal.SIGTERM, signal.default_int_handler)   # as Ctrl-C: write_atomically
     try:                                                                  # removes its temporary folder
         enc = get_tokenizer(args.tokenizer)

@@ -13,6 +13,7 @@ import torch
 import interventions
 import model
 import tasks
+from plumbing import checkpoints
 
 # Peak learning rates from scratch: the paper's Table 2 for its sizes; tiny tuned for the CPU demos.
 PEAK_LR = {"tiny": 3e-3, "45m": 1.5e-3, "70m": 1.5e-3, "85m": 1.5e-3, "125m": 1e-3, "130m": 1e-3,
@@ -75,7 +76,7 @@ def get_args(argv=None, description=None):
     if args.resume:
         take_checkpoint_flags(args, given)
     parent = parent_flags(args.init_from) if args.init_from and not args.resume else {}
-    official = args.init_from and os.path.isfile(os.path.join(model.resolve(args.init_from), "config.json"))
+    official = args.init_from and os.path.isfile(os.path.join(checkpoints.resolve(args.init_from), "config.json"))
     if official and not args.resume and "seq_len" not in given:
         sys.exit(f"error: {args.init_from} is an official checkpoint, whose config.json does not state the "
                  "length it was trained at: pass --seq-len T_train (the official Mamba checkpoints: 2048)")
@@ -142,7 +143,7 @@ def take_checkpoint_flags(args, given):
     out = args.out or DEFAULTS["out"]
     if not os.path.lexists(os.path.join(out, "ckpt.pt")):
         sys.exit(f"error: --resume but {out}/ckpt.pt does not exist: start without --resume, or fix --out")
-    saved = model.train_config(os.path.join(out, "ckpt.pt"))
+    saved = checkpoints.train_config(os.path.join(out, "ckpt.pt"))
     if not saved:
         sys.exit(f"error: --resume but {out}/ckpt.pt holds no train_config: it is not a checkpoint of "
                  "train.py, and cannot be resumed: start a new run with another --out")
@@ -155,9 +156,9 @@ def take_checkpoint_flags(args, given):
 
 def parent_flags(init_from):
     """What post-training inherits: the parent run's flags; an official one's arch and its shape's preset."""
-    parent, folder = model.train_config(init_from), model.resolve(init_from)   # a hub id: its cached folder
+    parent, folder = checkpoints.train_config(init_from), checkpoints.resolve(init_from)   # a hub id: its cached folder
     if os.path.isfile(os.path.join(folder, "config.json")):
-        _, c = model.read_official(folder)
+        _, c = checkpoints.read_official(folder)
         shape = (c["d_model"], c["n_layer"])
         sizes = [s for s, q in model.PRESETS[c["arch"]].items() if (q["d_model"], q["n_layer"]) == shape]
         parent = {**parent, "arch": c["arch"], "size": sizes[0] if sizes else None}
@@ -199,7 +200,7 @@ def exit_on_bad_flags(args):
         (not args.init_from and args.size not in model.PRESETS[args.arch], f"unknown --size {args.size!r} "
          f"for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}"),
         # a resume: its ckpt.pt alone; a hub id: its folder in the Hugging Face cache
-        (args.init_from and not args.resume and not exists(model.resolve(args.init_from)),
+        (args.init_from and not args.resume and not exists(checkpoints.resolve(args.init_from)),
          f"--init-from {args.init_from} does not exist"),
         (same_run, f"--init-from and --out are the same run ({args.out}): post-training needs another --out"),
         (exists(args.out) and not os.path.isdir(args.out), f"--out {args.out} is a file, not a directory"),

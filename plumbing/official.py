@@ -1,22 +1,19 @@
-"""mamba_ssm's checkpoint layout and the Hugging Face Hub, which a reader of the paper can skip. resolve: a
+"""mamba_ssm's checkpoint layout and the Hugging Face Hub. resolve: a
 hub id ORG/NAME -> its folder in the Hugging Face cache; read: a state-spaces/mamba* folder (config.json +
 pytorch_model.bin of a Mamba-1 or -2 LM) -> our ModelConfig's fields; export: a Mamba run in that layout,
 as mamba_ssm's MambaLMHeadModel.save_pretrained writes it and its from_pretrained reads it (our module
 names are mamba_ssm's, so the weights are one dict either way):
 
-    python official.py --export out/base exported/mamba2-tiny"""
-import argparse
+python -m plumbing.export RUN OUT runs export."""
 import errno
 import json
 import os
 import re
 import shutil
-import signal
-import sys
 
 import torch
 
-from datafiles import DataError, _remove_stale_tmps, read_json, require
+from plumbing.files import DataError, _remove_stale_tmps, read_json, require
 
 FILES = ("config.json", "pytorch_model.bin")   # the official layout
 # The fields of mamba_ssm's MambaConfig, in its order (config.json of the state-spaces/mamba* checkpoints);
@@ -154,7 +151,7 @@ def export(lm, out):
     config = mamba_config(lm)
     out = os.path.abspath(out)   # without a trailing /: the temporary folder is its sibling
     require_new(out)
-    tmp = f"{out}.{os.getpid()}.tmp"   # datafiles' convention: PATH.<pid>.tmp
+    tmp = f"{out}.{os.getpid()}.tmp"   # files.write_atomically's convention: PATH.<pid>.tmp
     _remove_stale_tmps(out)   # those of exports killed by kill -9 (their process is gone)
     os.makedirs(tmp)   # one of this pid is another's, whose process is gone too: named, not reused
     try:
@@ -167,26 +164,3 @@ def export(lm, out):
         if isinstance(e, OSError) and e.errno in (errno.ENOTEMPTY, errno.EEXIST):
             raise DataError(f"{out} was filled by another process meanwhile: pass a new OUT") from None
         raise
-
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.error = lambda message: p.exit(2, f"error: {message}\n")   # one line, as every other bad input
-    p.add_argument("--export", nargs=2, required=True, metavar=("RUN", "OUT"),
-                   help="write RUN (our run folder or its ckpt.pt, a Mamba-1 or -2 LM) in mamba_ssm's layout "
-                        "into OUT, a new or empty folder")
-    run, out = p.parse_args(argv).export
-    if not run.strip() or not out.strip():   # "" would read as the working folder
-        p.error(f"--export {run!r} {out!r}: RUN and OUT must not be empty")
-    import model   # here, not above: model imports this file (resolve, read)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)   # SIGTERM as Ctrl-C: export removes its files
-    try:
-        require_new(out)   # before reading RUN, which may take long
-        export(model.from_pretrained(run), out)
-    except (OSError, ValueError) as e:
-        sys.exit(f"error: {e}")
-    except KeyboardInterrupt:
-        sys.exit(f"interrupted: nothing written to {out}")
-    print(f"{out}: config.json, pytorch_model.bin (mamba_ssm's MambaLMHeadModel.from_pretrained reads it)")
-
-if __name__ == "__main__":
-    main()
