@@ -21,6 +21,7 @@ import model
 import rwkv
 import ssm
 import train
+from plumbing import runs
 
 TRAIN_PRESETS = "mamba2:45m,mamba2:85m,mamba2:125m,gla:70m,rwkv6:70m,mamba2:130m"  # Fig. 2, 10; official 130M
 SCANS = {"ssd (mamba2)": ssm.SSD_SCANS, "selective (mamba1)": ssm.SELECTIVE_SCANS, "gla": gla.GLA_SCANS,
@@ -159,7 +160,7 @@ def main(argv=None):
         raise SystemExit(f"error: --{twice[0]} names a value twice ({lists[twice[0]]}): name each once")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but no CUDA device is available: use --device cpu")
-    device = torch.device(args.device.replace("auto", "cuda" if torch.cuda.is_available() else "cpu"))
+    device = runs.device(args.device)
     forms = set(args.forms.split(",")) - {"auto", "naive", "chunked"}   # triton: CUDA or Triton's interpreter
     if forms - {"triton"} or forms and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit(f"error: --forms {args.forms}: choose from auto, naive, chunked, triton (triton: "

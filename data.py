@@ -1,7 +1,7 @@
 """Data for the length-generalization experiments: 1. load_data -> Data, a train and a val stream of token
-ids (the files behind them: plumbing/token_cache.py, plumbing/tokenizers.py), 2. the in-context Markov process and its exact Bayes floor, 3. the
-samplers (each next_batch() -> Batch). A stream is [eot d1 eot d2 ...]: a window that starts at an eot starts
-a document."""
+ids (the files behind them: plumbing/token_cache.py, plumbing/tokenizers.py), 2. the in-context Markov
+process and its exact Bayes floor, 3. the samplers (each next_batch() -> Batch). A stream is
+[eot d1 eot d2 ...]: a window that starts at an eot starts a document."""
 import collections
 import functools
 import math
@@ -40,13 +40,15 @@ MARKOV_DEFAULTS = dict(k=8, alpha=0.3, doc_len=4096, docs=2048, val_docs=256, sh
 
 def markov_prior(k, alpha, shared=0.0, seed=0):
     """[k, k] Dirichlet pseudo-counts of every document's rows: alpha, or shared * G (related documents)."""
-    return np.full((k, k), float(alpha)) if not shared else \
-        shared * np.random.default_rng([seed, 2]).dirichlet(np.full(k, alpha), size=k)
+    if not shared:
+        return np.full((k, k), float(alpha))
+    return shared * np.random.default_rng([seed, 2]).dirichlet(np.full(k, alpha), size=k)
 
 def sample_markov(k, alpha, doc_len, docs, seed=0, split="train", shared=0.0):
     """-> (tokens [docs, doc_len] int64 in 0..k-1, transitions [docs, k, k]); doc d: from (seed, split, d)."""
     prior = markov_prior(k, alpha, shared, seed)
-    transitions, u = np.empty((docs, k, k)), np.empty((doc_len, docs))   # u: uniforms [time, doc]
+    transitions = np.empty((docs, k, k))
+    u = np.empty((doc_len, docs))   # uniforms [time, doc]
     for doc in range(docs):
         rng = np.random.default_rng([seed, int(split == "val"), doc])
         transitions[doc] = np.stack([rng.dirichlet(row) for row in prior])
@@ -67,12 +69,15 @@ def markov_bayes_nll(tokens, k, alpha, prior=None):
     require(x.dim() == 2 and x.shape[1] >= 2 and not ((x < 0) | (x > k)).any() and not (x[:, 1:] == k).any(),
             f"markov_bayes_nll: need [n, T >= 2] ids in 0..{k} (k is eot), no window crossing a document "
             "boundary (an eot after its start): use windows from document starts of <= doc_len + 1 tokens")
-    (n, T), rows = x.shape, torch.arange(len(x))
+    n, T = x.shape
+    rows = torch.arange(n)
     prior = torch.as_tensor(markov_prior(k, alpha) if prior is None else prior, dtype=torch.float64)
     counts = torch.zeros(n, k, k, dtype=torch.float64)   # counts[r, i, j]: bigrams i -> j so far
     nll = torch.empty(n, T - 1, dtype=torch.float64)
     for t in range(T - 1):
-        prev, nxt, at_start = x[:, t].clamp(max=k - 1), x[:, t + 1], x[:, t] == k
+        prev = x[:, t].clamp(max=k - 1)
+        nxt = x[:, t + 1]
+        at_start = x[:, t] == k
         row = counts[rows, prev] + prior[prev]   # [n, k] posterior pseudo-counts
         nll[:, t] = torch.log(row.sum(-1)) - torch.log(row[rows, nxt])
         nll[at_start, t] = math.log(k)
@@ -85,8 +90,11 @@ class RandomWindows:
     """Windows from anywhere in the stream (across documents, as nanoGPT's): for zero, noise and SP states."""
 
     def __init__(self, tokens, batch_size, seq_len, seed=0):
-        self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
-        self.seed, self.step = seed, 0
+        self.tokens = tokens
+        self.batch_size = batch_size
+        self.seq_len = seq_len
+        self.seed = seed
+        self.step = 0
 
     def next_batch(self):   # uniform starts seeded by (seed, step): windows may overlap, as nanoGPT's
         last = len(self.tokens) - self.seq_len - 1   # the last start that fits
@@ -100,17 +108,21 @@ class RandomWindows:
         return {"seed": self.seed, "step": self.step}
 
     def load_state_dict(self, state):
-        self.seed, self.step = int(state["seed"]), int(state["step"])
+        self.seed = int(state["seed"])
+        self.step = int(state["step"])
 
 class DocumentStreams:
     """TBTT: row r reads a document in chunks, each from its predecessor's last token (and final state),
     then the next of a seeded order, new_doc[r] True; tails and documents shorter than a chunk are skipped."""
 
     def __init__(self, tokens, eot_token, batch_size, seq_len, seed=0):
-        self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
+        self.tokens = tokens
+        self.batch_size = batch_size
+        self.seq_len = seq_len
         starts = np.union1d([0], np.flatnonzero(np.asarray(tokens) == eot_token))
         lengths = np.diff(np.append(starts, len(tokens)))
-        self.doc_start, self.doc_len = starts[lengths > seq_len], lengths[lengths > seq_len]
+        self.doc_start = starts[lengths > seq_len]
+        self.doc_len = lengths[lengths > seq_len]
         require(len(self.doc_len), f"DocumentStreams: no document has {seq_len + 1} tokens: shorten seq_len")
         self.load_state_dict(dict(seed=seed, epoch=0, cursor=0, row_doc=[-1] * batch_size,   # -1: needs a doc
                                   row_pos=[0] * batch_size))
@@ -121,9 +133,12 @@ class DocumentStreams:
         for r in range(self.batch_size):
             if self.row_doc[r] < 0 or self.row_pos[r] + self.seq_len >= self.doc_len[self.row_doc[r]]:
                 if self.cursor == len(self._order):
-                    self.epoch, self.cursor = self.epoch + 1, 0
+                    self.epoch += 1
+                    self.cursor = 0
                     self._order = self._shuffled()
-                self.row_doc[r], self.row_pos[r], new_doc[r] = int(self._order[self.cursor]), 0, True
+                self.row_doc[r] = int(self._order[self.cursor])
+                self.row_pos[r] = 0
+                new_doc[r] = True
                 self.cursor += 1
             starts.append(self.doc_start[self.row_doc[r]] + self.row_pos[r])
             self.row_pos[r] += self.seq_len
@@ -134,8 +149,11 @@ class DocumentStreams:
                     row_pos=list(self.row_pos))
 
     def load_state_dict(self, state):
-        self.seed, self.epoch, self.cursor = int(state["seed"]), int(state["epoch"]), int(state["cursor"])
-        self.row_doc, self.row_pos = [int(d) for d in state["row_doc"]], [int(p) for p in state["row_pos"]]
+        self.seed = int(state["seed"])
+        self.epoch = int(state["epoch"])
+        self.cursor = int(state["cursor"])
+        self.row_doc = [int(d) for d in state["row_doc"]]
+        self.row_pos = [int(p) for p in state["row_pos"]]
         self._order = self._shuffled()
 
     def _shuffled(self):   # the order of the documents in pass `epoch`
@@ -167,7 +185,10 @@ class TaskSampler:
     answer; eot pads on the RIGHT: each row reads its example from the initial state, as evaluation does."""
 
     def __init__(self, task_fn, batch_size, seed=0, **task_kwargs):
-        self.task_fn, self.batch_size, self.seed, self.task_kwargs = task_fn, batch_size, seed, task_kwargs
+        self.task_fn = task_fn
+        self.batch_size = batch_size
+        self.seed = seed
+        self.task_kwargs = task_kwargs
         self.pad_id = get_tokenizer(task_kwargs.get("tokenizer", "bytes")).eot_token
         self.step = 0
 
@@ -183,7 +204,8 @@ class TaskSampler:
         answer = pad_sequence([torch.as_tensor(s.answer_mask) for s in samples], True)
         return Batch(tokens[:, :-1].contiguous(), tokens[:, 1:].masked_fill(~answer[:, 1:], -100), None)
 
-    state_dict, load_state_dict = RandomWindows.state_dict, RandomWindows.load_state_dict
+    state_dict = RandomWindows.state_dict   # (seed, step): all that the next batches depend on
+    load_state_dict = RandomWindows.load_state_dict
 
 # --- Plumbing: the Markov spec, windows ------------------------------------------------------------
 def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): not cached on disk
@@ -195,13 +217,19 @@ def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): no
         require(len(dict(items)) == len(items), "")
     except (KeyError, ValueError):
         raise DataError(f"markov: bad options {spec!r}: use some of {usage}, each once") from None
-    k, alpha, shared, docs = cfg["k"], cfg["alpha"], cfg["shared"], (cfg["docs"], cfg["val_docs"])
+    k = cfg["k"]
+    alpha = cfg["alpha"]
+    shared = cfg["shared"]
+    docs = (cfg["docs"], cfg["val_docs"])
     require(2 <= k and max(docs) * k * k <= 1 << 27 and 0 < alpha < math.inf and 0 <= shared < math.inf and
             cfg["doc_len"] >= 2 and min(docs) >= 1, f"markov: need 2 <= k, docs x k x k <= 2**27 (1 GiB of "
             f"transitions), finite alpha > 0, shared >= 0, doc_len >= 2, docs, val_docs >= 1; got {spec!r}")
-    drawn = [sample_markov(k, alpha, cfg["doc_len"], n, seed, split, shared)[0] for n, split in
-             zip(docs, ("train", "val"))]   # [docs, doc_len] each -> the stream [eot d1 eot d2 ...]
-    train, val = [np.pad(d, [(0, 0), (1, 0)], constant_values=k).reshape(-1).astype(np.uint16) for d in drawn]
+
+    def stream(n_docs, split):   # [n_docs, doc_len] -> the stream [eot d1 eot d2 ...]
+        drawn = sample_markov(k, alpha, cfg["doc_len"], n_docs, seed, split, shared)[0]
+        return np.pad(drawn, [(0, 0), (1, 0)], constant_values=k).reshape(-1).astype(np.uint16)
+    train = stream(cfg["docs"], "train")
+    val = stream(cfg["val_docs"], "val")
     name = "markov:" + ",".join(f"{key}={value}" for key, value in cfg.items() if key != "shared" or shared)
     floor = functools.partial(markov_bayes_nll, k=k, alpha=alpha, prior=markov_prior(k, alpha, shared, seed))
     return Data(name, train, val, k + 1, k, None, floor, cfg)

@@ -5,15 +5,13 @@
 
 Sections 1-4, the metrics: sequence_nll and effective_remembrance stream the naive definitions beside them
 (chunks carrying the state: memory depends on chunk_len, not on the length); length_generalization is
-another rule than Definition 3.2 read literally (length_generalization_naive; its docstring says why);
+another rule than Definition 3.2 read literally (length_generalization_pstar; its docstring says why);
 short_context_nll is itself a definition and state_statistics a pooled moment: neither has another form.
 Any LM with model.LM's interface works: logits, final_state = lm(idx, state=None, last_only=False);
 lm.zero_state(b, device). Entry i of a per-position curve is the prediction after i + 1 tokens. Section 5:
-the command line (the tables and figures: plumbing/report.py)."""
-import argparse
+the command line (flags and checks: plumbing/eval_flags.py; tables and figures: plumbing/report.py)."""
 import json
 import math
-import os
 import signal
 import sys
 
@@ -22,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-import data
 import model
 import tasks
-from plumbing import checkpoints, report, tokenizers
+from plumbing import checkpoints, eval_flags, report
+from plumbing.eval_flags import LM_METRICS, asks, check_args
 from plumbing.files import is_int, require
 from plumbing.report import sem
 
@@ -40,15 +38,15 @@ def position_nll_naive(lm, tokens):
 
 @torch.inference_mode()
 def sequence_nll(lm, tokens, chunk_len=512, batch_size=8, progress=False):
-    """position_nll_naive streamed: chunk_len tokens per call, the state carried; logits [b, chunk_len, V]."""
+    """position_nll_naive streamed: each block of rows read by model.stream, chunk_len tokens a call from
+    the zero state, the state carried; logits [b, <= chunk_len, V]."""
     tokens, _ = _require_eval_inputs(tokens, min_len=2, chunk_len=chunk_len, batch_size=batch_size)
     out = torch.empty(tokens.shape[0], tokens.shape[1] - 1)
     for r in tqdm(range(0, len(tokens), batch_size), desc="ppl", disable=not progress):
-        x, state = tokens[r:r + batch_size].to(model.device_of(lm)), None  # None: the zero initial state
-        for a in range(0, out.shape[1], chunk_len):
-            logits, state = lm(x[:, a:-1][:, :chunk_len], state)
-            nll = F.cross_entropy(logits.float().mT, x[:, a + 1:][:, :chunk_len], reduction="none")
-            out[r:r + len(x), a:a + chunk_len] = nll.cpu()
+        x = tokens[r:r + batch_size].to(model.device_of(lm))
+        for a, b, logits, _ in model.stream(lm, x[:, :-1], chunk_len):   # the last token is no input
+            nll = F.cross_entropy(logits.float().mT, x[:, a + 1:b + 1], reduction="none")
+            out[r:r + len(x), a:b] = nll.cpu()
     return out
 
 def position_nll(lm, tokens, chunk_len=512, batch_size=8):
@@ -72,11 +70,12 @@ def bucketize(nll, edges):
     return dict(lo=list(edges[:-1]), hi=list(edges[1:]), per_seq=per_seq, **_summary(per_seq))
 
 def _summary(per_seq):
-    nll, se = per_seq.mean(0), sem(per_seq)
+    nll = per_seq.mean(0)
+    se = sem(per_seq)
     return dict(nll=nll, nll_sem=se, ppl=nll.exp(), ppl_sem=nll.exp() * se)  # delta method
 
 # ==== 2. Length generalization (Definition 3.2) ====
-def length_generalization_naive(ppl, t_train):
+def length_generalization_pstar(ppl, t_train):
     """Definition 3.2 read literally on a per-position curve ppl [L]: p* = min over t < t_train, at t*;
     the model generalizes to T if ppl(t) <= p* for all t in [t*, T). Returns that largest T. On a
     measured curve it mostly measures noise (p* is biased low; one noisy position ends the run)."""
@@ -90,7 +89,8 @@ def short_context_nll(lm, tokens, t_train, chunk_len=512, batch_size=8):
     [n, L] (NaN at t < t_train / 2): the same tokens at a training-length context, the verdict's yardstick."""
     tokens, _ = _require_eval_inputs(tokens, min_len=2, chunk_len=chunk_len, batch_size=batch_size)
     require(is_int(t_train, 2), f"short_context_nll: t_train must be an integer >= 2, got {t_train!r}")
-    n, L = tokens.shape[0], tokens.shape[1] - 1
+    n = tokens.shape[0]
+    L = tokens.shape[1] - 1
     out = torch.full((n, L), math.nan)
     for offset in (0, t_train // 2, L - t_train):  # every target past t_train / 2: in a piece's second half
         k = (L - offset) // t_train  # whole pieces
@@ -108,8 +108,11 @@ def length_generalization(per_seq, lo, hi, t_train, short, alpha=0.05, n_boot=20
     n_boot seeded bootstrap means, m = buckets past t_train (Bonferroni). generalizes_to: hi of the bucket
     before the first that fails (the first: t_train; none: censored). ppl_short: the perplexity at
     training-length contexts, exp of short's mean from t_train / 2 on (printed, drawn dashed)."""
-    per_seq, short = (torch.as_tensor(a, dtype=torch.float64) for a in (per_seq, short))
-    lo, hi, n = list(lo), list(hi), len(per_seq)
+    per_seq = torch.as_tensor(per_seq, dtype=torch.float64)
+    short = torch.as_tensor(short, dtype=torch.float64)
+    lo = list(lo)
+    hi = list(hi)
+    n = len(per_seq)
     require(any(a >= t_train // 2 and b <= t_train for a, b in zip(lo, hi)), f"no bucket lies within the "
             f"training positions [{t_train // 2}, {t_train}): use edges that include both "
             f"(log_edges(L, include=[{t_train // 2}, {t_train}]))")
@@ -144,7 +147,8 @@ def effective_remembrance_naive(lm, tokens, T, cuts, distance="tv"):
     """The definition, one forward per cut: mean over rows of d(q(.|x[0:T]), q(.|x[t:T])) for each t."""
     tokens, cuts = _require_eval_inputs(tokens, T=T, cuts=cuts, distance=distance)
     x = tokens[:, :T].to(model.device_of(lm))
-    p, d = lm(x)[0][:, -1].double().softmax(-1), DISTANCES[distance]  # float64 next-token distributions
+    d = DISTANCES[distance]
+    p = lm(x)[0][:, -1].double().softmax(-1)  # float64 next-token distributions
     return torch.stack([d(p, lm(x[:, t:])[0][:, -1].double().softmax(-1)).clamp(0, 1).mean()
                         for t in cuts.tolist()]).cpu()
 
@@ -165,14 +169,16 @@ def effective_remembrance(lm, tokens, T, cuts, distance="tv", batch_size=8, chun
 
 def _next_token(lm, x, chunk_len):
     """The float64 next-token distribution [b, V] after all of x [b, T], read from the zero state."""
-    *_, (_, _, logits, _) = model.stream(lm, x, chunk_len, last_only=True)
+    for _, _, logits, _ in model.stream(lm, x, chunk_len, last_only=True):   # the last piece's: at T
+        pass
     return logits[:, -1].double().softmax(-1)
 
 def default_cuts(T, n_cuts=32):
     """0, log-spaced from the start (a failing model jumps at once) and toward T (a healthy one rises)."""
     require(is_int(T) and is_int(n_cuts), f"default_cuts: need T >= 1 and n_cuts >= 1, got {T!r}, {n_cuts!r}")
     n_cuts = min(n_cuts, T)   # there are T cuts in [0, T - 1]: more asked are repeats (and could fill memory)
-    half, top = max(1, (n_cuts - 1) // 2), math.log10(max(1, T // 2))
+    half = max(1, (n_cuts - 1) // 2)
+    top = math.log10(max(1, T // 2))
     early = torch.logspace(0, top, half).round().long()
     late = T - torch.logspace(0, top, max(0, n_cuts - 1 - half)).round().long()
     return torch.cat([torch.tensor([0]), early, late]).clamp(0, T - 1).unique()
@@ -203,7 +209,8 @@ def state_statistics(lm, tokens, positions=None, chunk_len=512, batch_size=8, t_
     std = ((sq - s * s / cnt) / (cnt - 1).clamp_min(1)).clamp_min(0).sqrt()
     out = dict(positions=positions, std=list(std), rms=list((sq / cnt).sqrt()))
     if t_train is not None:
-        early, late = positions + 1 <= t_train, positions + 1 >= 4 * t_train
+        early = positions + 1 <= t_train
+        late = positions + 1 >= 4 * t_train
         both = early.any() and late.any()
         out["coverage"] = list(std[:, late].mean(1) / std[:, early].amax(1) if both else std[:, 0] * math.nan)
     return out
@@ -223,22 +230,16 @@ def _require_eval_inputs(tokens, min_len=1, T=None, cuts=None, distance="tv", ch
     return tokens.long(), cuts
 
 # ==== 5. Command line: the flags checked, every checkpoint measured on the same data, the report ====
-LM_METRICS, TASK_METRICS = ("ppl", "effrem", "state"), ("passkey", "copy", "babilong")
-
 def main(argv=None):
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: one line, below
     try:
-        _require_values_and_out(args)
+        eval_flags.require_values_and_out(args)
         if args.over_seeds:
             return report.over_seeds(report.read_reports(args.ckpts, args.labels), args.out)
         report.show(run(args), args.out)
-    except (ValueError, OSError, RuntimeError) as e:  # bad input: one line naming the problem and the fix
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except MemoryError as e:   # work sized by the flags
-        print(f"error: out of memory ({str(e) or 'MemoryError'}): lower --n-seqs, --eval-len, --batch-size, "
-              "--task-samples, --passkey-depths or the task lengths", file=sys.stderr)
+    except (ValueError, OSError, RuntimeError, MemoryError) as e:  # bad input, or work sized by the flags
+        print(f"error: {eval_flags.one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"interrupted: {args.out}/{'seeds' if args.over_seeds else 'eval'}.json and its figures not "
@@ -246,190 +247,25 @@ def main(argv=None):
         return 1
     return 0
 
-def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.error = lambda message: ap.exit(2, f"error: {message}\n")  # one line, as every other bad input
-    a, positive = ap.add_argument, lambda text: _ints(text, one=True)
-    a("ckpts", nargs="+", metavar="CKPT", help="our ckpt.pt (or its dir), an official Mamba dir, its hub id")
-    a("--metrics", default="ppl,effrem,state", help=f"subset of {','.join(LM_METRICS + TASK_METRICS)}")
-    a("--eval-len", type=positive, help="tokens per evaluation window (default: 16 x the largest t_train)")
-    a("--n-seqs", type=positive, default=64, help=f"evaluation windows (the verdict needs >= {MIN_SEQS})")
-    a("--t-train", type=positive, help="training length (default: train_config seq_len; official: 2048)")
-    a("--data", help="what data.load_data reads (default: train_config data)")
-    a("--tokenizer", help="bytes, gpt2 (tiktoken's), PATH/x.tiktoken or PATH/tokenizer.json (default: the "
-      "checkpoints')")
-    a("--cache-dir", help="where text --data is tokenized once (default $LENGTHGEN_CACHE_DIR, data_cache/)")
-    a("--effrem-len", type=positive, help="T of EffRem_T(t) (default: --eval-len; the paper's: 4 x t_train)")
-    a("--effrem-cuts", type=positive, default=32, help="number of cut points t of EffRem_T")
-    a("--distance", default="tv", choices=sorted(DISTANCES), help="EffRem's distance (tv: the paper's)")
-    a("--chunk-len", type=positive, help="tokens per model call while streaming: bounds memory, not results")
-    a("--batch-size", type=positive, help="sequences per model call")
-    a("--seed", type=lambda t: _ints(t, True, 0), default=0, help="seed of the windows, samples, bootstrap")
-    a("--out", default="out/eval", help="directory for eval.json and the PNGs")
-    a("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    a("--labels", nargs="+", help="one display name per checkpoint (default: the directory names)")
-    a("--reference", nargs="+", metavar="LABEL", help="with ppl: each run's NLL minus this run's, paired per "
-      "sequence; RUN=LABEL: RUN's minus LABEL's (e.g. control TBTT=streams: TBTT against its own control)")
-    a("--over-seeds", action="store_true", help="CKPTs are eval.json files (or --out folders) of this script "
-      "on the same runs trained with other seeds (--labels: the seeds): the spread -> OUT/seeds.{json,png}")
-    a("--task-samples", type=positive, default=8, help="examples per passkey cell, copy length, bAbI cell")
-    a("--passkey-lengths", type=_ints, default="128,256,512,1024,2048,4096", help="total lengths (tokens)")
-    a("--passkey-depths", type=positive, default=10, help="evenly spaced insertion depths in [0, 1]")
-    a("--copy-lengths", type=_ints, default="50,100,300", help="string lengths")
-    a("--babi-lengths", type=_ints, default="512,1024,2048,4096", help="total lengths (stories: ~470 tokens)")
-    a("--babi-tasks", help="comma-separated bAbI tasks (default: train_config babi_tasks, else all)")
-    args = ap.parse_args(argv)
-    for action in ap._actions:   # parsed again without defaults: only the flags given
-        action.default = argparse.SUPPRESS
-    given = set(vars(ap.parse_args(argv))) - {"ckpts"}
-    flag = lambda k: "--" + k.replace("_", "-")
-    measuring = sorted(given - {"over_seeds", "labels", "out"})
-    if args.over_seeds and measuring:
-        ap.error(f"--over-seeds summarises evaluations already made, it measures nothing: drop "
-                 f"{' '.join(map(flag, measuring))}")
-    metrics = set(args.metrics.split(","))
-    for k in sorted(given & set(APPLIES)):
-        if not metrics & set(APPLIES[k]):
-            ap.error(f"{flag(k)} does not apply to --metrics {args.metrics}: add one of "
-                     f"{','.join(APPLIES[k])} to --metrics, or drop {flag(k)}")
-    return args
-
-# flag -> the metrics it applies to: given without any of them it is refused, not ignored
-APPLIES = dict(eval_len=LM_METRICS, n_seqs=LM_METRICS, effrem_len=("effrem",), effrem_cuts=("effrem",),
-               distance=("effrem",), reference=("ppl",), data=LM_METRICS + ("babilong",),
-               cache_dir=LM_METRICS + ("babilong",), task_samples=TASK_METRICS,
-               passkey_lengths=("passkey",), passkey_depths=("passkey",), copy_lengths=("copy",),
-               babi_lengths=("babilong",), babi_tasks=("babilong",), chunk_len=LM_METRICS + TASK_METRICS)
-
-def _ints(text, one=False, lo=1):  # an argparse type: "128,256" -> [128, 256]; one=True: "128" -> 128
-    kind = "a positive integer" if one else "comma-separated distinct positive integers"
-    values = [int(v) if v.isdecimal() else -1 for v in text.split(",")]
-    if not all(lo <= v < 2**63 for v in values) or len(set(values)) < len(values) or one and "," in text:
-        raise argparse.ArgumentTypeError(f"must be {kind if lo else 'in [0, 2**63)'}, got {text!r}")
-    return values[0] if one else values
-
-def _require_values_and_out(args):
-    """No flag given '', and --out (or the folder it goes in) writable: said now, not after the metrics."""
-    empty = ["CKPT" if k == "ckpts" else "--" + k.replace("_", "-") for k, v in vars(args).items()
-             if "" in (v if isinstance(v, list) else [v])]
-    require(not empty, f"{' '.join(empty)} '': pass a value, or leave the flag out")
-    parent = os.path.abspath(args.out)
-    while not os.path.lexists(parent):
-        parent = os.path.dirname(parent)
-    require(os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK),
-            f"--out {args.out!r} is not a directory that can be written: pass another")
-
-def _asks(args, metrics):  # does --metrics ask for any of these?
-    return bool(set(args.metrics) & set(metrics))
-
-def check_args(args):
-    """The flags checked against each other and the checkpoints, defaults filled in from their train_config
-    -> (train configs, t_train per checkpoint, the tokenizer, {run label or None: reference label})."""
-    require(not args.labels or len(args.ckpts) == len(args.labels) == len(set(args.labels)), f"--labels "
-            f"{' '.join(args.labels or [])}: give each of the {len(args.ckpts)} checkpoints its own name")
-    for p in args.ckpts:
-        require(os.path.exists(checkpoints.resolve(p)), f"no checkpoint at {p}: check the path (OUT/ckpt.pt)")
-    files = [os.path.realpath(checkpoints.weights_file(p)[0]) for p in args.ckpts]   # a run's folder is its ckpt.pt
-    require(len(set(files)) == len(files), f"{' '.join(args.ckpts)}: one checkpoint twice: pass each once")
-    cfgs = [checkpoints.train_config(p) for p in args.ckpts]  # a corrupt checkpoint is reported as corrupt
-    args.metrics, known = args.metrics.split(","), LM_METRICS + TASK_METRICS
-    require(len(set(args.metrics) & set(known)) == len(args.metrics), f"unknown or repeated metric in "
-            f"--metrics {','.join(args.metrics)}: use a subset of {','.join(known)}")
-    require(args.device != "cuda" or torch.cuda.is_available(), "no CUDA device: use --device cpu")
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    t_trains = [args.t_train or c.get("seq_len") for c in cfgs]
-    if _asks(args, LM_METRICS):
-        require(all(t_trains), f"{', '.join(p for p, t in zip(args.ckpts, t_trains) if not t)}: no "
-                "train_config seq_len (an official checkpoint?): pass --t-train N (official Mamba-2: 2048)")
-        args.eval_len = args.eval_len or 16 * max(t_trains)
-        need = max(t + max(1, t // 2) for t in t_trains)   # a piece of short_context_nll from t_train / 2 on
-        require(args.eval_len >= need, f"--eval-len {args.eval_len} must be at least {need} (1.5 x t_train "
-                                       f"{max(t_trains)}): try --eval-len {16 * max(t_trains)}")
-        require(not args.effrem_len or 1 < args.effrem_len <= args.eval_len, f"--effrem-len "
-                f"{args.effrem_len} must lie in [2, --eval-len {args.eval_len}]: lower it or raise that")
-    ids = {c["tokenizer_id"] for c in cfgs if c.get("tokenizer_id")}   # the runs' tokenizers (train.py)
-    require(len(ids) <= 1, f"checkpoints of different tokenizers {sorted(ids)}: evaluate them separately")
-    args.tokenizer = _agree(args, cfgs, "tokenizer", required=False) or "bytes"
-    enc = tokenizers.get_tokenizer(args.tokenizer)
-    require(ids <= {enc.name}, f"--tokenizer {args.tokenizer} ({enc.name}) does not match the checkpoints' "
-                               f"{''.join(ids)}: pass the --tokenizer they were trained with")
-    if _asks(args, TASK_METRICS):
-        tasks.task_tokenizer(args.tokenizer)  # it spells the tasks
-    if "passkey" in args.metrics:  # a sample fits the shortest length, each depth a position of it
-        tasks.passkey_sample(args.tokenizer, min(args.passkey_lengths))
-        require(args.passkey_depths <= min(args.passkey_lengths), f"--passkey-depths {args.passkey_depths} > "
-                f"{min(args.passkey_lengths)}, the shortest of --passkey-lengths")
-    seeds = {c.get("split_seed", c.get("seed")) for c in cfgs if str(c.get("data"))[:6] == "markov"} - {None}
-    require(len(seeds) <= 1, f"the checkpoints were trained with --split-seed {sorted(seeds)}, drawing their "
-                             "Markov corpora differently: evaluate them separately")
-    args.split_seed = seeds.pop() if seeds else 0
-    args.babi_tasks = (_agree(args, cfgs, "babi_tasks", False) or ",".join(tasks.BABI_TASKS)).split(",")
-    require(len(set(args.babi_tasks) & set(tasks.BABI_TASKS)) == len(args.babi_tasks), f"unknown or repeated "
-            f"--babi-tasks {','.join(args.babi_tasks)}: use a subset of {','.join(tasks.BABI_TASKS)}")
-    args.labels = args.labels or default_labels(args.ckpts)
-    refs = dict(r.split("=", 1) if "=" in r else (None, r) for r in args.reference or [])   # run -> reference
-    require(not refs or set(refs.values()) | set(refs) - {None} <= set(args.labels) and "ppl" in args.metrics
-            and len(refs) == len(args.reference), f"--reference {' '.join(args.reference or [])} must name "
-            f"labels of {args.labels}, a default at most once and each RUN= once, and needs --metrics ppl")
-    return cfgs, t_trains, enc, refs
-
-def default_labels(paths):
-    """Each run's folder name (a .pt file's: its folder's); names that runs share grow by their parent
-    folders until they differ (runs/A/x, runs/B/x -> A/x, B/x; snap/step8.pt, snap/step10.pt)."""
-    full = [os.path.abspath(p).split(os.sep) for p in paths]
-    full = [f[:-1] if f[-1] == "ckpt.pt" else f for f in full]   # a run's folder and its ckpt.pt: one name
-    labels = [os.path.basename(os.path.dirname(p) if p.endswith(".pt") else p.rstrip("/")) for p in paths]
-    for k in range(2, max(map(len, full)) + 1):
-        shared = {label for label in labels if labels.count(label) > 1}
-        labels = ["/".join(f[-k:]) if label in shared else label for f, label in zip(full, labels)]
-    return labels
-
-def _agree(args, cfgs, key, required=True):
-    """The flag's value, else the one train_config value of all checkpoints (they share data, tokenizer)."""
-    values = {getattr(args, key)} - {None} or {c[key] for c in cfgs if c.get(key) is not None}
-    require(len(values) == 1 or not (required or values), f"{'checkpoints disagree on' if values else 'no'}"
-            f" train_config {key} {sorted(map(str, values))}: pass --{key.replace('_', '-')}")
-    return next(iter(values), None)
+def parse_args(argv):   # the flags (plumbing/eval_flags.py), told the names of sections 2 and 3
+    return eval_flags.parse_args(argv, __doc__.split("\n")[0], DISTANCES, MIN_SEQS)
 
 def read_eval_data(args, cfgs, t_trains):
     """The data every checkpoint is measured on, as args.windows [n, eval_len + 1], args.edges, args.optimal
     (the exact Bayes floor, bucketed) and args.filler (bAbI's) -> what the report says of it."""
-    out, lm_metrics = {}, _asks(args, LM_METRICS)
     args.windows = args.optimal = args.filler = None
-    if lm_metrics or "babilong" in args.metrics:
-        name = _agree(args, cfgs, "data", required=lm_metrics) or "stdlib"
-        corpus = data.load_data(name, args.tokenizer, args.split_seed, cache_dir=args.cache_dir)
-        for path, c in zip(args.ckpts, cfgs):   # Markov states and a tokenizer's ids: different alphabets
-            trained_on = c.get("data") or "text (an official checkpoint)"
-            require((corpus.tokenizer is None) == trained_on.startswith("markov:"), f"{path} was trained on "
-                    f"{trained_on}, {name} is {'not ' * (corpus.tokenizer is not None)}a Markov process: its "
-                    "ids would mean other things: evaluate it on data of its own kind (--data)")
-        for path, c in zip(args.ckpts, cfgs):   # its split re-drawn from changed files: val may hold train
-            now = checkpoints.data_id(corpus, c.get("split_seed", args.split_seed))
-            require(c.get("data") != name or c.get("data_id") in (None, now), f"{path} was trained on "
-                    f"{c.get('data_id')}, but {name} now reads {now} (its files changed: the validation "
-                    "split may hold training documents): restore them, or pass other --data")
-    if lm_metrics:  # windows from document starts where the process has an exact Bayes-optimal NLL
-        eot, need = corpus.eot_token if corpus.optimal_nll else None, args.n_seqs * (args.eval_len + 1)
-        require(eot is not None or len(corpus.val) >= need, f"the validation split holds {len(corpus.val)} "
-                f"tokens, {args.n_seqs} disjoint windows of {args.eval_len + 1} need {need}: use fewer "
-                "--n-seqs, a shorter --eval-len or more data")
-        args.windows = data.eval_windows(corpus.val, args.n_seqs, args.eval_len + 1, args.seed, eot)  # int64
+    out = {}
+    if asks(args, LM_METRICS) or "babilong" in args.metrics:
+        corpus = eval_flags.read_corpus(args, cfgs)
+    if asks(args, LM_METRICS):
+        args.windows = eval_flags.read_windows(args, corpus)
         args.edges = log_edges(args.eval_len, include=[t // d for t in t_trains for d in (1, 2)])  # verdict's
         out["data"] = corpus.name
         if corpus.optimal_nll:
-            try:
-                args.optimal = bucketize(corpus.optimal_nll(args.windows), args.edges)
-            except ValueError as e:
-                raise ValueError(f"no exact loss floor at --eval-len {args.eval_len}: {e}") from None
+            args.optimal = bucketize(eval_flags.exact_floor(corpus, args.windows, args.eval_len), args.edges)
             out["optimal"] = {k: v for k, v in args.optimal.items() if k != "per_seq"}
     if "babilong" in args.metrics:  # stories hidden in the validation split (training hid them in train)
-        require(corpus.tokenizer is not None, f"babilong: {corpus.name} is a synthetic process, not text to "
-                                              "hide stories in: pass --data stdlib (or a text path)")
-        args.filler = corpus.val
-        for t in args.babi_tasks:  # a story of each task fits the shortest length: said before any metric
-            tasks.babi_mixture(args.tokenizer, min(args.babi_lengths), [args.seed], (t,), args.filler)
+        args.filler = eval_flags.babi_filler(args, corpus)
         out.update(babi_tasks=args.babi_tasks, babi_filler=f"{corpus.name} (val split)")
     return out
 
@@ -439,12 +275,9 @@ def run(args):
     cfgs, t_trains, enc, refs = check_args(args)
     result = dict(args=dict(vars(args)), tokenizer=args.tokenizer, models=[])
     result.update(read_eval_data(args, cfgs, t_trains))
-    n_ids = max(int(args.windows.max()) + 1 if _asks(args, LM_METRICS) else 0,
-                enc.n_vocab if _asks(args, TASK_METRICS) else 0)
-    markov = args.optimal is not None and not _asks(args, TASK_METRICS)   # its ids: states, no tokenizer
     for path, label, t_train, c in zip(args.ckpts, args.labels, t_trains, cfgs):
         lm = checkpoints.from_pretrained(path, device=args.device)
-        checkpoints.check_vocabulary(lm, n_ids, None if markov else enc.n_vocab, path)
+        eval_flags.check_vocabulary(lm, args, enc, path)
         step = getattr(lm, "step", None)   # the checkpoint's, read with its weights (a run may go on)
         result["models"].append(measure(lm, t_train, args, label=label, path=path, step=step,
                                         train_seed=c.get("seed")))   # --over-seeds tells runs apart by it
@@ -466,9 +299,9 @@ def measure(lm, t_train, args, **out):
         out["per_seq"] = per_seq = buckets.pop("per_seq")
         out["ppl"] = dict(nll=nll.mean(0), nll_sem=sem(nll), buckets=buckets)
         short = short_context_nll(lm, args.windows, t_train, **{k: kw[k] for k in kw if k != "progress"})
-        lo, hi = buckets["lo"], buckets["hi"]
-        short = torch.stack([short[:, a:b].nanmean(1) for a, b in zip(lo, hi)], 1)  # bucketed as per_seq
-        out["verdict"] = length_generalization(per_seq, lo, hi, t_train, short, seed=args.seed)
+        short = torch.stack([short[:, a:b].nanmean(1) for a, b in zip(buckets["lo"], buckets["hi"])], 1)
+        out["verdict"] = length_generalization(per_seq, buckets["lo"], buckets["hi"], t_train, short,
+                                               seed=args.seed)   # short: bucketed as per_seq
         if args.optimal is not None:  # paired per sequence; a failing PPL can hide (the floor keeps falling)
             out["gap"] = _summary(per_seq - args.optimal["per_seq"])
     if "effrem" in args.metrics:
@@ -479,7 +312,9 @@ def measure(lm, t_train, args, **out):
     if "state" in args.metrics:
         positions = np.array(log_edges(args.eval_len, include=[t_train])[1:]) - 1
         out["state"] = state_statistics(lm, args.windows, positions, t_train=t_train, **kw)
-    n, kw, enc = args.task_samples, dict(kw, seed=args.seed), args.tokenizer
+    n = args.task_samples
+    kw = dict(kw, seed=args.seed)
+    enc = args.tokenizer
     if "passkey" in args.metrics:
         out["passkey"] = tasks.passkey_grid(lm, enc, args.passkey_lengths, args.passkey_depths, n, **kw)
     if "copy" in args.metrics:

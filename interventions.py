@@ -43,7 +43,9 @@ class Noise:
     batch an exponential moving average of Mean/Var per head over the batch and the head's state dims."""
 
     def __init__(self, lm, batch_size, sigma=0.1, fit=False, seed=0, **_):
-        self.lm, self.batch_size, self.fit = lm, batch_size, fit
+        self.lm = lm
+        self.batch_size = batch_size
+        self.fit = fit
         self.gen = torch.Generator().manual_seed(seed)
         self.mu = [torch.zeros(layer["h"].shape[1]) for layer in lm.zero_state(1)]   # [heads] per layer
         self.var = [torch.full_like(mu, 0.0 if fit else sigma ** 2) for mu in self.mu]
@@ -74,7 +76,8 @@ class Noise:
     def load_state_dict(self, d):
         """Restores state_dict()'s mu, var and generator, on the CPU where the noise is drawn."""
         self.gen.set_state(d["gen"].cpu())
-        self.mu, self.var = [t.cpu() for t in d["mu"]], [t.cpu() for t in d["var"]]
+        self.mu = [t.cpu() for t in d["mu"]]
+        self.var = [t.cpu() for t in d["var"]]
 
 class PassedState:
     """State Passing and TBTT: a batch starts from the previous batch's final states, detached (the history
@@ -85,7 +88,9 @@ class PassedState:
             chunk k-1; a row that starts a new document (batch.new_doc) starts from zero."""
 
     def __init__(self, lm, batch_size, p_reset=0.1, seed=0, by_document=False, **_):
-        self.batch_size, self.p_reset, self.by_document = batch_size, p_reset, by_document
+        self.batch_size = batch_size
+        self.p_reset = p_reset
+        self.by_document = by_document
         self.gen = torch.Generator().manual_seed(seed)
         self.passed = None  # final state of the previous batch
 
@@ -93,8 +98,10 @@ class PassedState:
         """h_{-1} = the previous batch's h_T, zero in the rows reset (sp) or starting a document (tbtt)."""
         if self.passed is None:  # the first batch: the zero state
             return None
-        keep = (~batch.new_doc if self.by_document
-                else torch.rand(self.batch_size, generator=self.gen) >= self.p_reset)
+        if self.by_document:
+            keep = ~batch.new_doc
+        else:
+            keep = torch.rand(self.batch_size, generator=self.gen) >= self.p_reset
         return [{k: v * keep.to(v).view(-1, *[1] * (v.dim() - 1)) for k, v in layer.items()}
                 for layer in self.passed]
 

@@ -87,7 +87,8 @@ class Block(nn.Module):
         x = x + y
         if self.mlp is not None:
             y, mlp_state = self.mlp(self.norm2(x), state)
-            x, new_state = x + y, {**new_state, **mlp_state}
+            x = x + y
+            new_state = {**new_state, **mlp_state}   # one dict a layer: the mixer's and the MLP's keys differ
         return x, new_state
 
 class LM(nn.Module):

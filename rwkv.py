@@ -3,43 +3,43 @@ official code: BlinkDL/RWKV-LM, RWKV-v5/rwkv_v6_demo.py (RWKV_Tmix_x060 / RWKV_C
 (expand_k = 0.5) as flash-linear-attention's RWKV6Attention. Per head, the paper's recurrence
 (arXiv 2507.02782, Sec. 2) with A_t = diag(exp(w_t)) (decay), B_t x_t = k_t^T v_t (write); the output reads
 the state before the step plus the current token's bonus u:
-    o_t = scale * r_t (h_{t-1} + diag(u) k_t^T v_t)        h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t
+    y_t = scale * r_t (h_{t-1} + diag(u) k_t^T v_t)        h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t
 Shapes (b batch, t time, H heads, dk / dv key / value channels per head): receptance r (the query), key k
 [b, t, H, dk]; value v [b, t, H, dv]; data-dependent log decay w <= 0 [b, t, H, dk]; u [H, dk];
-h [b, H, dk, dv]. initial_state and dtypes: as in ssm.py."""
+h [b, H, dk, dv]. initial_state: as in ssm.py; dtypes and zero-length inputs: plumbing/scans.py."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from gla import STATE, chunked_scan, recurrent_forward, set_head_dims
-from ssm import (check_chunk_size, check_initial_state, check_state, compute_dtype, no_steps, pick_form,
-                 triton_scan)
+from plumbing.scans import (check_chunk_size, check_initial_state, check_state, compute_dtype, no_steps,
+                            pick_form, triton_scan)
 
 def rwkv6_naive(r, k, v, w, u, initial_state=None, scale=1.0):
-    """o_t = scale r_t (h_{t-1} + diag(u) k_t^T v_t), h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t, as a loop."""
+    """y_t = scale r_t (h_{t-1} + diag(u) k_t^T v_t), h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t, as a loop."""
     b, t, H, dk = r.shape
     check_initial_state("rwkv6_naive", initial_state, (b, H, dk, v.shape[-1]), STATE)
     dtype = compute_dtype(r, k, v, w, initial_state)
     h = r.new_zeros(b, H, dk, v.shape[-1], dtype=dtype) if initial_state is None else initial_state.to(dtype)
     if t == 0:
         return no_steps(r.new_zeros(b, 0, H, v.shape[-1]), h)
-    k, v, u = k.to(dtype), v.to(dtype), u.to(dtype)
+    k, v, u = (x.to(dtype) for x in (k, v, u))
     decay = w.to(dtype).exp()  # [b, t, H, dk]
-    o = []
+    ys = []
     for i in range(t):
         write = k[:, i, :, :, None] * v[:, i, :, None, :]  # [b, H, dk, dv]
-        o.append(scale * torch.einsum("bHk,bHkv->bHv", r[:, i].to(dtype), h + u[:, :, None] * write))
+        ys.append(scale * torch.einsum("bHk,bHkv->bHv", r[:, i].to(dtype), h + u[:, :, None] * write))
         h = decay[:, i, :, :, None] * h + write
-    return torch.stack(o, dim=1).to(r.dtype), h
+    return torch.stack(ys, dim=1).to(r.dtype), h
 
 def rwkv6_chunked(r, k, v, w, u, initial_state=None, scale=1.0, chunk_size=32):
-    """o_t = scale r_t (h_{t-1} + diag(u) k_t^T v_t), h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t, by chunks."""
+    """y_t = scale r_t (h_{t-1} + diag(u) k_t^T v_t), h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t, by chunks."""
     # gla.chunked_scan, shift=True: r_t reads h_{t-1}; the bonus pairs a token with itself: (r_t . u k_t) v_t
     check_initial_state("rwkv6_chunked", initial_state, (r.shape[0], *r.shape[2:], v.shape[-1]), STATE)
     check_chunk_size("rwkv6_chunked", chunk_size, power_of_two=True)
-    o, final_state = chunked_scan(r, k, v, w, initial_state, chunk_size, shift=True)
-    bonus = (r.to(o.dtype) * u.to(o.dtype) * k.to(o.dtype)).sum(-1, keepdim=True) * v.to(o.dtype)
-    return (scale * (o + bonus)).to(r.dtype), final_state
+    y, final_state = chunked_scan(r, k, v, w, initial_state, chunk_size, shift=True)
+    bonus = (r.to(y.dtype) * u.to(y.dtype) * k.to(y.dtype)).sum(-1, keepdim=True) * v.to(y.dtype)
+    return (scale * (y + bonus)).to(r.dtype), final_state
 
 # --- Layers: time mix (the recurrent mixer) and channel mix (the MLP) -----------------------------------
 # Token shift: both sub-layers mix each token with the previous token's input, which is therefore part of
@@ -53,10 +53,12 @@ class RWKV6TimeMix(nn.Module):
     def __init__(self, d_model, num_heads=4, proj_low_rank_dim=32, gate_low_rank_dim=64, expand_k=0.5,
                  expand_v=1.0, norm_eps=6.4e-4, layer_idx=0, num_layers=1, scan_impl="auto"):
         super().__init__()
-        self.d_model, self.scan_impl = d_model, scan_impl
+        self.d_model = d_model
+        self.scan_impl = scan_impl
         set_head_dims(self, "RWKV6", d_model, num_heads, expand_k, expand_v)
         self.norm_eps = norm_eps  # BlinkDL's ln_x: 1e-5 * head_size_divisor**2 = 6.4e-4 (fla: 1e-5)
-        ratio_0_to_1, ratio_1_to_almost0 = layer_idx / max(num_layers - 1, 1), 1.0 - layer_idx / num_layers
+        ratio_0_to_1 = layer_idx / max(num_layers - 1, 1)
+        ratio_1_to_almost0 = 1.0 - layer_idx / num_layers
         ramp = torch.arange(d_model) / d_model
         key_ramp = torch.arange(self.key_dim) / max(self.key_dim - 1, 1)  # over the key channels of all heads
         zigzag = ((torch.arange(self.key_dim) + 1) % 3 - 1) * 0.1  # bonus (time_faaaa) of layer 0: 0, .1, -.1
@@ -98,21 +100,25 @@ class RWKV6TimeMix(nn.Module):
         lora = torch.tanh((x + delta * self.mu_x) @ self.mix_lora_down).unflatten(-1, (5, -1))
         mix = torch.einsum("btfr,frd->btfd", lora, self.mix_lora_up) + self.mu  # [b, t, 5, d_model]
         x_r, x_w, x_k, x_v, x_g = (x.unsqueeze(2) + delta.unsqueeze(2) * mix).unbind(2)
-        heads = lambda y: y.unflatten(-1, (self.num_heads, -1))  # [b, t, H, d]; also when t = 0
-        r, k, v = heads(self.r_proj(x_r)), heads(self.k_proj(x_k)), heads(self.v_proj(x_v))
+        heads = lambda proj: proj.unflatten(-1, (self.num_heads, -1))  # [b, t, H, d]; also when t = 0
+        r = heads(self.r_proj(x_r))
+        k = heads(self.k_proj(x_k))
+        v = heads(self.v_proj(x_v))
         w = heads(-torch.exp(self.w0 + torch.tanh(x_w @ self.decay_lora_down) @ self.decay_lora_up))
-        o, h = pick_form(RWKV6_SCANS, self.scan_impl, x)(r, k, v, w, self.bonus, state and state["h"])
-        o = F.group_norm(o.reshape(b * t, self.value_dim), self.num_heads, self.norm_weight, self.norm_bias,
+        y, h = pick_form(RWKV6_SCANS, self.scan_impl, x)(r, k, v, w, self.bonus, state and state["h"])
+        y = F.group_norm(y.reshape(b * t, self.value_dim), self.num_heads, self.norm_weight, self.norm_bias,
                          self.norm_eps).view(b, t, self.value_dim)
-        return self.o_proj(o * F.silu(self.g_proj(x_g))), {"h": h, "shift": shift}
+        return self.o_proj(y * F.silu(self.g_proj(x_g))), {"h": h, "shift": shift}
 
 class RWKV6ChannelMix(nn.Module):
     """Token shift, squared-ReLU key, sigmoid receptance gate; hidden size 3.5 d_model (a multiple of 32)."""
     def __init__(self, d_model, hidden_ratio=3.5, layer_idx=0, num_layers=1):
         super().__init__()
-        self.d_model, self.hidden_dim = d_model, 32 * -(-int(d_model * hidden_ratio) // 32)
+        self.d_model = d_model
+        self.hidden_dim = 32 * -(-int(d_model * hidden_ratio) // 32)
         share = 1.0 - (torch.arange(d_model) / d_model).pow(1.0 - layer_idx / num_layers)  # as mu_x
-        self.mu_k, self.mu_r = nn.Parameter(share.clone()), nn.Parameter(share.clone())
+        self.mu_k = nn.Parameter(share.clone())
+        self.mu_r = nn.Parameter(share.clone())
         self.mu_k._no_weight_decay = self.mu_r._no_weight_decay = True
         self.key = nn.Linear(d_model, self.hidden_dim, bias=False)
         self.value = nn.Linear(self.hidden_dim, d_model, bias=False)

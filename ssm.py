@@ -1,28 +1,24 @@
 """State space mixers of the paper: Mamba-2 (SSD) and Mamba-1 (selective scan). Each scan comes in three
 forms, a naive loop (the definition), a chunked PyTorch form and a Triton kernel; then the two layers; at
-the bottom the kernels and the scan plumbing that gla.py and rwkv.py share.
+the bottom the kernels. The checks and the kernel launch that every scan shares: plumbing/scans.py.
 The paper (Buitrago Ruiz & Gu 2025, arXiv 2507.02782), Sec. 2: a recurrent layer carries a state h in time,
     h_t = A_t h_{t-1} + B_t x_t,    y_t = h_t C_t,    from the initial state h_{-1}.
 Both Mamba layers take A_t = exp(dt_t A) and the input term dt_t B_t x_t, dt_t an input-dependent step size.
 Every scan (GLA's and RWKV-6's too) takes `initial_state` (h_{-1}; None: zeros) and returns `(y, final_state)`
 (h_{T-1}): training from a non-zero state (Sec. 4: State Passing, TBTT, noise) and evaluating past the
-training length need just that. Scans compute in float32 (a long product of decays loses too much in bf16;
-the naive and chunked forms in float64 when an input is, for tests; the Triton kernels always in float32)
-and return y in x's dtype, the final state in the compute dtype. A zero-length input (t = 0) is the identity:
-an empty y, and a copy of the initial state as the final state. A given initial_state must have exactly the
-final state's shape (one that merely broadcasts or holds as many numbers is refused: check_initial_state).
+training length need just that. Dtypes, zero-length inputs, the initial state's shape: plumbing/scans.py.
 Shapes, Mamba-2 | Mamba-1 (b batch, t time, H heads, p headdim, g groups, n d_state, d d_inner, Q chunk):
   x [b, t, H, p] | [b, t, d]; dt > 0 [b, t, H] | [b, t, d]; A < 0 [H] | [d, n]; B, C [b, t, g, n] | [b, t, n];
   h [b, H, p, n] | [b, d, n]; decay, write: a step's A_t, dt_t x_t B_t (mamba-minimal's deltaA, deltaB_u).
 A layer's state is the dict {"h": scan state, "conv": causal-conv window}."""
 import math
-import os
-import types
-from functools import partial
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from plumbing.scans import (check_chunk_size, check_initial_state, check_state, compute_dtype, no_steps,
+                            pick_form, tl, triton, triton_scan)
 
 # ==== Mamba-2 (SSD): Dao & Gu 2024, "Transformers are SSMs" (arXiv 2405.21060); official code: mamba_ssm
 # (github.com/state-spaces/mamba, modules/mamba2.py). A scalar decay per head, a state [p, n] per head.
@@ -123,8 +119,8 @@ def selective_scan_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
     check_chunk_size("selective_scan_chunked", chunk_size)
     y_dtype = x.dtype
     dtype = compute_dtype(x, dt, A, B, C, initial_state)
+    h = x.new_zeros(b, d, n, dtype=dtype) if initial_state is None else initial_state.to(dtype)
     if t == 0:
-        h = x.new_zeros(b, d, n, dtype=dtype) if initial_state is None else initial_state.to(dtype)
         return no_steps(x.new_zeros(b, 0, d), h)
     x, dt, A, B, C = (v.to(dtype) for v in (x, dt, A, B, C))
     dt_x = dt * x
@@ -138,25 +134,26 @@ def selective_scan_chunked(x, dt, A, B, C, initial_state=None, chunk_size=64):
     dt_j, dt_x_j, B_j, C_j = (v.view(b, nc, Q, v.shape[-1]).unbind(2) for v in (dt, dt_x, B, C))
     keep_decays = torch.is_grad_enabled()  # autograd saves step 1's decays anyway: step 3 reuses them
     # 1. Every chunk runs its Q steps from a zero state, keeping its end state (addcmul(w, a, h) = w + a h)
-    decays, h = [], x.new_zeros(b, nc, d, n)
+    decays = []
+    states = x.new_zeros(b, nc, d, n)
     for j in range(Q):
         decay = torch.exp(dt_j[j][..., None] * A)
         decays.append(decay if keep_decays else None)
-        h = torch.addcmul(dt_x_j[j][..., None] * B_j[j][:, :, None, :], decay, h)
+        states = torch.addcmul(dt_x_j[j][..., None] * B_j[j][:, :, None, :], decay, states)
     # 2. The state walks along the chunk boundaries from initial_state (arXiv 2507.02782, Appendix I).
-    chunk_decay = torch.exp(dt.view(b, nc, Q, d).sum(2)[..., None] * A).unbind(1)  # [b, d, n] each
-    carry = x.new_zeros(b, d, n) if initial_state is None else initial_state.to(dtype)
-    carried_in = []
-    for c, end_state in enumerate(h.unbind(1)):
-        carried_in.append(carry)
-        carry = torch.addcmul(end_state, chunk_decay[c], carry)
+    decay_chunk = torch.exp(dt.view(b, nc, Q, d).sum(2)[..., None] * A).unbind(1)  # [b, d, n] each
+    states_in = []
+    for decay, state in zip(decay_chunk, states.unbind(1)):
+        states_in.append(h)
+        h = torch.addcmul(state, decay, h)
     # 3. Every chunk reruns its steps from its true incoming state and reads out y.
-    h, ys = torch.stack(carried_in, dim=1), []
+    h_chunks = torch.stack(states_in, dim=1)  # every chunk's state, side by side [b, c, d, n]
+    ys = []
     for j in range(Q):
         decay = decays[j] if keep_decays else torch.exp(dt_j[j][..., None] * A)
-        h = torch.addcmul(dt_x_j[j][..., None] * B_j[j][:, :, None, :], decay, h)
-        ys.append(torch.einsum("bcdn,bcn->bcd", h, C_j[j]))
-    return torch.stack(ys, dim=2).reshape(b, nc * Q, d)[:, :t].to(y_dtype), carry
+        h_chunks = torch.addcmul(dt_x_j[j][..., None] * B_j[j][:, :, None, :], decay, h_chunks)
+        ys.append(torch.einsum("bcdn,bcn->bcd", h_chunks, C_j[j]))
+    return torch.stack(ys, dim=2).reshape(b, nc * Q, d)[:, :t].to(y_dtype), h
 
 # ==== Layers
 class Mamba2(nn.Module):
@@ -171,9 +168,15 @@ class Mamba2(nn.Module):
         if min(headdim, ngroups) < 1 or d_inner % headdim or d_inner // headdim % ngroups:
             raise ValueError(f"Mamba2: headdim {headdim} must divide expand * d_model = {d_inner}, and "
                              f"ngroups {ngroups} the number of heads")
-        self.d_inner, self.nheads, self.scan_impl = d_inner, d_inner // headdim, scan_impl
-        self.d_state, self.d_conv, self.headdim, self.ngroups = d_state, d_conv, headdim, ngroups
-        self.chunk_size, self.conv_dim = chunk_size, self.d_inner + 2 * ngroups * d_state
+        self.d_inner = d_inner
+        self.nheads = d_inner // headdim
+        self.d_state = d_state
+        self.d_conv = d_conv
+        self.headdim = headdim
+        self.ngroups = ngroups
+        self.chunk_size = chunk_size
+        self.conv_dim = d_inner + 2 * ngroups * d_state
+        self.scan_impl = scan_impl
         # in_proj: the official order [z, x, B, C, dt]; conv1d: only the official weight and bias holder
         self.in_proj = nn.Linear(d_model, self.d_inner + self.conv_dim + self.nheads, bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, padding=d_conv - 1,
@@ -212,7 +215,8 @@ class RMSNormGated(nn.Module):
     """RMSNorm of y * silu(z) per group of channels, as mamba_ssm (norm_before_gate=False)."""
     def __init__(self, d, group_size, eps=1e-5):
         super().__init__()
-        self.group_size, self.eps = group_size, eps
+        self.group_size = group_size
+        self.eps = eps
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, y, z):  # float32 out
@@ -226,8 +230,11 @@ class Mamba1(nn.Module):
     def __init__(self, d_model, d_state=16, d_conv=4, expand=2, dt_rank="auto", dt_min=0.001, dt_max=0.1,
                  dt_init_floor=1e-4, conv_bias=True, bias=False, scan_impl="auto"):
         super().__init__()
-        self.d_state, self.d_conv, self.d_inner = d_state, d_conv, int(expand * d_model)
-        self.dt_rank, self.scan_impl = (math.ceil(d_model / 16) if dt_rank == "auto" else dt_rank), scan_impl
+        self.d_state = d_state
+        self.d_conv = d_conv
+        self.d_inner = int(expand * d_model)
+        self.dt_rank = math.ceil(d_model / 16) if dt_rank == "auto" else dt_rank
+        self.scan_impl = scan_impl
         self.in_proj = nn.Linear(d_model, 2 * self.d_inner, bias=bias)
         self.conv1d = nn.Conv1d(self.d_inner, self.d_inner, d_conv, groups=self.d_inner,
                                 padding=d_conv - 1, bias=conv_bias)
@@ -262,14 +269,7 @@ class Mamba1(nn.Module):
     def zero_state(self, batch_size, device):
         return {k: torch.zeros(shape, device=device) for k, shape in self.state_shapes(batch_size).items()}
 
-# ==== Triton kernels (the naive loops fused, forward only), then scan plumbing shared with gla.py, rwkv.py
-try:  # no Triton wheel (e.g. macOS): the naive and chunked forms still work, and the kernels still parse
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = tl = types.SimpleNamespace(jit=lambda fn: fn, constexpr=None)
-HAS_TRITON = not isinstance(triton, types.SimpleNamespace)
-
+# ==== Triton kernels: the naive loops fused, forward only (plumbing/scans.py's triton_scan: the backward)
 @triton.jit
 def _ssd_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, H, P, G, N,
                 BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -304,7 +304,8 @@ def _ssd_launch(x, dt, A, B, C, initial_state):
     # the layer's x, B, C are views of the transposed conv output: contiguous copies coalesce every load
     x, dt, A, B, C = (v.contiguous() for v in (x, dt, A.float(), B, C))
     h0 = (x.new_zeros(b, H, p, n) if initial_state is None else initial_state).float().contiguous()
-    y, final_state = x.new_empty(b, t, H, p, dtype=torch.float32), torch.empty_like(h0)
+    y = x.new_empty(b, t, H, p, dtype=torch.float32)
+    final_state = torch.empty_like(h0)
     BLOCK_P = min(32, triton.next_power_of_2(p))
     _ssd_kernel[(b * H, triton.cdiv(p, BLOCK_P))](x, dt, A, B, C, h0, y, final_state, t, H, p, g, n,
                                                   BLOCK_P=BLOCK_P, BLOCK_N=triton.next_power_of_2(n))
@@ -317,17 +318,17 @@ def ssd_triton(x, dt, A, B, C, initial_state=None):
 @triton.jit
 def _selective_scan_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT_ptr, T, D, N,
                            BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    # As _ssd_kernel: one program owns batch element pid_b and BLOCK_D channels (contiguous float32 inputs)
-    pid_b = tl.program_id(0).to(tl.int64)  # 64-bit: pid_b * T * D overflows int32 on long inputs
+    # As _ssd_kernel: one program owns batch element bi and BLOCK_D channels (contiguous float32 inputs)
+    bi = tl.program_id(0).to(tl.int64)  # 64-bit: bi * T * D overflows int32 on long inputs
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     mask_d, mask_n = offs_d < D, offs_n < N
-    mask_dn = mask_d[:, None] & mask_n[None, :]
+    h_mask = mask_d[:, None] & mask_n[None, :]
     # padded lanes: A = 0 gives decay 1, and h0 = B = 0 keeps them at 0
-    A = tl.load(A_ptr + offs_d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0)
-    h_offs = pid_b * D * N + offs_d[:, None] * N + offs_n[None, :]
-    h = tl.load(h0_ptr + h_offs, mask=mask_dn, other=0.0)
-    d_offs, n_offs = pid_b * T * D + offs_d, pid_b * T * N + offs_n  # step 0 in x, dt, y and in B, C
+    A = tl.load(A_ptr + offs_d[:, None] * N + offs_n[None, :], mask=h_mask, other=0.0)
+    h_offs = bi * D * N + offs_d[:, None] * N + offs_n[None, :]
+    h = tl.load(h0_ptr + h_offs, mask=h_mask, other=0.0)
+    d_offs, n_offs = bi * T * D + offs_d, bi * T * N + offs_n  # step 0 in x, dt, y and in B, C
     for _ in range(T):
         x = tl.load(x_ptr + d_offs, mask=mask_d, other=0.0)
         dt = tl.load(dt_ptr + d_offs, mask=mask_d, other=0.0)
@@ -336,18 +337,20 @@ def _selective_scan_kernel(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, h0_ptr, y_ptr, hT
         h = tl.exp(dt[:, None] * A) * h + (dt * x)[:, None] * B[None, :]
         tl.store(y_ptr + d_offs, tl.sum(h * C[None, :], axis=1), mask=mask_d)
         d_offs, n_offs = d_offs + D, n_offs + N
-    tl.store(hT_ptr + h_offs, h, mask=mask_dn)
+    tl.store(hT_ptr + h_offs, h, mask=h_mask)
 
 def _selective_scan_launch(x, dt, A, B, C, initial_state):
     (b, t, d), n = x.shape, A.shape[1]
-    out_dtype, state_dtype = x.dtype, compute_dtype(x, dt, A, B, C, initial_state)
+    y_dtype = x.dtype
+    state_dtype = compute_dtype(x, dt, A, B, C, initial_state)
     x, dt, A, B, C = (v.float().contiguous() for v in (x, dt, A, B, C))
     h0 = x.new_zeros(b, d, n) if initial_state is None else initial_state.float().contiguous()
-    y, final_state = torch.empty_like(x), torch.empty_like(h0)
+    y = torch.empty_like(x)
+    final_state = torch.empty_like(h0)
     BLOCK_D = 32  # fixed: the interpreter has no autotune
     _selective_scan_kernel[(b, triton.cdiv(d, BLOCK_D))](x, dt, A, B, C, h0, y, final_state, t, d, n,
                                                          BLOCK_D=BLOCK_D, BLOCK_N=triton.next_power_of_2(n))
-    return y.to(out_dtype), final_state.to(state_dtype)
+    return y.to(y_dtype), final_state.to(state_dtype)
 
 def selective_scan_triton(x, dt, A, B, C, initial_state=None):
     check_initial_state("selective_scan_triton", initial_state, (x.shape[0], x.shape[2], A.shape[1]),
@@ -357,81 +360,8 @@ def selective_scan_triton(x, dt, A, B, C, initial_state=None):
 SSD_SCANS = {"naive": ssd_naive, "chunked": ssd_chunked, "triton": ssd_triton}
 SELECTIVE_SCANS = {"naive": selective_scan_naive, "chunked": selective_scan_chunked,
                    "triton": selective_scan_triton}
-
-SSD_STATE, SELECTIVE_STATE = "[batch, nheads, headdim, d_state]", "[batch, d_inner, d_state]"
-
-def check_initial_state(scan, initial_state, shape, layout):
-    """None, or a tensor of exactly the final state's shape: a transposed or flattened state, or one state
-    for a whole batch, would otherwise compute silently (or the kernels would read past its end)."""
-    if initial_state is None:
-        return
-    if not isinstance(initial_state, torch.Tensor) or initial_state.shape != shape:
-        got = f"is a {type(initial_state).__name__}"
-        got = f"has shape {list(initial_state.shape)}" if isinstance(initial_state, torch.Tensor) else got
-        raise ValueError(f"{scan}: initial_state {got}, expected a tensor of shape {list(shape)} {layout}")
-
-def check_chunk_size(scan, chunk_size, power_of_two=False):
-    """A chunk of at least one step (a power of two for gla.chunked_scan: its bisection halves chunks)."""
-    ok = isinstance(chunk_size, int) and chunk_size >= 1
-    if not ok or power_of_two and chunk_size & (chunk_size - 1):
-        kind = "a power of two" if power_of_two else "a positive integer"
-        raise ValueError(f"{scan}: chunk_size {chunk_size!r} must be {kind}")
-
-def check_state(layer, state, shapes):
-    """A layer's state: None (zeros) or a dict holding at least shapes' entries (a block's dict holds its
-    MLP's too), each a tensor of exactly its shape: another batch's state would broadcast silently."""
-    if state is None:
-        return
-    if not isinstance(state, dict):
-        raise ValueError(f"{layer}: the state is a {type(state).__name__}, not a dict of {sorted(shapes)}")
-    for key, shape in shapes.items():
-        v = state.get(key)
-        if not isinstance(v, torch.Tensor) or v.shape != shape:
-            got = "is missing" if key not in state else f"is a {type(v).__name__}"
-            got = f"has shape {list(v.shape)}" if isinstance(v, torch.Tensor) else got
-            raise ValueError(f"{layer}: state[{key!r}] {got}, expected a tensor of shape {list(shape)}: pass "
-                             "the state this layer returned for a batch of the same size, or None")
-
-def no_steps(y, initial_state):
-    """(y, final_state) of a zero-length input: no output; a copy of the initial state (no alias)."""
-    return y, initial_state.clone()
-
-def compute_dtype(*tensors):  # the module docstring says why
-    return torch.float64 if torch.float64 in [v.dtype for v in tensors if v is not None] else torch.float32
-
-def pick_form(forms, impl, x, **chunked_kw):
-    """forms["naive" | "chunked" | "triton"]; "auto": Triton on CUDA, else chunked, given chunked_kw."""
-    if impl == "auto":
-        impl = "triton" if x.is_cuda and HAS_TRITON else "chunked"
-    return partial(forms[impl], **chunked_kw) if impl == "chunked" else forms[impl]
-
-def triton_scan(launch, chunked, *inputs, **kw):
-    """(y, final_state) = launch(*inputs, **kw), a Triton kernel, on CUDA (or under TRITON_INTERPRET=1);
-    backward by recomputing chunked(*inputs, **kw), the PyTorch form, under autograd."""
-    if not HAS_TRITON:
-        raise RuntimeError("a Triton scan needs Triton (on Linux: pip install triton); use the chunked form")
-    if not (inputs[0].is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
-        raise RuntimeError("a Triton scan needs CUDA tensors, or TRITON_INTERPRET=1 before importing triton")
-    if inputs[0].shape[1] == 0:  # no step, nothing to launch: the chunked form returns the initial state
-        return chunked(*inputs, **kw)
-    return _TritonForward.apply(partial(launch, **kw), partial(chunked, **kw), *inputs)
-
-class _TritonForward(torch.autograd.Function):  # no backward kernel: the same function, the same gradients
-    @staticmethod
-    def forward(ctx, launch, chunked, *inputs):
-        ctx.chunked = chunked
-        ctx.save_for_backward(*inputs)
-        return launch(*inputs)
-
-    @staticmethod
-    def backward(ctx, dy, dfinal):
-        needs = ctx.needs_input_grad[2:]
-        with torch.enable_grad():
-            inputs = [v if v is None else v.detach().requires_grad_(need)
-                      for v, need in zip(ctx.saved_tensors, needs)]
-            wanted = [v for v, need in zip(inputs, needs) if need]
-            grads = iter(torch.autograd.grad(ctx.chunked(*inputs), wanted, (dy, dfinal), allow_unused=True))
-        return (None, None) + tuple(next(grads) if need else None for need in needs)
+SSD_STATE = "[batch, nheads, headdim, d_state]"
+SELECTIVE_STATE = "[batch, d_inner, d_state]"
 
 def causal_conv1d_silu(x, weight, bias, conv_state):
     """SiLU(depthwise causal conv of x [b, t, c] after conv_state [b, k-1, c], the inputs before x, zeros at a

@@ -31,7 +31,8 @@ PASSKEY_QUESTION = " What is the pass key? The pass key is"
 def passkey_sample(tokenizer, length, depth=None, seed=0):
     """A 5-digit key at `depth` (fraction of filler before it, at a sentence boundary; None: uniform) in
     filler, then the question; the answer " {key}." has the paper's period: the model learns to stop."""
-    enc, (content_rng, layout_rng) = task_tokenizer(tokenizer), np.random.default_rng(seed).spawn(2)
+    enc = task_tokenizer(tokenizer)
+    content_rng, layout_rng = np.random.default_rng(seed).spawn(2)
     key = str(int(content_rng.integers(10_000, 100_000)))
     depth = float(layout_rng.random()) if depth is None else depth
     require(0 <= depth <= 1, f"passkey_sample: depth must be in [0, 1], got {depth}")
@@ -43,11 +44,13 @@ def passkey_sample(tokenizer, length, depth=None, seed=0):
 # --- Synthetic copying (Table 1): eot s SEP s EOS, the answer the copy AND the EOS (where it stops) ---
 # SEP, EOS: control bytes (group separator, end-of-text) text rarely holds, single tokens in byte-level BPEs.
 COPY_ALPHABET = "abcdefghijklmnopqrstuvwxyz"
-COPY_SEP, COPY_EOS = b"\x1d", b"\x03"
+COPY_SEP = b"\x1d"
+COPY_EOS = b"\x03"
 
 def copy_sample(tokenizer, length, seed=0):
     """A random string of `length` (or drawn from [lo, hi]) letters to copy: 2 * length + 3 tokens."""
-    enc, (rng,) = task_tokenizer(tokenizer), np.random.default_rng(seed).spawn(1)
+    enc = task_tokenizer(tokenizer)
+    (rng,) = np.random.default_rng(seed).spawn(1)
     lo, hi = length if isinstance(length, (tuple, list)) and len(length) == 2 else (length, length)
     require(is_int(lo) and is_int(hi, lo), "copy_sample: need length >= 1 or (lo, hi), 1 <= lo <= hi")
     length = length if is_int(length) else int(rng.integers(lo, hi + 1))   # (lo, hi): drawn
@@ -59,14 +62,16 @@ def copy_sample(tokenizer, length, seed=0):
 
 def copy_scores(pred_tokens, target_tokens):
     """-> (char_accuracy, whole_string_correct), position by position over the target (missing = wrong)."""
-    pred, target = (np.asarray(t).reshape(-1).tolist() for t in (pred_tokens, target_tokens))
+    pred = np.asarray(pred_tokens).reshape(-1).tolist()
+    target = np.asarray(target_tokens).reshape(-1).tolist()
     correct = sum(p == t for p, t in zip(pred, target))
     return correct / len(target), correct == len(target)
 
-# --- BABILong-style QA (Fig. 6): a bAbI story (plumbing/babi.py) hidden in filler -----------------------------
+# --- BABILong-style QA (Fig. 6): a bAbI story (plumbing/babi.py) hidden in filler --------------------------
 def babi_sample(task, tokenizer, length, seed=0, filler_tokens=None):
     """A bAbI story (task "qa1".."qa10", None: uniform), its facts in order at random boundaries of filler."""
-    enc, (task_rng, story_rng, layout_rng) = task_tokenizer(tokenizer), np.random.default_rng(seed).spawn(3)
+    enc = task_tokenizer(tokenizer)
+    task_rng, story_rng, layout_rng = np.random.default_rng(seed).spawn(3)
     task = pick(task_rng, list(BABI_TASKS)) if task is None else task   # babi_story checks it
     events, question, answer, asked = babi_story(task, int(story_rng.integers(2**63)))
     facts = [f" {e['text']}" if filler_tokens is None else f"{e['text']}\n" for e in events]
@@ -93,7 +98,8 @@ def babi_mixture(tokenizer, length, seed, babi_tasks, filler_tokens=None):
 def greedy_answer(lm, prompt_tokens, max_new_tokens, chunk_len=512):
     """Greedy continuation [b, max_new_tokens] (lists) of prompt_tokens [b, T] from the zero state."""
     prompts = torch.as_tensor(prompt_tokens).long().to(model.device_of(lm))
-    *_, (_, _, logits, state) = model.stream(lm, prompts, chunk_len, last_only=True)   # after the prompt
+    for _, _, logits, state in model.stream(lm, prompts, chunk_len, last_only=True):
+        pass   # the last piece's logits and state: those after the whole prompt
     new = [logits[:, -1].argmax(-1)]
     while len(new) < max_new_tokens:
         logits, state = lm(new[-1][:, None], state)  # one step from the carried state
@@ -144,7 +150,8 @@ def copy_accuracy(lm, tokenizer, lengths, n=16, seed=0, progress=False, **kw):
 
 def babilong_accuracy(lm, tokenizer, babi_tasks, lengths, n=8, seed=0, filler=None, progress=False, **kw):
     """BABILong-style QA (Fig. 6): exact match per bAbI task and length, stories hidden in `filler` tokens."""
-    acc, cell = [], {t: k for k, t in enumerate(BABI_TASKS)}  # acc: [L, tasks]
+    acc = []   # [L, tasks]
+    cell = {t: k for k, t in enumerate(BABI_TASKS)}
     for L in tqdm(lengths, desc="babilong", disable=not progress):
         samples = [babi_mixture(tokenizer, int(L), [seed, cell[t], i], (t,), filler)
                    for t in babi_tasks for i in range(n)]
@@ -154,8 +161,11 @@ def babilong_accuracy(lm, tokenizer, babi_tasks, lengths, n=8, seed=0, filler=No
 
 def exact_match(pred_text, answer_text):
     """Equal after normalising case, whitespace runs, spaces around commas and one trailing period."""
-    a, b = (re.sub(r" ?, ?", ",", " ".join(t.strip().lower().split())) for t in (pred_text, answer_text))
-    return (a[:-1].rstrip() if a.endswith(".") else a) == (b[:-1].rstrip() if b.endswith(".") else b)
+    return _normalized(pred_text) == _normalized(answer_text)
+
+def _normalized(text):   # exact_match's form: lower case, single spaces, "a,b", no trailing period
+    text = re.sub(r" ?, ?", ",", " ".join(text.strip().lower().split()))
+    return text[:-1].rstrip() if text.endswith(".") else text
 
 def cut_answer(text):
     """A generated continuation up to and including the first period, or up to the first newline."""
@@ -167,7 +177,8 @@ TASKS = {"passkey": passkey_sample, "copy": copy_sample, "babilong": babi_sample
 def task_tokenizer(tokenizer):
     """get_tokenizer's, if it spells the tasks' text back exactly: answers are compared as text (a WordPiece
     or WordLevel tokenizer.json reads the separators as [UNK] and cannot)."""
-    enc, text = get_tokenizer(tokenizer), PASSKEY_QUESTION + " 12345.\nAnswer:\x1d\x03"   # COPY_SEP, COPY_EOS
+    enc = get_tokenizer(tokenizer)
+    text = PASSKEY_QUESTION + " 12345.\nAnswer:\x1d\x03"   # COPY_SEP, COPY_EOS
     require(enc.decode(enc.encode_ordinary(text)) == text, f"tokenizer {tokenizer} "
             "cannot spell the tasks' text: use a byte-level BPE (e.g. GPT-NeoX's tokenizer.json)")
     return enc
@@ -176,7 +187,9 @@ def _hide(enc, what, length, facts, question, answer, depth=None, corpus=None, r
     """eot, filler (ours, or from the token stream `corpus`), each fact at a boundary (the nearest to depth *
     n_filler, or rng's draw), question, answer: `length` tokens -> (tokens, answer_mask, starts, n_filler)."""
     require(is_int(length), f"{what}: length must be an integer >= 1, got {length!r}")
-    *pieces, question, answer = (enc.encode_ordinary(text) for text in facts + [question, answer])
+    pieces = [enc.encode_ordinary(fact) for fact in facts]
+    question = enc.encode_ordinary(question)
+    answer = enc.encode_ordinary(answer)
     n = length - 1 - sum(map(len, pieces + [question, answer]))
     require(n >= 0, f"{what}: length {length} is too short, its sentences and question alone take "
             f"{length - n} tokens: use a longer length ({FLAGS})")
@@ -184,7 +197,8 @@ def _hide(enc, what, length, facts, question, answer, depth=None, corpus=None, r
         sentences = [enc.encode_ordinary(s) for s in FILLER_SENTENCES]
         sentences *= n // sum(map(len, sentences)) + 1
         bounds = np.cumsum([n - sum(map(len, sentences))] + [len(s) for s in sentences])   # < 0: cut off
-        filler, boundaries = np.concatenate(sentences).astype(np.int64)[-bounds[0]:], bounds[bounds >= 0]
+        filler = np.concatenate(sentences).astype(np.int64)[-bounds[0]:]
+        boundaries = bounds[bounds >= 0]
     else:   # eots become newlines (one text); boundaries at line starts (decoded per token: parts are U+FFFD)
         require(len(corpus) >= n, f"{what}: filler_tokens has {len(corpus)} tokens, {n} needed: pass more")
         start = int(rng.integers(0, len(corpus) - n + 1))
@@ -192,8 +206,10 @@ def _hide(enc, what, length, facts, question, answer, depth=None, corpus=None, r
         require((filler < enc.n_vocab).all(), f"{what}: filler_tokens must come from the same tokenizer")
         filler[filler == enc.eot_token] = enc.encode_ordinary("\n")[-1]
         boundaries = np.flatnonzero([True] + [enc.decode([t]).endswith("\n") for t in filler.tolist()])
-    positions = [int(boundaries[np.abs(boundaries - depth * n).argmin()])] if depth is not None else \
-        np.sort(rng.choice(boundaries, size=len(pieces))).tolist()   # passkey's one fact; bAbI's, in order
+    if depth is not None:   # passkey's one fact
+        positions = [int(boundaries[np.abs(boundaries - depth * n).argmin()])]
+    else:   # bAbI's, in order
+        positions = np.sort(rng.choice(boundaries, size=len(pieces))).tolist()
     starts = [pos + 1 + sum(map(len, pieces[:i])) for i, pos in enumerate(positions)]   # + eot, facts before
     body = np.insert(filler, np.repeat(positions, list(map(len, pieces))), np.concatenate(pieces))
     tokens = np.concatenate([[enc.eot_token], body, question, answer]).astype(np.int64)

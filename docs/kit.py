@@ -61,7 +61,7 @@ EXERCISES = {
     3: ("position-wise perplexity", 2, True,
         {"evaluate.py": ["position_nll_naive", "sequence_nll", "position_nll"]},
         [["tests/test_evaluate.py", "-k", "position_nll"]]),
-    4: ("Definition 3.2", 1, True, {"evaluate.py": ["length_generalization_naive"]},
+    4: ("Definition 3.2", 1, True, {"evaluate.py": ["length_generalization_pstar"]},
         [["tests/test_evaluate.py", "-k", "hand_made"]]),
     5: ("Effective Remembrance", 2, True, {"evaluate.py": ["effective_remembrance_naive"]},
         [["tests/test_evaluate.py", "-k", "effrem and not bad"]]),

@@ -45,10 +45,15 @@ MAX_CARRIED = 3
 def _simulate(rng, kinds, n_events, sizes):
     """A random valid story: to pick up or give, a person must be somewhere known; a lying object is picked
     up only where it lies; give needs both people in one place; nobody carries more than MAX_CARRIED."""
-    people, places, objects = (rng.choice(pool, n, replace=False).tolist()
-                               for pool, n in zip((BABI_PEOPLE, BABI_PLACES, BABI_OBJECTS), sizes))
-    loc, holder, lies_at = dict.fromkeys(people), dict.fromkeys(objects), dict.fromkeys(objects)
-    history, events = {o: [] for o in objects}, []   # loc None: unknown; history: each object's places
+    n_people, n_places, n_objects = sizes
+    people = rng.choice(BABI_PEOPLE, n_people, replace=False).tolist()
+    places = rng.choice(BABI_PLACES, n_places, replace=False).tolist()
+    objects = rng.choice(BABI_OBJECTS, n_objects, replace=False).tolist()
+    loc = dict.fromkeys(people)   # None: unknown
+    holder = dict.fromkeys(objects)
+    lies_at = dict.fromkeys(objects)
+    history = {o: [] for o in objects}   # each object's places
+    events = []
     while len(events) < n_events:
         kind = pick(rng, kinds)
         free = [p for p in people if list(holder.values()).count(p) < MAX_CARRIED]   # can carry one more
@@ -63,11 +68,18 @@ def _simulate(rng, kinds, n_events, sizes):
                                        for b in places if a != b]}[kind])
         if event is None:
             continue
-        event, p, o = dict(kind=kind, **event), event["person"], event.get("obj")
+        event = dict(kind=kind, **event)
+        p = event["person"]
+        o = event.get("obj")
         if kind == "give":
             holder[o] = event["other"]
         elif o:   # grab, drop: a dropped object lies where it was dropped
-            holder[o], lies_at[o] = (p, None) if kind == "grab" else (None, loc[p])
+            if kind == "grab":
+                holder[o] = p
+                lies_at[o] = None
+            else:
+                holder[o] = None
+                lies_at[o] = loc[p]
             history[o] = history[o] or [loc[p]]   # where it was first picked up
         else:     # move (what p carries goes along); "not in" and "either" leave the place unknown
             loc[p] = event["place"] if kind == "move" else None
@@ -78,7 +90,8 @@ def _simulate(rng, kinds, n_events, sizes):
 
 def _relations(rng, n_places):   # qa4's story (and no world): places on a grid, each next to a placed one
     places = rng.choice(BABI_PLACES, n_places, replace=False).tolist()
-    cell, events = {places[0]: (0, 0)}, []
+    cell = {places[0]: (0, 0)}
+    events = []
     for new in places[1:]:
         old, d = pick(rng, [(old, d) for old in cell for d, (dx, dy) in BABI_DIRECTIONS.items()
                              if (cell[old][0] + dx, cell[old][1] + dy) not in cell.values()])
@@ -94,7 +107,10 @@ def _ask(task, rng, events, w):
         if rng.random() < 0.5:
             return e["place"], dict(kind="what_is_dir_of", direction=e["direction"], place=e["place2"])
         return e["place2"], dict(kind="what_is_x_dir_of", place=e["place"], direction=e["direction"])
-    loc, holder, objects, h = w["loc"], w["holder"], w["objects"], w["history"]
+    loc = w["loc"]
+    holder = w["holder"]
+    objects = w["objects"]
+    h = w["history"]
     known = [p for p in w["people"] if loc[p]]
     if task == "qa1":   # single supporting fact
         return pick(rng, [(loc[p], dict(kind="where_person", person=p)) for p in known])
@@ -134,7 +150,9 @@ def _ask(task, rng, events, w):
 def babi_story(task, seed=0):
     """-> (events, question, answer, asked) of a bAbI task ("qa1".."qa10"), from the seed."""
     require(task in BABI_TASKS, f"unknown bAbI task {task!r}: use one of {', '.join(BABI_TASKS)}")
-    (kinds, n_events, *sizes), rng, qa = BABI_TASKS[task], np.random.default_rng(seed), None
+    kinds, n_events, *sizes = BABI_TASKS[task]
+    rng = np.random.default_rng(seed)
+    qa = None
     while not qa:   # a story without a good question: draw another from the same rng
         n = int(rng.integers(*n_events))
         events, world = _relations(rng, n + 1) if task == "qa4" else _simulate(rng, kinds.split(), n, sizes)

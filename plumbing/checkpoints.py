@@ -70,16 +70,21 @@ def data_id(corpus, split_seed):
     corpus, its content's key (text: the hash of its token ids) and the split seed."""
     return " ".join([corpus.name, str(corpus.info.get("key", "")), f"split-seed {split_seed}"])
 
-read_official, resolve = official.read, official.resolve   # by the names the scripts and tests call
+read_official = official.read   # by the names the scripts and tests call
+resolve = official.resolve
 
 def weights_file(path):
     """-> (the file holding path's weights, None) for ours (a ckpt.pt or its run directory), or
     (its pytorch_model.bin, its ModelConfig) for an official directory or hub id; a missing file is named."""
     path = official.resolve(path)
-    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "ckpt.pt")):
+    if os.path.isdir(path) and not os.path.exists(ckpt_file(path)):
         weights, fields = official.read(path)
         return weights, model.ModelConfig(**fields)
-    return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path, None
+    return ckpt_file(path), None
+
+def ckpt_file(path):
+    """A run folder's ckpt.pt, or path itself (a checkpoint file, or a path still to be checked)."""
+    return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path
 
 def read_checkpoint(path, device, **kw):
     if not os.path.isfile(path):
@@ -106,9 +111,11 @@ def last_checkpoint(args):
     return f"the last checkpoint {args.out}/ckpt.pt (step {step}) is intact; continue with --resume"
 
 def checkpoint_step(run):
-    """The step of run's ckpt.pt, or None without one."""
+    """The step of the run folder's ckpt.pt, or None without one (run: a --out, which may be anything)."""
     ckpt = os.path.join(run, "ckpt.pt")
-    return read_checkpoint(ckpt, "cpu", mmap=True).get("step") if os.path.isfile(ckpt) else None
+    if not os.path.isfile(ckpt):
+        return None
+    return read_checkpoint(ckpt, "cpu", mmap=True).get("step")
 
 def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy):
     """All a resume needs: it continues exactly. The sampler's and the strategy's states: one a process,
@@ -123,14 +130,10 @@ def save_checkpoint(path, lm, optimizer, step, args, sampler, strategy):
 
 def read_on(sampler, parent):
     """Post-training reads on where the parent's sampler (same kind, seed) stopped: new data, as the paper."""
-    path = os.path.join(parent, "ckpt.pt") if os.path.isdir(parent) else parent
+    path = ckpt_file(parent)
     states = read_checkpoint(path, "cpu", mmap=True).get("sampler", []) if os.path.isfile(path) else []
     state = dict(states[0]) if states else {}
     if state.keys() == sampler.state_dict().keys() and state["seed"] == sampler.seed:
         if "row_doc" in state:  # every row starts the next unread document
             state.update(row_doc=[-1] * sampler.batch_size, row_pos=[0] * sampler.batch_size)
         sampler.load_state_dict(state)
-
-def ckpt_file(path):
-    """A run folder's ckpt.pt, or path itself (a checkpoint file, or a path still to be checked)."""
-    return os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path

@@ -24,8 +24,8 @@ def main(args, train):
     return demo(train, os.path.join(args.out, "demo"), seeds, args.device, args.quiet)
 
 def demo(train, out, seeds=(0,), device="auto", quiet=False, **overrides):
-    """The demo per training seed in OUT/seed{S}, each run trained by train(args) (train.train) (kept if it has an eval.json), then the seeds' summary
-    (report.over_seeds)."""
+    """The demo per training seed in OUT/seed{S} (one with an eval.json is kept), each run trained by
+    train(args) (train.train); then the seeds' summary (report.over_seeds)."""
     d = {**DEMO, **overrides}  # tests shrink it
     for seed in seeds:
         where = os.path.join(out, f"seed{seed}")

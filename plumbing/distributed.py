@@ -26,7 +26,8 @@ def start(device, timeout):
     if not launched():
         return device
     if device.type == "cuda" and device.index is None:   # one GPU a process: LOCAL_RANK's
-        local, gpus = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        gpus = torch.cuda.device_count()
         if local >= gpus:
             raise ValueError(f"LOCAL_RANK {local} but this node has {gpus} GPUs: pass --nproc_per_node {gpus}"
                              " or fewer")
@@ -78,9 +79,10 @@ class RankRows:
     read the rows one process with --batch-size N*B reads. State: the whole run's, alike on every rank."""
 
     def __init__(self, sampler, rank, world):
-        self.sampler, self.rows = sampler, slice(rank * sampler.batch_size // world,
-                                                 (rank + 1) * sampler.batch_size // world)
-        self.batch_size, self.seed = sampler.batch_size // world, sampler.seed
+        self.sampler = sampler
+        self.rows = slice(rank * sampler.batch_size // world, (rank + 1) * sampler.batch_size // world)
+        self.batch_size = sampler.batch_size // world
+        self.seed = sampler.seed
 
     def next_batch(self):
         batch = self.sampler.next_batch()

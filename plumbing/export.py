@@ -15,7 +15,8 @@ def main(argv=None):
     p.add_argument("run", metavar="RUN", help="our run folder or its ckpt.pt (a Mamba-1 or -2 LM)")
     p.add_argument("out", metavar="OUT", help="a new or empty folder: it gets config.json, pytorch_model.bin")
     args = p.parse_args(argv)
-    run, out = args.run, args.out
+    run = args.run
+    out = args.out
     if not run.strip() or not out.strip():   # "" would read as the working folder
         p.error(f"RUN {run!r} OUT {out!r}: RUN and OUT must not be empty")
     signal.signal(signal.SIGTERM, signal.default_int_handler)   # SIGTERM as Ctrl-C: export removes its files

@@ -57,7 +57,7 @@ def write_atomically(path, write):
     meanwhile: the folder keeps its previous files or gets all the new ones, never a mix."""
     several = isinstance(write, dict)
     paths = {os.path.join(path, name): w for name, w in write.items()} if several else {path: write}
-    tmps = {p: f"{p}.{os.getpid()}.tmp" for p in paths}
+    tmps = {p: tmp_name(p) for p in paths}
     for p in paths:
         _remove_stale_tmps(p)
     try:
@@ -83,6 +83,9 @@ def write_atomically(path, write):
             why = f"the folder {folder} no longer exists"
         kept = "the previous one is intact" if os.path.exists(next(iter(paths))) else "nothing was written"
         raise OSError(f"cannot write {', '.join(paths)} ({why}): {kept}") from None
+
+def tmp_name(path):   # -> PATH.<pid>.tmp, this process's temporary name for path (_remove_stale_tmps)
+    return f"{path}.{os.getpid()}.tmp"
 
 def _remove_stale_tmps(path):
     """The temporary files of path that a killed process (kill -9: no clean-up) left, PATH.<pid>.tmp whose

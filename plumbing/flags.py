@@ -1,19 +1,19 @@
 """train.py's flags (FLAGS), parsing them into a run's arguments (get_args: what a resumed or post-trained
-run inherits) and the checks of their values, one line a problem. A reader of the paper can skip this file."""
+run inherits), the checks of their values, one line a problem, and --task's sampler (make_task_sampler). A
+reader of the paper can skip this file."""
 import argparse
-import json
 import math
 import os
-import pathlib
 import re
 import sys
 
 import torch
 
+import data
 import interventions
 import model
 import tasks
-from plumbing import checkpoints
+from plumbing import checkpoints, files, runs
 
 # Peak learning rates from scratch: the paper's Table 2 for its sizes; tiny tuned for the CPU demos.
 PEAK_LR = {"tiny": 3e-3, "45m": 1.5e-3, "70m": 1.5e-3, "85m": 1.5e-3, "125m": 1e-3, "130m": 1e-3,
@@ -61,9 +61,8 @@ FLAGS = [
      "Fig. 5, the failure and the four interventions"),
     ("seeds", str, None, "--demo: training seeds, e.g. 0-7 or 0,5: a demo each, then the summary over seeds")]
 DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
-# Not resumed: flags of one invocation, not of the run. May change on resume: the length, divergence remedies.
-PER_INVOCATION = ("out", "resume", "stop_at", "device", "quiet", "demo", "seeds", "cache_dir", "dist_timeout")
 DEMO_FLAGS = ("demo", "out", "seed", "seeds", "device", "quiet")   # what --demo takes
+# May change on resume: the length, divergence remedies (not resumed at all: runs.PER_INVOCATION).
 MAY_CHANGE = ("steps", "ckpt_interval", "eval_interval", "lr", "grad_clip")
 INHERITED = ("data", "tokenizer", "seq_len", "split_seed", "arch", "size")   # post-training: the parent's
 
@@ -76,19 +75,25 @@ def get_args(argv=None, description=None):
     if args.resume:
         take_checkpoint_flags(args, given)
     parent = parent_flags(args.init_from) if args.init_from and not args.resume else {}
-    official = args.init_from and os.path.isfile(os.path.join(checkpoints.resolve(args.init_from), "config.json"))
-    if official and not args.resume and "seq_len" not in given:
-        sys.exit(f"error: {args.init_from} is an official checkpoint, whose config.json does not state the "
-                 "length it was trained at: pass --seq-len T_train (the official Mamba checkpoints: 2048)")
+    exit_on_official_without_seq_len(args, given)
     vars(args).update({k: parent.get(k, default) if k in INHERITED else default   # args.json: what is used
                        for k, default in DEFAULTS.items() if getattr(args, k) is None})
     if args.data_seed is None:  # post-training reads on in its parent's stream (read_on)
         args.data_seed = parent.get("data_seed", parent.get("seed", args.seed))
     args.run_id = getattr(args, "run_id", None) or os.urandom(6).hex()   # (resumed: the checkpoint's)
     if not args.resume:
-        set_lr_and_steps(args, given, parent)
+        set_lr(args, given, parent)
+        set_steps_of_tokens(args)
     exit_on_flags_that_do_not_apply(args, given)
     return args
+
+def exit_on_official_without_seq_len(args, given):
+    """Post-training an official checkpoint needs --seq-len: its config.json does not state T_train."""
+    folder = checkpoints.resolve(args.init_from) if args.init_from else None   # a hub id: its cached folder
+    official = folder and os.path.isfile(os.path.join(folder, "config.json"))
+    if official and not args.resume and "seq_len" not in given:
+        sys.exit(f"error: {args.init_from} is an official checkpoint, whose config.json does not state the "
+                 "length it was trained at: pass --seq-len T_train (the official Mamba checkpoints: 2048)")
 
 def make_parser(description):
     """FLAGS as argparse flags; each defaults to None, so that get_args knows which were given."""
@@ -139,24 +144,26 @@ def exit_on_flags_that_do_not_apply(args, given):
             sys.exit(f"error: --{flag.replace('_', '-')} applies only to {where}: drop it")
 
 def take_checkpoint_flags(args, given):
-    """--resume: each flag not given (but PER_INVOCATION) is the checkpoint's; a given one must agree."""
+    """--resume: each flag not given (but runs.PER_INVOCATION) is the checkpoint's; a given one must agree."""
     out = args.out or DEFAULTS["out"]
-    if not os.path.lexists(os.path.join(out, "ckpt.pt")):
+    ckpt = checkpoints.ckpt_file(out)
+    if not os.path.isdir(out) or not os.path.lexists(ckpt):
         sys.exit(f"error: --resume but {out}/ckpt.pt does not exist: start without --resume, or fix --out")
-    saved = checkpoints.train_config(os.path.join(out, "ckpt.pt"))
+    saved = checkpoints.train_config(ckpt)
     if not saved:
         sys.exit(f"error: --resume but {out}/ckpt.pt holds no train_config: it is not a checkpoint of "
                  "train.py, and cannot be resumed: start a new run with another --out")
     differ = [f"--{k.replace('_', '-')} {saved[k]} (given {getattr(args, k)})" for k in sorted(given)
-              if k in saved and k not in PER_INVOCATION + MAY_CHANGE and saved[k] != getattr(args, k)]
+              if k in saved and k not in runs.PER_INVOCATION + MAY_CHANGE and saved[k] != getattr(args, k)]
     if differ:
         sys.exit(f"error: --resume continues {out} as it was configured, but these flags differ: "
                  f"{'; '.join(differ)}. Drop them, or start a new run with another --out")
-    vars(args).update({k: v for k, v in saved.items() if k not in given and k not in PER_INVOCATION})
+    vars(args).update({k: v for k, v in saved.items() if k not in given and k not in runs.PER_INVOCATION})
 
 def parent_flags(init_from):
     """What post-training inherits: the parent run's flags; an official one's arch and its shape's preset."""
-    parent, folder = checkpoints.train_config(init_from), checkpoints.resolve(init_from)   # a hub id: its cached folder
+    parent = checkpoints.train_config(init_from)
+    folder = checkpoints.resolve(init_from)   # a hub id: its cached folder
     if os.path.isfile(os.path.join(folder, "config.json")):
         _, c = checkpoints.read_official(folder)
         shape = (c["d_model"], c["n_layer"])
@@ -164,13 +171,16 @@ def parent_flags(init_from):
         parent = {**parent, "arch": c["arch"], "size": sizes[0] if sizes else None}
     return parent
 
-def set_lr_and_steps(args, given, parent):
-    """A new run's peak lr (--lr, post-training the parent's, else PEAK_LR), lr, min_lr, --tokens as steps."""
+def set_lr(args, given, parent):
+    """A new run's peak lr (--lr, post-training the parent's, else PEAK_LR), lr and min_lr."""
     args.peak_lr = (parent.get("peak_lr") if args.init_from else args.lr) or PEAK_LR.get(args.size, 3e-3)
     if args.lr is None:
         args.lr = args.peak_lr / 10 if args.init_from else args.peak_lr
     if "min_lr" not in given:
         args.min_lr = min(args.min_lr, args.lr)
+
+def set_steps_of_tokens(args):
+    """A new run's --tokens as --steps: the token budget over the tokens of a step."""
     if args.tokens is not None and math.isfinite(args.tokens):
         hi = args.copy_len.split(",")[-1]   # copy: the longest string twice + SEP + EOS (a bad one: refused)
         per_row = 2 * int(hi) + 2 if args.task == "copy" and hi.isdecimal() else args.seq_len
@@ -178,15 +188,19 @@ def set_lr_and_steps(args, given, parent):
         args.steps = max(1, int(args.tokens // (args.batch_size * processes * per_row * args.grad_accum)))
 
 def exit_on_bad_flags(args):
-    """Every flag's value, in one place: the first problem is one line naming the flag and the fix."""
+    """Every flag's value, in one place: the first problem is one line naming the flag and the fix. Then one
+    --task example."""
+    problems = range_problems(args) + source_problems(args) + runs.out_problems(args) + task_problems(args)
+    if any(bad for bad, _ in problems):
+        sys.exit(f"error: {next(message for bad, message in problems if bad)}")
+    if args.task != "lm":
+        exit_on_bad_task(args)
+
+def range_problems(args):
+    """[(bad, message)] of the numbers (each in its range) and --device (a name torch reads)."""
     must = lambda k, ok, rule: (not ok, f"--{k.replace('_', '-')} must be {rule}, got {vars(args)[k]!r}")
     positive = "seq_len batch_size grad_accum steps ckpt_interval eval_interval eval_batches stop_at".split()
-    lo, _, hi = (int(v) if v.isdigit() else 0 for v in args.copy_len.partition(","))   # 0: not a number
-    bad_babi = [t for t in args.babi_tasks.split(",") if t not in tasks.BABI_TASKS]
-    ckpt = os.path.join(args.out, "ckpt.pt")
-    exists = os.path.exists
-    same_run = args.init_from and os.path.realpath(args.init_from) in map(os.path.realpath, (args.out, ckpt))
-    checks = [must(k, vars(args)[k] is None or vars(args)[k] > 0, "a positive integer") for k in positive] + [
+    return [must(k, vars(args)[k] is None or vars(args)[k] > 0, "a positive integer") for k in positive] + [
         must("batch_size", args.batch_size * args.seq_len <= 1 << 32, "at most 2**32 tokens / --seq-len"),
         *[must(k, 0 <= vars(args)[k] < 2**63, "in [0, 2**63)") for k in ("seed", "data_seed", "split_seed")],
         must("device", re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.device), "auto, cpu, cuda or cuda:N"),
@@ -196,38 +210,61 @@ def exit_on_bad_flags(args):
         must("warmup", 0 <= args.warmup < 1, "a fraction of the steps in [0, 1)"),
         must("weight_decay", 0 <= args.weight_decay < math.inf, "finite and >= 0"),
         must("grad_clip", args.grad_clip > 0, "> 0 (inf: no clipping)"),
-        must("dist_timeout", 1 <= args.dist_timeout <= 1e7, "in [1, 1e7] seconds"),
+        must("dist_timeout", 1 <= args.dist_timeout <= 1e7, "in [1, 1e7] seconds")]
+
+def source_problems(args):
+    """[(bad, message)] of the model trained (--size, --init-from), --out (a folder) and --device (here)."""
+    same = (args.out, checkpoints.ckpt_file(args.out))
+    same_run = args.init_from and os.path.realpath(args.init_from) in map(os.path.realpath, same)
+    return [
         (not args.init_from and args.size not in model.PRESETS[args.arch], f"unknown --size {args.size!r} "
          f"for --arch {args.arch}: choose one of {list(model.PRESETS[args.arch])}"),
         # a resume: its ckpt.pt alone; a hub id: its folder in the Hugging Face cache
-        (args.init_from and not args.resume and not exists(checkpoints.resolve(args.init_from)),
+        (args.init_from and not args.resume and not os.path.exists(checkpoints.resolve(args.init_from)),
          f"--init-from {args.init_from} does not exist"),
         (same_run, f"--init-from and --out are the same run ({args.out}): post-training needs another --out"),
-        (exists(args.out) and not os.path.isdir(args.out), f"--out {args.out} is a file, not a directory"),
-        (args.device.startswith("cuda") and not torch.cuda.is_available(), "no CUDA here: use --device cpu"),
-        (not args.resume and exists(ckpt), f"{args.out} holds a run: --resume it, or use another --out"),
-        (not args.resume and run_files(args.out) and not records_this_run(args), f"{args.out} holds another "
-         f"run's {run_files(args.out)} but no ckpt.pt: move them away, or use another --out"),
+        (os.path.exists(args.out) and not os.path.isdir(args.out),
+         f"--out {args.out} is a file, not a directory"),
+        (args.device.startswith("cuda") and not torch.cuda.is_available(), "no CUDA here: use --device cpu")]
+
+def task_problems(args):
+    """[(bad, message)] of --task and its flags."""
+    lo, _, hi = (int(v) if v.isdigit() else 0 for v in args.copy_len.partition(","))   # 0: not a number
+    bad_babi = [t for t in args.babi_tasks.split(",") if t not in tasks.BABI_TASKS]
+    return [
         (args.task != "lm" and (args.init_state == "tbtt" or args.streams), "--init-state tbtt and --streams "
          f"read documents in chunks; --task {args.task} examples are independent"),
         (not 0 < lo <= hi, "--copy-len must be LO,HI, 0 < LO <= HI"),
         (bad_babi, f"unknown --babi-tasks {bad_babi}: choose from {','.join(tasks.BABI_TASKS)}")]
-    if any(bad for bad, _ in checks):
-        sys.exit(f"error: {next(message for bad, message in checks if bad)}")
 
-def run_files(out):
-    """The files train.py writes beside ckpt.pt that out holds, e.g. "metrics.jsonl and args.json", or ''."""
-    return " and ".join(f for f in ("metrics.jsonl", "args.json") if os.path.lexists(os.path.join(out, f)))
-
-def records_this_run(args):
-    """Does args.out/args.json record this very run (every flag alike), stopped before its first checkpoint?
-    Then its files may be replaced: the run writes them again as they were. Another run's never are."""
+def exit_on_bad_task(args):
+    """One --task example now: a --seq-len too short for the task, or a --tokenizer, is a clear error."""
     try:
-        saved = json.loads(pathlib.Path(args.out, "args.json").read_text())
-    except (OSError, ValueError):
-        return False
-    skip = PER_INVOCATION + ("run_id",)
-    return isinstance(saved, dict) and all(saved.get(k) == v for k, v in vars(args).items() if k not in skip)
+        make_task_sampler(args, 0, None).next_samples()
+    except ValueError as e:
+        sys.exit(f"error: --task {args.task}: {e}")
+
+def make_task_sampler(args, seed, filler_tokens, rows=None):
+    """Batches of `rows` (default --batch-size) --task examples of --seq-len + 1 tokens (bAbI's hidden in
+    filler_tokens), or copy's."""
+    babi = args.task == "babilong"
+    kw = dict(babi_tasks=tuple(args.babi_tasks.split(",")), filler_tokens=filler_tokens) if babi else {}
+    length = tuple(map(int, args.copy_len.split(","))) if args.task == "copy" else args.seq_len + 1
+    task_fn = tasks.babi_mixture if babi else tasks.TASKS[args.task]
+    return data.TaskSampler(task_fn, rows or args.batch_size, seed, tokenizer=args.tokenizer, length=length,
+                            **kw)
+
+def require_what_was_read(args, read):
+    """A resume reads the data and tokenizer its run read, post-training its parent's tokenizer: `read`
+    ({tokenizer_id, data_id}) must match what the run's or the parent's checkpoint recorded."""
+    saved = vars(args) if args.resume else {}
+    if args.init_from and not args.resume:
+        saved = {"tokenizer_id": checkpoints.train_config(args.init_from).get("tokenizer_id")}
+    for key, flag, fix in [("tokenizer_id", "--tokenizer", "pass the --tokenizer it was trained with"),
+                           ("data_id", "--data", "restore its files, or start a new run")]:
+        given = f"{flag} {vars(args)[flag[2:]]} ({read[key]})"
+        files.require(saved.get(key) in (None, read[key]), f"{given} does not match "
+                      f"{args.out if args.resume else args.init_from}'s {saved.get(key)}: {fix}")
 
 def parse_seeds(text):
     """--seeds "0-7" -> [0, ..., 7]; "0,5" -> [0, 5]; else one line naming the flag."""

@@ -13,7 +13,7 @@ import shutil
 
 import torch
 
-from plumbing.files import DataError, _remove_stale_tmps, read_json, require
+from plumbing.files import DataError, _remove_stale_tmps, is_int, read_json, require, tmp_name
 
 FILES = ("config.json", "pytorch_model.bin")   # the official layout
 # The fields of mamba_ssm's MambaConfig, in its order (config.json of the state-spaces/mamba* checkpoints);
@@ -59,11 +59,12 @@ def resolve(path):
     except errors.RemoteEntryNotFoundError:
         why = "the Hub repo holds no such file: not a checkpoint in the official layout"
     except Exception as e:   # a stalled or refused connection, a proxy, a full disk
-        first = str(e).splitlines()[0][:120] if str(e) else ""
-        stalled = "Timeout" in type(e).__name__   # httpx's ReadTimeout, ConnectTimeout...
-        why = (f"the Hub did not answer in time: HF_HUB_ETAG_TIMEOUT ({timeout:g} s) and "
-               f"HF_HUB_DOWNLOAD_TIMEOUT ({constants.HF_HUB_DOWNLOAD_TIMEOUT:g} s) set it") if stalled else \
-            f"{type(e).__name__}: {first}"
+        if "Timeout" in type(e).__name__:   # httpx's ReadTimeout, ConnectTimeout...
+            why = (f"the Hub did not answer in time: HF_HUB_ETAG_TIMEOUT ({timeout:g} s) and "
+                   f"HF_HUB_DOWNLOAD_TIMEOUT ({constants.HF_HUB_DOWNLOAD_TIMEOUT:g} s) set it")
+        else:
+            first = str(e).splitlines()[0][:120] if str(e) else ""
+            why = f"{type(e).__name__}: {first}"
     raise _not_cached(path, missing, why)
 
 def _not_cached(repo, missing, why):
@@ -86,7 +87,7 @@ def read(path):
     mixer = dict(ssm_cfg) if isinstance(ssm_cfg, dict) else {}
     layer = mixer.pop("layer", "Mamba1")  # mamba_ssm's default layer
     checks = [*((k not in c, f"no {k}") for k in SIZES[:3]),
-              *((k in c and not (type(c[k]) is int and c[k] > 0), f"{k} {c.get(k)!r}") for k in SIZES),
+              *((k in c and not is_int(c[k]), f"{k} {c.get(k)!r}") for k in SIZES),
               (not isinstance(ssm_cfg, dict), f"ssm_cfg {ssm_cfg!r}"),
               (c.get("d_intermediate") or c.get("attn_layer_idx"), "hybrid MLP/attention layers"),
               (not c.get("rms_norm", True), "LayerNorm"),
@@ -105,11 +106,13 @@ def read(path):
 def _mamba2_head_problems(c, mixer):
     """What keeps ssm.Mamba2 from building config.json's heads: headdim must divide expand * d_model, ngroups
     the number of heads (mamba_ssm's defaults: headdim 64, expand 2, ngroups 1)."""
-    headdim, expand, ngroups = mixer.get("headdim", 64), mixer.get("expand", 2), mixer.get("ngroups", 1)
+    headdim = mixer.get("headdim", 64)
+    expand = mixer.get("expand", 2)
+    ngroups = mixer.get("ngroups", 1)
     sizes = dict(headdim=headdim, expand=expand, ngroups=ngroups)
-    bad = [f"ssm_cfg.{k} {v!r}" for k, v in sizes.items() if not (type(v) is int and v > 0)]
+    bad = [f"ssm_cfg.{k} {v!r}" for k, v in sizes.items() if not is_int(v)]
     d_model = c.get("d_model")
-    if bad or not (type(d_model) is int and d_model > 0):  # a bad d_model has its own message
+    if bad or not is_int(d_model):  # a bad d_model has its own message
         return bad
     d_inner = expand * d_model
     if d_inner % headdim:
@@ -151,7 +154,7 @@ def export(lm, out):
     config = mamba_config(lm)
     out = os.path.abspath(out)   # without a trailing /: the temporary folder is its sibling
     require_new(out)
-    tmp = f"{out}.{os.getpid()}.tmp"   # files.write_atomically's convention: PATH.<pid>.tmp
+    tmp = tmp_name(out)   # files.write_atomically's convention: PATH.<pid>.tmp
     _remove_stale_tmps(out)   # those of exports killed by kill -9 (their process is gone)
     os.makedirs(tmp)   # one of this pid is another's, whose process is gone too: named, not reused
     try:

@@ -37,7 +37,9 @@ PANELS = {
 
 def _curves(m):
     """A model's curves: name -> [(x, y, s.e. or None, legend, x of its dotted line or None)]."""
-    out, label, t = {}, m["label"], m["t_train"]
+    out = {}
+    label = m["label"]
+    t = m["t_train"]
     if b := m.get("ppl", {}).get("buckets"):
         x = [math.sqrt((lo + 1) * hi) for lo, hi in zip(b["lo"], b["hi"])]  # a bucket's geometric middle
         out["ppl"] = [(x, b["ppl"], b["ppl_sem"], f"{label} (T={m['verdict']['generalizes_to']})", t)]
@@ -46,7 +48,8 @@ def _curves(m):
     if e := m.get("effrem"):
         out["effrem"] = [(e["cuts"], e["mean"], e["sem"], f"{label} (T={e['T']})", t and e["T"] - t)]
     if "state" in m:  # per layer the head that drifts most, its coverage in the legend
-        st, x = m["state"], np.array(m["state"]["positions"]) + 1
+        st = m["state"]
+        x = np.array(st["positions"]) + 1
         cov = np.nan_to_num(np.array(st["coverage"], dtype=float), nan=-1)  # [layers, heads]
         out["state"] = [(x, std[:, h], None, f"{label} L{i} h{h} cov {cov[i, h]:.3g}", t)
                         for i, (std, h) in enumerate(zip(np.array(st["std"], dtype=float), cov.argmax(1)))]
@@ -140,7 +143,8 @@ def _figures_of(path):
 
 # ==== Over training seeds: each seed's evaluation of the same runs, the spread of their effects ====
 def _seed_row(m):  # a run's values in its last bucket; gap: to the Bayes floor (a process that has one)
-    b, v = m["ppl"]["buckets"], m["verdict"]
+    b = m["ppl"]["buckets"]
+    v = m["verdict"]
     last = {f"{k}{s}": m[k][f"nll{s}"][-1] for k in ("gap", "diff") if k in m for s in ("", "_sem")}
     return dict(verdict=v["generalizes_to"], censored=bool(v["censored"]), ppl_last=b["ppl"][-1],
                 ppl_within=b["ppl"][b["hi"].index(m["t_train"])], t_train=m["t_train"], **last)
@@ -148,11 +152,33 @@ def _seed_row(m):  # a run's values in its last bucket; gap: to the Bayes floor 
 def over_seeds(reports, out):
     """Per seed and run its _seed_row; over the seeds mean +- s.e. (paired: the worst seed) -> seeds.*"""
     runs = {seed: {m["label"]: m for m in r["models"]} for seed, r in reports.items()}
-    seeds, labels = list(runs), list(runs[next(iter(runs))])
+    seeds = list(runs)
     paired = {k: m["diff"].get("reference", "reference") for k, m in runs[seeds[0]].items() if "diff" in m}
     rows = {s: {k: _seed_row(m) for k, m in r.items()} for s, r in runs.items()}
-    mean_sem = lambda k, a: {k: np.mean(a, 0), f"{k}_sem": sem(a).tolist()}  # over the seeds (axis 0)
-    pm = lambda v, k, sign="": f"{v[k]:{sign}.3f} +- {v[k + '_sem']:.3f}" if k in v else "-"
+    _print_seed_rows(rows)
+    summary = {}
+    for label in runs[seeds[0]]:
+        summary[label] = _over_the_seeds([rows[s][label] for s in seeds], seeds, paired.get(label))
+        _print_summary(label, summary[label])
+    left, right = matplotlib.figure.Figure(figsize=(13, 4.5), layout="tight").subplots(1, 2)
+    _draw_seed_curves(left, runs)
+    last = runs[seeds[0]][list(summary)[-1]]["ppl"]["buckets"]   # the edges (the same for every run)
+    _draw_last_bucket(right, rows, summary, paired, (last["lo"][-1], last["hi"][-1]))
+    text = json.dumps(dict(seeds=rows, summary=summary), indent=1)
+    os.makedirs(out, exist_ok=True)   # only now: a refused or failed call leaves no folder behind
+    files.write_atomically(out, {"seeds.json": lambda tmp: pathlib.Path(tmp).write_text(text),
+                                "seeds.png": lambda tmp: left.figure.savefig(tmp, format="png", dpi=120)})
+    print(f"wrote {out}/seeds.json, {out}/seeds.png")
+    return 0
+
+def _mean_sem(key, a):   # over the seeds (axis 0)
+    return {key: np.mean(a, 0), f"{key}_sem": sem(a).tolist()}
+
+def _pm(v, key, sign=""):   # "mean +- s.e." of v's key, or "-" without it
+    return f"{v[key]:{sign}.3f} +- {v[key + '_sem']:.3f}" if key in v else "-"
+
+def _print_seed_rows(rows):
+    """Per seed and run ({seed: {label: _seed_row}}) one line of the table."""
     print("\nper seed: verdict (Def. 3.2; +: censored), PPL in the last bucket <= T_train and in the last; "
           "there the gap to the Bayes floor and NLL - the reference's (paired), +- s.e. over sequences")
     print(f"{'seed':>5} {'run':>16} {'verdict':>8} {'PPL<=T':>8} {'PPL last':>9} {'gap':>17} {'- ref':>18}")
@@ -160,59 +186,77 @@ def over_seeds(reports, out):
         for k, v in r.items():
             verdict = f"{v['verdict']}{'+' if v['censored'] else ''}"
             print(f"{s:>5} {k:>16} {verdict:>8} {v['ppl_within']:>8.3f} {v['ppl_last']:>9.3f} "
-                  f"{pm(v, 'gap', '+'):>17} {pm(v, 'diff', '+'):>18}")
-    summary = {}
-    left, right = matplotlib.figure.Figure(figsize=(13, 4.5), layout="tight").subplots(1, 2)
-    for i, label in enumerate(labels):
+                  f"{_pm(v, 'gap', '+'):>17} {_pm(v, 'diff', '+'):>18}")
+
+def _over_the_seeds(v, seeds, reference):
+    """One run's _seed_rows v (one a seed) over the seeds: the last bucket's perplexity (and gap), mean +-
+    s.e., the seeds that fail within 32 x T_train; paired to reference (None: not), the difference and its
+    worst seed."""
+    fails = sum(not r["censored"] and r["verdict"] <= 32 * r["t_train"] for r in v)
+    u = {**_mean_sem("ppl_last", [r["ppl_last"] for r in v]), "fails_within_32x": fails,
+         "verdicts": [r["verdict"] for r in v]}
+    if "gap" in v[0]:
+        u.update(_mean_sem("gap_last", [r["gap"] for r in v]))
+    if reference is not None:  # over the seeds: each seed's paired difference d and its s.e.
+        d, se = np.array([(r["diff"], r["diff_sem"]) for r in v]).T
+        u.update(_mean_sem("diff", d), worst=d.max(), worst_seed=seeds[int(d.argmax())],
+                 beyond_3_sem=int((d < -3 * se).sum()), reference=reference)
+    return u
+
+def _print_summary(label, u):
+    """A run's _over_the_seeds u in a line, and its paired difference in another."""
+    gap = f", gap {_pm(u, 'gap_last')}" if "gap_last" in u else ""
+    print(f"{label}: PPL last {_pm(u, 'ppl_last')} over the seeds{gap}, fails within 32 x T_train on "
+          f"{u['fails_within_32x']} of {len(u['verdicts'])}")
+    if "diff" in u:
+        print(f"  {label} - {u['reference']}: {_pm(u, 'diff', '+')}, worst {u['worst']:+.3f} (seed "
+              f"{u['worst_seed']}), below -3 s.e. on {u['beyond_3_sem']} seeds")
+
+def _draw_seed_curves(ax, runs):
+    """Each run's position-wise perplexity ({seed: {label: its eval.json entry}}): thin, a seed; thick, the
+    mean over the seeds +- s.e."""
+    seeds = list(runs)
+    for i, label in enumerate(runs[seeds[0]]):
         color = COLORS[i % len(COLORS)]
         b = [runs[s][label]["ppl"]["buckets"] for s in seeds]
         x = [np.sqrt((lo + 1) * hi) for lo, hi in zip(b[0]["lo"], b[0]["hi"])]  # a bucket's geometric middle
         nll = np.array([c["nll"] for c in b], dtype=float)  # [seeds, buckets]; null (NaN) -> a gap
-        mean, band = nll.mean(0), sem(nll).numpy()
-        left.plot(x, np.exp(nll.T), color=color, lw=0.5, alpha=0.4)
-        left.plot(x, np.exp(mean), color=color, lw=2, label=label)
-        left.fill_between(x, np.exp(mean - band), np.exp(mean + band), color=color, alpha=0.25)
-        left.axvline(rows[seeds[0]][label]["t_train"], color=color, ls=":", lw=1)
+        mean = nll.mean(0)
+        band = sem(nll).numpy()
+        ax.plot(x, np.exp(nll.T), color=color, lw=0.5, alpha=0.4)
+        ax.plot(x, np.exp(mean), color=color, lw=2, label=label)
+        ax.fill_between(x, np.exp(mean - band), np.exp(mean + band), color=color, alpha=0.25)
+        ax.axvline(runs[seeds[0]][label]["t_train"], color=color, ls=":", lw=1)
+    ax.set(xscale="log", yscale="log", title="Position-wise perplexity (thin: a seed; thick: mean +- s.e.)",
+           xlabel="context length (dotted: T_train)", ylabel="perplexity")
+    ax.legend(fontsize=8)
+
+def _draw_last_bucket(ax, rows, summary, paired, bucket):
+    """The last bucket (lo, hi]: with references each run's paired difference per seed (+- s.e.) and its
+    band over the seeds; without, each seed's perplexity per run and their mean +- s.e."""
+    seeds = list(rows)
+    labels = list(summary)
+    for i, label in enumerate(labels):
+        color = COLORS[i % len(COLORS)]
         v = [rows[s][label] for s in seeds]
-        last = [r["ppl_last"] for r in v]
-        fails = sum(not r["censored"] and r["verdict"] <= 32 * r["t_train"] for r in v)
-        summary[label] = u = {**mean_sem("ppl_last", last), "fails_within_32x": fails,
-                              "verdicts": [r["verdict"] for r in v]}
-        if "gap" in v[0]:
-            u.update(mean_sem("gap_last", [r["gap"] for r in v]))
-        gap = f", gap {pm(u, 'gap_last')}" if "gap" in v[0] else ""
-        print(f"{label}: PPL last {pm(u, 'ppl_last')} over the seeds{gap}, fails within 32 x T_train on "
-              f"{fails} of {len(v)}")
-        if label in paired:  # over the seeds: each seed's paired difference d and its s.e.
+        u = summary[label]
+        if label in paired:
             d, se = np.array([(r["diff"], r["diff_sem"]) for r in v]).T
-            u.update(mean_sem("diff", d), worst=d.max(), worst_seed=seeds[int(d.argmax())],
-                     beyond_3_sem=int((d < -3 * se).sum()), reference=paired[label])
-            print(f"  {label} - {u['reference']}: {pm(u, 'diff', '+')}, worst {u['worst']:+.3f} (seed "
-                  f"{u['worst_seed']}), below -3 s.e. on {u['beyond_3_sem']} seeds")
             xs = np.arange(len(d)) + 0.6 * (list(paired).index(label) / len(paired) - 0.3)  # side by side
-            right.errorbar(xs, d, se, fmt="o", ms=4, color=color, label=f"{label} - {u['reference']}")
-            right.axhspan(u["diff"] - u["diff_sem"], u["diff"] + u["diff_sem"], color=color, alpha=0.15)
-        elif not paired:  # each seed's last-bucket perplexity per run
-            right.plot([i] * len(last), last, "o", color=color, alpha=0.5)
-            right.errorbar([i], [u["ppl_last"]], [u["ppl_last_sem"]], fmt="s", ms=8, capsize=4, color=color)
-    left.set(xscale="log", yscale="log", title="Position-wise perplexity (thin: a seed; thick: mean +- s.e.)",
-             xlabel="context length (dotted: T_train)", ylabel="perplexity")
+            ax.errorbar(xs, d, se, fmt="o", ms=4, color=color, label=f"{label} - {u['reference']}")
+            ax.axhspan(u["diff"] - u["diff_sem"], u["diff"] + u["diff_sem"], color=color, alpha=0.15)
+        elif not paired:
+            ax.plot([i] * len(v), [r["ppl_last"] for r in v], "o", color=color, alpha=0.5)
+            ax.errorbar([i], [u["ppl_last"]], [u["ppl_last_sem"]], fmt="s", ms=8, capsize=4, color=color)
     if paired:
-        right.axhline(0, color="k", lw=0.8)
-        right.set(title="Last bucket, paired to the reference (+-1 s.e.; band: over seeds)",
-                  xlabel="training seed", ylabel="NLL - reference NLL (nats)", xticks=range(len(seeds)),
-                  xticklabels=seeds)
-        right.legend(fontsize=8)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set(title="Last bucket, paired to the reference (+-1 s.e.; band: over seeds)",
+               xlabel="training seed", ylabel="NLL - reference NLL (nats)", xticks=range(len(seeds)),
+               xticklabels=seeds)
+        ax.legend(fontsize=8)
     else:
-        right.set(title=f"Last bucket ({b[0]['lo'][-1]}, {b[0]['hi'][-1]}]: each seed, mean +- s.e.",
-                  ylabel="perplexity", yscale="log", xticks=range(len(labels)), xticklabels=labels)
-    left.legend(fontsize=8)
-    text = json.dumps(dict(seeds=rows, summary=summary), indent=1)
-    os.makedirs(out, exist_ok=True)   # only now: a refused or failed call leaves no folder behind
-    files.write_atomically(out, {"seeds.json": lambda tmp: pathlib.Path(tmp).write_text(text),
-                                "seeds.png": lambda tmp: left.figure.savefig(tmp, format="png", dpi=120)})
-    print(f"wrote {out}/seeds.json, {out}/seeds.png")
-    return 0
+        ax.set(title=f"Last bucket ({bucket[0]}, {bucket[1]}]: each seed, mean +- s.e.",
+               ylabel="perplexity", yscale="log", xticks=range(len(labels)), xticklabels=labels)
 
 def read_reports(paths, names=None):
     """--over-seeds: {name: report} of the eval.json files (or folders) `paths`, named `names` (default: the
@@ -222,7 +266,9 @@ def read_reports(paths, names=None):
     require(len(names) == len(set(names)) == len(set(map(os.path.realpath, files))) == len(files) > 1,
             f"--over-seeds: give 2 or more evaluations, each once and its own name (--labels), got "
             f"{len(files)} named {' '.join(map(str, names))}")
-    reports, flags, seen = {}, {}, {}   # seen: (path, step, training seed) of a checkpoint -> its file
+    reports = {}
+    flags = {}
+    seen = {}   # (path, step, training seed) of a checkpoint -> its file
     for name, f in zip(names, files):
         require(os.path.isfile(f), f"--over-seeds: no {f}: pass this script's --out folders (or eval.json)")
         try:   # all that over_seeds reads of it

@@ -21,14 +21,16 @@ import sysconfig
 import numpy as np
 from tqdm import tqdm
 
-from plumbing.files import DataError, _kind, require, require_file, require_not_special, write_atomically
+from plumbing.files import (DataError, _kind, read_json, require, require_file, require_not_special,
+                            write_atomically)
 from plumbing.tokenizers import TIKTOKEN_NAMES, get_tokenizer
 
 DEFAULT_CACHE_DIR = os.environ.get("LENGTHGEN_CACHE_DIR") or os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "data_cache")  # gitignored
 CACHE_VERSION = 4  # bump when the cache layout or the document format changes
 VAL_FRACTION = 0.05   # the files held out, as data.load_data's default (train.py's): the same cache key
-PIECE_CHARS, BATCH_PIECES = 1 << 14, 256   # text per encoding, pieces per batch (on all cores): bound memory
+PIECE_CHARS = 1 << 14   # text per encoding: bounds memory
+BATCH_PIECES = 256   # pieces per batch, encoded on all cores: bounds memory
 LINE_CUT = re.compile(r"\n(?=\S)(?<=\S\n)")   # a newline between non-spaces: byte-level BPEs split there
 codecs.register_error("nul", lambda e: ("\0", e.end))   # an invalid UTF-8 byte reads as NUL (binary files)
 
@@ -39,8 +41,7 @@ def token_ids(data, tokenizer="bytes", val_fraction=VAL_FRACTION, cache_dir=None
     (the standard library's .py files), a text file or a folder of them, tokenized once into a cache keyed by
     the files and the tokenizer, split by document."""
     enc = get_tokenizer(tokenizer)
-    meta = os.path.join(data, "meta.json")
-    if os.path.exists(meta) and not os.path.isdir(meta):   # (a FIFO there: refused by _whole, not read)
+    if _is_cache(data):
         fix = "pass --data a cache folder of regular files, or the text it was built from"
         train, val, info = _prepared(data, _whole(data, fix), enc)
     elif _is_nanogpt(data):
@@ -51,6 +52,10 @@ def token_ids(data, tokenizer="bytes", val_fraction=VAL_FRACTION, cache_dir=None
     require(top < enc.n_vocab, f"{data} holds id {top}, past the {enc.n_vocab} of {enc.name!r}: pass its "
             "--tokenizer")
     return train, val, info
+
+def _is_cache(data):   # a cache folder: it holds meta.json (a FIFO there: refused by _whole, not read)
+    meta = os.path.join(data, "meta.json")
+    return os.path.exists(meta) and not os.path.isdir(meta)
 
 def _is_nanogpt(data):   # nanoGPT's prepare.py output: train.bin and val.bin (a cache folder: also meta.json)
     return data != "stdlib" and all(os.path.lexists(os.path.join(data, f"{s}.bin")) for s in ("train", "val"))
@@ -73,7 +78,8 @@ def _nanogpt(folder, enc):
         top = int(splits[split].max())   # every id, now: not mid-training
         require(top < enc.n_vocab, f"{path} holds id {top}, past the {enc.n_vocab} of gpt2: pass nanoGPT's "
                 "GPT-2 ids (uint16)")
-    n_train, n_val = len(splits["train"]), len(splits["val"])
+    n_train = len(splits["train"])
+    n_val = len(splits["val"])
     info = dict(source=folder, tokenizer=enc.name, vocab_size=enc.n_vocab, dtype="uint16",
                 eot_token=enc.eot_token, n_train=n_train, n_val=n_val, key=f"nanogpt-{n_train}+{n_val}")
     return splits["train"], splits["val"], info
@@ -142,8 +148,10 @@ def _text_files(root, stdlib, cache_dir):
     skip = {"site-packages", "dist-packages", "test", "tests", "idle_test"} if stdlib else set()
     if not os.path.isdir(root):
         return [root], []
-    files, skipped = [], []
-    seen, cache = {os.path.realpath(root)}, os.path.realpath(cache_dir)
+    files = []
+    skipped = []
+    seen = {os.path.realpath(root)}
+    cache = os.path.realpath(cache_dir)
     for path, dirs, names in os.walk(root, followlinks=True, onerror=None if stdlib else _unreadable):
         if _not_data(path, names, cache):
             skipped.append(path)
@@ -218,12 +226,12 @@ def _whole(folder, fix):   # -> its meta.json if train.bin + val.bin have the sh
         require_not_special(os.path.join(folder, name), fix)
     sha1 = hashlib.sha1()   # one sha1 over both files
     try:
-        meta = json.loads(pathlib.Path(folder, "meta.json").read_text())
+        meta = read_json(os.path.join(folder, "meta.json"), fix)
         for split in ("train", "val"):
             with open(os.path.join(folder, f"{split}.bin"), "rb") as f:
                 hashlib.file_digest(f, lambda: sha1)
         return meta if meta["sha1"] == sha1.hexdigest() else None
-    except (OSError, ValueError, KeyError, TypeError):   # a missing or damaged file
+    except (OSError, ValueError, KeyError, TypeError):   # a missing or damaged file (DataError: a ValueError)
         return None
 
 def _prepared(folder, meta, enc):   # -> (train, val, info) of folder's train.bin and val.bin (meta: verified)
@@ -240,13 +248,13 @@ def _prepared(folder, meta, enc):   # -> (train, val, info) of folder's train.bi
     require(itemsize and all(meta.get(f"n_{s}") == os.path.getsize(b) / itemsize for s, b in bins.items()),
             f'{file}: its "dtype" {dtype} and "n_train", "n_val" do not fit train.bin, val.bin: pass --data '
             "the text it was built from")
-    train, val = [np.memmap(b, dtype, "r") if meta[f"n_{s}"] else np.zeros(0, dtype)   # an empty file cannot
-                  for s, b in bins.items()]                                            # be mapped
-    return train, val, dict(meta, key=meta["sha1"][:16])
+    # an empty file cannot be mapped: an empty array stands for it
+    splits = {s: np.memmap(b, dtype, "r") if meta[f"n_{s}"] else np.zeros(0, dtype) for s, b in bins.items()}
+    return splits["train"], splits["val"], dict(meta, key=meta["sha1"][:16])
 
 def main(argv=None):
-    """python -m plumbing.token_cache --data PATH --tokenizer T [--cache-dir DIR]: the text tokenized once into the
-    verified cache folder train.py would read (the same key and split), its path printed last."""
+    """python -m plumbing.token_cache --data PATH --tokenizer T [--cache-dir DIR]: the text tokenized once
+    into the verified cache folder train.py would read (the same key and split), its path printed last."""
     ap = argparse.ArgumentParser(description="Tokenize text once into its verified cache folder (train.bin, "
                                  "val.bin, meta.json; 5% of the files held out, drawn with seed 0; one "
                                  "file: its last tokens) and print the folder's path last: that folder is "
@@ -260,13 +268,12 @@ def main(argv=None):
                     "written (default: $LENGTHGEN_CACHE_DIR, else data_cache/ in the repository)")
     args = ap.parse_args(argv)
     if empty := [k for k, v in vars(args).items() if not v.strip()]:   # "" would read as "."
-        ap.error(f"--{empty[0].replace('_', '-')} is empty: pass a value (python -m plumbing.token_cache --help)")
+        flag = "--" + empty[0].replace("_", "-")
+        ap.error(f"{flag} is empty: pass a value (python -m plumbing.token_cache --help)")
     handler = signal.signal(signal.SIGTERM, signal.default_int_handler)   # as Ctrl-C: write_atomically
     try:                                                                  # removes its temporary folder
         enc = get_tokenizer(args.tokenizer)
-        ids = "a Markov process" if args.data.split(":")[0] == "markov" else \
-            "a cache folder" if os.path.isfile(os.path.join(args.data, "meta.json")) else \
-            "nanoGPT's ids" if _is_nanogpt(args.data) else None
+        ids = _not_text(args.data)
         require(not ids, f"--data {args.data} is {ids}, not text: nothing to tokenize: pass it to train.py")
         folder = _cache_folder(args.data, enc, VAL_FRACTION, args.cache_dir)[0]   # the folder train.py reads
         had = _whole(folder, f"remove the cache {folder} (it is rebuilt from --data)")
@@ -280,6 +287,15 @@ def main(argv=None):
     if had:
         print(f"data: {folder} holds the verified ids of {args.data} already: nothing rebuilt")
     print(folder)
+
+def _not_text(data):   # -> the ids data names that train.py reads as they are (nothing to tokenize), or None
+    if data.split(":")[0] == "markov":
+        return "a Markov process"
+    if _is_cache(data):
+        return "a cache folder"
+    if _is_nanogpt(data):
+        return "nanoGPT's ids"
+    return None
 
 if __name__ == "__main__":
     main()

@@ -15,9 +15,17 @@ from plumbing.files import DataError, require, require_file
 
 EOT = "<|endoftext|>"
 
+def _file_name(kind, raw):   # a tokenizer file's name: its bytes' sha1 (the cache key of the ids it gives)
+    return f"{kind}-{hashlib.sha1(raw).hexdigest()[:12]}"
+
+def _not_one_token(piece, name):   # encode_single_token's error: the tasks need single-token separators
+    return DataError(f"{piece!r} is not one token of {name}: use a byte-level BPE")
+
 class ByteTokenizer:
     """One token per byte (id = byte value) plus <|endoftext|> = 256: built in, no file, no merges."""
-    name, n_vocab, eot_token = "bytes", 257, 256
+    name = "bytes"
+    n_vocab = 257
+    eot_token = 256
     _pieces = [bytes([i]) for i in range(256)] + [EOT.encode()]
 
     def encode_ordinary(self, text):
@@ -45,7 +53,7 @@ class JsonTokenizer:
         self._tok.encode_special_tokens = True   # "<|endoftext|>" inside a document is plain text
         special = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
         require(EOT in special, f"{path} has no {EOT} special token to mark documents: use GPT-NeoX's")
-        self.name = "json-" + hashlib.sha1(raw).hexdigest()[:12]
+        self.name = _file_name("json", raw)
         self.eot_token = special[EOT]
         self.n_vocab = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
 
@@ -60,29 +68,33 @@ class JsonTokenizer:
 
     def encode_single_token(self, piece):
         ids = self.encode_ordinary(piece.decode())
-        require(len(ids) == 1, f"{piece!r} is not one token of {self.name}: use a byte-level BPE")
+        if len(ids) != 1:
+            raise _not_one_token(piece, self.name)
         return ids[0]
 
 class TiktokenTokenizer:
     """A tiktoken Encoding: one of tiktoken's (gpt2: nanoGPT's ids) or a .tiktoken file's."""
 
-    def __init__(self, enc):
-        self._enc, self.name, self.n_vocab, self.eot_token = enc, enc.name, enc.n_vocab, enc.eot_token
+    def __init__(self, encoding):
+        self._encoding = encoding
+        self.name = encoding.name
+        self.n_vocab = encoding.n_vocab
+        self.eot_token = encoding.eot_token
 
     def encode_ordinary(self, text):
-        return self._enc.encode_ordinary(text)
+        return self._encoding.encode_ordinary(text)
 
     def encode_ordinary_batch(self, texts):   # a thread per core
-        return self._enc.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
+        return self._encoding.encode_ordinary_batch(texts, num_threads=os.cpu_count() or 1)
 
     def decode(self, ids):   # numpy's, torch's ids as a list (tiktoken takes no tensor); a cut char: U+FFFD
-        return self._enc.decode(list(ids))
+        return self._encoding.decode(list(ids))
 
     def encode_single_token(self, piece):
         try:
-            return self._enc.encode_single_token(piece)
+            return self._encoding.encode_single_token(piece)
         except KeyError:
-            raise DataError(f"{piece!r} is not one token of {self.name}: use a byte-level BPE") from None
+            raise _not_one_token(piece, self.name) from None
 
 TIKTOKEN_NAMES = ("gpt2", "r50k_base", "p50k_base", "cl100k_base", "o200k_base")   # each has <|endoftext|>
 
@@ -159,7 +171,7 @@ def _tiktoken_file(path):
     require(ranks, f"{path} holds no tokens: {fix}")
     require(gap == len(ranks), f"{path}: no token has rank {gap}: {fix}")
     require(lack is None, f"{path}: the byte {lack!r} is no token: {fix}")
-    name = "tiktoken-" + hashlib.sha1(raw).hexdigest()[:12]
+    name = _file_name("tiktoken", raw)
     return TiktokenTokenizer(tiktoken.Encoding(name, pat_str=r50k_pat_str, mergeable_ranks=ranks,
                                                special_tokens={EOT: len(ranks)}))
 

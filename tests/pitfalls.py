@@ -22,8 +22,10 @@ PITFALLS = [
 """),
     (1, "Forgetting the initial state's contribution to the first chunk", "ssm.py",
      """        states_in.append(h)
+        h = decay * h + state
 """,
      """        states_in.append(h if states_in else torch.zeros_like(h))
+        h = decay * h + state
 """),
     (1, "Decaying a chunk's incoming state", "ssm.py",
      """    state_decay_out = torch.exp(A_cumsum)
@@ -61,30 +63,30 @@ PITFALLS = [
     (b, t, H, p), (g, n) = x.shape, B.shape[2:]
 """),
     (2, "The textbook factorisation (q exp(G)) (k exp(-G))^T", "gla.py",
-     """    s = L  # leaf size: halved while some block decays by more than 20 nats
+     """    s = Q  # leaf size: halved while some block decays by more than 20 nats
     while s > 1 and (before(G[..., s - 1::s, :]) - G[..., s - 1::s, :]).max() > 20.0:
         s //= 2
-    half = L // 2
+    half = Q // 2
     while half >= s:  # levels: upper-half queries x lower-half keys, no mask needed
         blocks = lambda x: x.view(b, H, -1, 2, half, x.shape[-1])
         G_m = blocks(G)[:, :, :, 0, -1:]
         q_up = blocks(q)[:, :, :, 1] * (blocks(Gq)[:, :, :, 1] - G_m).exp()
         k_lo = blocks(k)[:, :, :, 0] * (G_m - blocks(G)[:, :, :, 0]).exp()
-        blocks(o)[:, :, :, 1] += (q_up @ k_lo.transpose(-1, -2)) @ blocks(v)[:, :, :, 0]
+        blocks(y)[:, :, :, 1] += (q_up @ k_lo.transpose(-1, -2)) @ blocks(v)[:, :, :, 0]
         half //= 2
     if s > 1:  # leaves: all their pairs j <= i (j < i if shift) in one masked matmul
         leaves = lambda x: x.view(b, H, -1, s, x.shape[-1])
         ref = before(G[..., s - 1::s, :]).reshape(b, H, -1, 1, dk)  # G just before each leaf
-        q_leaf = q_decayed if s == L else leaves(q) * (leaves(Gq) - ref).exp()
+        q_leaf = q_decayed if s == Q else leaves(q) * (leaves(Gq) - ref).exp()
         scores = leaves(q_leaf) @ (leaves(k) * (ref - leaves(G)).exp()).transpose(-1, -2)
         drop = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1 - shift)  # pairs j > i (j >= i)
-        o += (scores.masked_fill(drop, 0.0) @ leaves(v)).view_as(o)
+        y += (scores.masked_fill(drop, 0.0) @ leaves(v)).view_as(y)
     elif not shift:  # one-token leaves: only the pair j = i, which has no decay
-        o += (q * k).sum(-1, keepdim=True) * v
+        y += (q * k).sum(-1, keepdim=True) * v
 """,
      """    scores = q_decayed @ (k * (-G).exp()).transpose(-1, -2)  # (q exp(Gq)) (k exp(-G))^T, one per chunk
-    drop = torch.ones(L, L, dtype=torch.bool, device=q.device).triu(1 - shift)  # pairs j > i (j >= i)
-    o += scores.masked_fill(drop, 0.0) @ v
+    drop = torch.ones(Q, Q, dtype=torch.bool, device=q.device).triu(1 - shift)  # pairs j > i (j >= i)
+    y += scores.masked_fill(drop, 0.0) @ v
 """),
     (2, "so the decay on the query side is G_{i-1}", "gla.py",
      """    Gq = before(G) if shift else G
@@ -102,28 +104,28 @@ PITFALLS = [
      """    writes = k.transpose(-1, -2) @ (v * (G_last - G).exp())  # the decay on v's channels
 """),
     (2, "Padding g with anything but 0", "gla.py",
-     """    def chunks(x):  # [b, t, H, d] -> [b, H, chunk, L, d]; padding with k = v = g = 0 keeps the state
+     """    def chunks(x):  # [b, t, H, d] -> [b, H, chunk, Q, d]; padding with k = v = g = 0 keeps the state
         x = F.pad(x.to(dtype), (0, 0, 0, 0, 0, pad)) if pad else x.to(dtype)
-        return x.view(b, -1, L, H, x.shape[-1]).permute(0, 3, 1, 2, 4).contiguous()
+        return x.view(b, -1, Q, H, x.shape[-1]).permute(0, 3, 1, 2, 4).contiguous()
     before = lambda x: F.pad(x[..., :-1, :], (0, 0, 1, 0))  # x_{i-1}, 0 at the chunk start
     q, k, v, g = (chunks(x) for x in (q, k, v, g))
 """,
-     """    def chunks(x, value=0.0):  # [b, t, H, d] -> [b, H, chunk, L, d], padded with value
+     """    def chunks(x, value=0.0):  # [b, t, H, d] -> [b, H, chunk, Q, d], padded with value
         x = F.pad(x.to(dtype), (0, 0, 0, 0, 0, pad), value=value) if pad else x.to(dtype)
-        return x.view(b, -1, L, H, x.shape[-1]).permute(0, 3, 1, 2, 4).contiguous()
+        return x.view(b, -1, Q, H, x.shape[-1]).permute(0, 3, 1, 2, 4).contiguous()
     before = lambda x: F.pad(x[..., :-1, :], (0, 0, 1, 0))  # x_{i-1}, 0 at the chunk start
     q, k, v, g = chunks(q), chunks(k), chunks(v), chunks(g, -1.0)
 """),
     (2, "Padding k, v with anything but 0", "gla.py",
-     """    def chunks(x):  # [b, t, H, d] -> [b, H, chunk, L, d]; padding with k = v = g = 0 keeps the state
+     """    def chunks(x):  # [b, t, H, d] -> [b, H, chunk, Q, d]; padding with k = v = g = 0 keeps the state
         x = F.pad(x.to(dtype), (0, 0, 0, 0, 0, pad)) if pad else x.to(dtype)
-        return x.view(b, -1, L, H, x.shape[-1]).permute(0, 3, 1, 2, 4).contiguous()
+        return x.view(b, -1, Q, H, x.shape[-1]).permute(0, 3, 1, 2, 4).contiguous()
     before = lambda x: F.pad(x[..., :-1, :], (0, 0, 1, 0))  # x_{i-1}, 0 at the chunk start
     q, k, v, g = (chunks(x) for x in (q, k, v, g))
 """,
-     """    def chunks(x, value=0.0):  # [b, t, H, d] -> [b, H, chunk, L, d], padded with value
+     """    def chunks(x, value=0.0):  # [b, t, H, d] -> [b, H, chunk, Q, d], padded with value
         x = F.pad(x.to(dtype), (0, 0, 0, 0, 0, pad), value=value) if pad else x.to(dtype)
-        return x.view(b, -1, L, H, x.shape[-1]).permute(0, 3, 1, 2, 4).contiguous()
+        return x.view(b, -1, Q, H, x.shape[-1]).permute(0, 3, 1, 2, 4).contiguous()
     before = lambda x: F.pad(x[..., :-1, :], (0, 0, 1, 0))  # x_{i-1}, 0 at the chunk start
     q, k, v, g = chunks(q), chunks(k, 1.0), chunks(v, 1.0), chunks(g)
 """),
@@ -134,12 +136,12 @@ PITFALLS = [
     q, k, v, decay = q.to(dtype), k.to(dtype), v.to(dtype), g.to(dtype).exp()
     b, t, H, dk = q.shape
     h = q.new_zeros(b, H, dk, v.shape[3]) if initial_state is None else initial_state.to(dtype)
-    o = []
+    ys = []
     for i in range(t):
         read = h  # shift: token i reads h_{i-1}
         h = decay[:, i, :, :, None] * h + k[:, i, :, :, None] * v[:, i, :, None, :]
-        o.append(torch.einsum("bHk,bHkv->bHv", q[:, i], read if shift else h))
-    return torch.stack(o, dim=1), h
+        ys.append(torch.einsum("bHk,bHkv->bHv", q[:, i], read if shift else h))
+    return torch.stack(ys, dim=1), h
     (b, t, H, dk), dv = q.shape, v.shape[-1]  # chunk_size: a power of two (t need not be a multiple of it)
 """),
     (9, "Leaving the previous input out of the state", "docs/course.py",
@@ -161,18 +163,25 @@ PITFALLS = [
      "logits[:, :-1].float().transpose(1, 2), tokens[:, 1:]",
      "logits[:, :-1].float().transpose(1, 2), tokens[:, :-1]"),
     (3, "The off-by-one between logits and targets", "evaluate.py",
-     "x[:, a + 1:][:, :chunk_len]",
-     "x[:, a:][:, :chunk_len]"),
-    (3, "Resetting the state between chunks", "evaluate.py",
-     "logits, state = lm(x[:, a:-1][:, :chunk_len], state)",
-     "logits, state = lm(x[:, a:-1][:, :chunk_len], None)"),
+     "x[:, a + 1:b + 1]",
+     "x[:, a:b]"),
+    (3, "Resetting the state between chunks", "evaluate.py",   # each chunk read from the zero state
+     "        for a, b, logits, _ in model.stream(lm, x[:, :-1], chunk_len):",
+     """        for a in range(0, out.shape[1], chunk_len):
+            b = min(a + chunk_len, out.shape[1])
+            logits, _ = lm(x[:, a:b], None)"""),
     (3, "Not resetting the state between row blocks", "evaluate.py",
      """    out = torch.empty(tokens.shape[0], tokens.shape[1] - 1)
     for r in tqdm(range(0, len(tokens), batch_size), desc="ppl", disable=not progress):
-        x, state = tokens[r:r + batch_size].to(model.device_of(lm)), None  # None: the zero initial state""",
-     """    out, state = torch.empty(tokens.shape[0], tokens.shape[1] - 1), None
+        x = tokens[r:r + batch_size].to(model.device_of(lm))
+        for a, b, logits, _ in model.stream(lm, x[:, :-1], chunk_len):""",
+     """    out = torch.empty(tokens.shape[0], tokens.shape[1] - 1)
+    state = None
     for r in tqdm(range(0, len(tokens), batch_size), desc="ppl", disable=not progress):
-        x = tokens[r:r + batch_size].to(model.device_of(lm))"""),
+        x = tokens[r:r + batch_size].to(model.device_of(lm))
+        for a in range(0, out.shape[1], chunk_len):
+            b = min(a + chunk_len, out.shape[1])
+            logits, state = lm(x[:, a:b], state)"""),
     (3, "bf16 logits into the cross-entropy", "evaluate.py",
      "logits[:, :-1].float().transpose(1, 2)",
      "logits[:, :-1].transpose(1, 2)"),
@@ -183,8 +192,8 @@ PITFALLS = [
      "return sequence_nll(lm, tokens, chunk_len, batch_size).double().mean(0)",
      "return sequence_nll(lm, tokens, chunk_len, batch_size).double().exp().mean(0).log()"),
     (3, "Scoring each block of rows in one call", "evaluate.py",
-     "            logits, state = lm(x[:, a:-1][:, :chunk_len], state)",
-     "            logits, state = lm(x[:, :-1], None)[0][:, a:][:, :chunk_len], None"),
+     "model.stream(lm, x[:, :-1], chunk_len)",
+     "model.stream(lm, x[:, :-1], x.shape[1])"),
     (4, "`>=` instead of `>`", "evaluate.py",
      "(ppl[t_star:] > ppl[t_star])",
      "(ppl[t_star:] >= ppl[t_star])"),
@@ -209,14 +218,14 @@ PITFALLS = [
      "lm(x[:, t:])[0]",
      "lm(x[:, t:], lm(x)[1])[0]"),
     (5, "Comparing logits or log-probabilities instead of probabilities", "evaluate.py",
-     """    p, d = lm(x)[0][:, -1].double().softmax(-1), DISTANCES[distance]  # float64 next-token distributions
+     """    p = lm(x)[0][:, -1].double().softmax(-1)  # float64 next-token distributions
     return torch.stack([d(p, lm(x[:, t:])[0][:, -1].double().softmax(-1)).clamp(0, 1).mean()""",
-     """    p, d = lm(x)[0][:, -1].double(), DISTANCES[distance]
+     """    p = lm(x)[0][:, -1].double()
     return torch.stack([d(p, lm(x[:, t:])[0][:, -1].double()).clamp(0, 1).mean()"""),
     (5, "Comparing logits or log-probabilities instead of probabilities", "evaluate.py",
-     """    p, d = lm(x)[0][:, -1].double().softmax(-1), DISTANCES[distance]  # float64 next-token distributions
+     """    p = lm(x)[0][:, -1].double().softmax(-1)  # float64 next-token distributions
     return torch.stack([d(p, lm(x[:, t:])[0][:, -1].double().softmax(-1)).clamp(0, 1).mean()""",
-     """    p, d = lm(x)[0][:, -1].double().log_softmax(-1), DISTANCES[distance]
+     """    p = lm(x)[0][:, -1].double().log_softmax(-1)
     return torch.stack([d(p, lm(x[:, t:])[0][:, -1].double().log_softmax(-1)).clamp(0, 1).mean()"""),
     (5, "Not clamping", "evaluate.py",
      ".clamp(0, 1).mean()",
@@ -228,9 +237,9 @@ PITFALLS = [
      "for t in cuts.tolist()]).cpu()",
      "for t in dict.fromkeys(cuts.tolist())]).cpu()"),
     (5, "Softmax in float32", "evaluate.py",
-     """    p, d = lm(x)[0][:, -1].double().softmax(-1), DISTANCES[distance]  # float64 next-token distributions
+     """    p = lm(x)[0][:, -1].double().softmax(-1)  # float64 next-token distributions
     return torch.stack([d(p, lm(x[:, t:])[0][:, -1].double().softmax(-1)).clamp(0, 1).mean()""",
-     """    p, d = lm(x)[0][:, -1].softmax(-1).double(), DISTANCES[distance]
+     """    p = lm(x)[0][:, -1].softmax(-1).double()
     return torch.stack([d(p, lm(x[:, t:])[0][:, -1].softmax(-1).double()).clamp(0, 1).mean()"""),
     (6, "The sample variance (N - 1)", "interventions.py",
      "h.var(1, unbiased=False)",
@@ -281,12 +290,17 @@ PITFALLS = [
     (7, "Drawing the reset mask before the first batch", "interventions.py",
      "        if self.passed is None:  # the first batch: the zero state\n"
      "            return None\n"
-     "        keep = (~batch.new_doc if self.by_document\n"
-     "                else torch.rand(self.batch_size, generator=self.gen) >= self.p_reset)",
+     "        if self.by_document:\n"
+     "            keep = ~batch.new_doc\n"
+     "        else:\n"
+     "            keep = torch.rand(self.batch_size, generator=self.gen) >= self.p_reset",
      "        drawn = torch.rand(self.batch_size, generator=self.gen) >= self.p_reset\n"
      "        if self.passed is None:  # the first batch: the zero state\n"
      "            return None\n"
-     "        keep = ~batch.new_doc if self.by_document else drawn"),
+     "        if self.by_document:\n"
+     "            keep = ~batch.new_doc\n"
+     "        else:\n"
+     "            keep = drawn"),
     (7, "Keeping the model's dtype", "interventions.py",
      "{k: v.detach().float() for k, v in layer.items()}",
      "{k: v.detach() for k, v in layer.items()}"),

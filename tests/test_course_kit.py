@@ -401,7 +401,7 @@ def test_the_gradescope_autograder_grades_a_submission_as_score_does(copy, tmp_p
     steal = (leave + "    import importlib.util\n    spec = importlib.util.spec_from_file_location('ref', "
              f"'{tmp_path}/autograder/source/repo/evaluate.py')\n"
              "    ref = importlib.util.module_from_spec(spec)\n    spec.loader.exec_module(ref)\n"
-             "    return ref.length_generalization_naive(ppl, t_train)\n")
+             "    return ref.length_generalization_pstar(ppl, t_train)\n")
     stub = '    raise NotImplementedError("exercise 4")\n'
     sub = submission(copy, tmp_path / "mine", (7,), [] if namespaces else [("evaluate.py", stub, steal)])
     assert kit_cli("gradescope", str(tmp_path / "ag.zip"), "--exercises", "4,7", "--visibility",
@@ -532,7 +532,7 @@ def test_python_paths_name_each_link_on_the_way_to_a_package_and_not_the_kits_or
 
 def test_graded_source_puts_back_every_other_exercises_functions():
     reference = open(os.path.join(ROOT, "evaluate.py")).read()
-    student = kit.stub(kit.stub(reference, ["length_generalization_naive"], 4, "evaluate.py"),
+    student = kit.stub(kit.stub(reference, ["length_generalization_pstar"], 4, "evaluate.py"),
                        ["position_nll_naive", "sequence_nll", "position_nll"], 3, "evaluate.py")
     student = student.replace("def log_edges(", "def my_helper():\n    return 1\n\ndef log_edges(")
     graded4 = kit.graded_source(student, reference, "evaluate.py", 4)

@@ -16,7 +16,7 @@ import data
 import evaluate as ev
 import tasks
 import train
-from plumbing import checkpoints, report, token_cache
+from plumbing import checkpoints, eval_flags, report, token_cache
 from conftest import CORPUS_TEXT, ROOT, checkpoint, official_dir, tiny_lm
 
 MARKOV = "markov:k=4,alpha=0.3,doc_len=128,docs=4,val_docs=24"
@@ -153,8 +153,8 @@ def test_position_nll_scores_bf16_logits_in_float32():
     torch.testing.assert_close(ev.sequence_nll(lm, x, 3, 2), want, atol=1e-5, rtol=1e-5)
 
 def test_verdict_on_hand_made_curves_and_a_matrix_is_paired():
-    assert ev.length_generalization_naive([5.0, 4.0, 3.0, 3.0, 2.9, 2.95, 2.9, 2.8], t_train=4) == 8
-    assert ev.length_generalization_naive([5.0, 4.0, 3.0, 2.9, 2.95, 3.5, 4.0], t_train=4) == 4
+    assert ev.length_generalization_pstar([5.0, 4.0, 3.0, 3.0, 2.9, 2.95, 2.9, 2.8], t_train=4) == 8
+    assert ev.length_generalization_pstar([5.0, 4.0, 3.0, 2.9, 2.95, 3.5, 4.0], t_train=4) == 4
     # 40 sequences whose levels differ a lot (offsets 0..2 nats), sharing one profile: falls within
     # t_train = 8, flat to 32, then rises by 0.1 nats. Unpaired error bars (~0.1) would hide the rise.
     lo, hi = [0, 2, 4, 8, 16, 32, 64], [2, 4, 8, 16, 32, 64, 128]
@@ -181,12 +181,12 @@ def test_literal_verdict_on_hand_made_ties_a_later_minimum_and_its_type():
     # t* is the FIRST minimum of ppl[:t_train]: from the first 3.0 the 4.0 ends the run at 2, from the tied
     # one at 3 the run would go on to 4; the lower 2.0 at 5 lies past t_train and is not p*
     curve = [5.0, 3.0, 4.0, 3.0, 3.5, 2.0]
-    assert ev.length_generalization_naive(curve, t_train=4) == 2
+    assert ev.length_generalization_pstar(curve, t_train=4) == 2
     # the minimum of the whole curve (2.0 at 3) would end the run at 4, not at 2
-    assert ev.length_generalization_naive([4.0, 3.0, 3.2, 2.0, 2.5], t_train=2) == 2
+    assert ev.length_generalization_pstar([4.0, 3.0, 3.2, 2.0, 2.5], t_train=2) == 2
     # a Python int (not a tensor, not a numpy integer), from a list or a tensor, found or len(ppl)
     for ppl, t_train, want in [(curve, 4, 2), (torch.tensor(curve), 4, 2), (torch.tensor([3.0, 2, 2]), 2, 3)]:
-        got = ev.length_generalization_naive(ppl, t_train)
+        got = ev.length_generalization_pstar(ppl, t_train)
         assert type(got) is int and got == want, (ppl, got)
 
 def test_short_context_nll_reads_each_target_from_a_training_length_context():
@@ -569,7 +569,7 @@ def test_the_defaults_are_the_checkpoints_and_the_buckets_have_edges_at_each_t_t
     spec = "markov:k=4,alpha=0.3,doc_len=256,docs=4,val_docs=4"   # documents that hold a window of 161
     cks = [checkpoint(tmp_path / f"run{t}", seq_len=t, data=spec, tokenizer="bytes")[0] for t in (8, 10)]
     args = ev.parse_args([*cks, "--n-seqs", "2", "--metrics", "ppl", "--out", str(tmp_path / "ev")])
-    cfgs, t_trains, enc, refs = ev.check_args(args)
+    cfgs, t_trains, enc, refs = eval_flags.check_args(args)
     assert (t_trains, args.eval_len, args.tokenizer, refs) == ([8, 10], 160, "bytes", {})
     assert ev.read_eval_data(args, cfgs, t_trains)["data"] == data.load_data(spec).name
     assert args.windows.shape == (2, 161) and {4, 5, 8, 10, 160} <= set(args.edges)
@@ -739,12 +739,12 @@ def test_show_prints_each_verdict_and_each_curve_under_its_own_x(tmp_path, capsy
     assert out.count("\n  string length") == 2 and out.count("\n  context length") == 1   # b's x: its own
 
 def test_default_labels_are_unique_however_the_checkpoints_are_laid_out(tmp_path, capsys):
-    assert ev.default_labels(["runs/snap/step10.pt", "runs/snap/step8.pt"]) == ["snap/step10.pt",
+    assert eval_flags.default_labels(["runs/snap/step10.pt", "runs/snap/step8.pt"]) == ["snap/step10.pt",
                                                                                  "snap/step8.pt"]
-    assert ev.default_labels(["runs/A/x", "runs/B/x/", "runs/c"]) == ["A/x", "B/x", "c"]
-    assert ev.default_labels(["runs/A/x/ckpt.pt", "runs/B/x"]) == ["A/x", "B/x"]
-    assert ev.default_labels(["a/q/x", "b/q/x", "a/x"]) == ["a/q/x", "b/q/x", "a/x"]
-    assert ev.default_labels(["demo/seed0/base", "demo/seed0/SP/ckpt.pt"]) == ["base", "SP"]
+    assert eval_flags.default_labels(["runs/A/x", "runs/B/x/", "runs/c"]) == ["A/x", "B/x", "c"]
+    assert eval_flags.default_labels(["runs/A/x/ckpt.pt", "runs/B/x"]) == ["A/x", "B/x"]
+    assert eval_flags.default_labels(["a/q/x", "b/q/x", "a/x"]) == ["a/q/x", "b/q/x", "a/x"]
+    assert eval_flags.default_labels(["demo/seed0/base", "demo/seed0/SP/ckpt.pt"]) == ["base", "SP"]
     a = checkpoint(tmp_path / "A", 1, seq_len=8, data=MARKOV, tokenizer="bytes")[0]
     (tmp_path / "B").mkdir()
     b = checkpoint(tmp_path / "B" / "A", 2, seq_len=8, data=MARKOV, tokenizer="bytes")[0]

@@ -18,6 +18,7 @@ import gla
 import model
 import rwkv
 import ssm
+from plumbing.scans import pick_form
 from conftest import ROOT
 
 def make_inputs(name, seed, b=2, t=13, strong=False):
@@ -399,9 +400,9 @@ def test_auto_on_a_cpu_tensor_is_the_chunked_form_without_the_interpreter(monkey
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     x = torch.zeros(1, 2, 3)
     for scans in SCANS.values():
-        picked = ssm.pick_form(scans, "auto", x, chunk_size=8)
+        picked = pick_form(scans, "auto", x, chunk_size=8)
         assert picked.func is scans["chunked"] and picked.keywords == {"chunk_size": 8}
-        assert ssm.pick_form(scans, "naive", x) is scans["naive"]
+        assert pick_form(scans, "naive", x) is scans["naive"]
     inputs, kw = make_inputs("ssd", 0, t=3)
     with pytest.raises(RuntimeError, match="needs CUDA tensors"):
         call(SCANS["ssd"]["triton"], inputs, kw)

@@ -34,7 +34,7 @@ def test_task_loss_is_the_mean_cross_entropy_over_answer_tokens(tmp_path, task):
     train.main(argv + ["--out", str(tmp_path / "run")])
     # step 1's loss is the initial model's on the sampler's first batch (every strategy starts from zero)
     filler = data.load_data("stdlib", seed=0).train if task == "babilong" else None
-    sampler = train.make_task_sampler(flags.get_args(argv + ["--out", str(tmp_path / "new")]), 0, filler)
+    sampler = flags.make_task_sampler(flags.get_args(argv + ["--out", str(tmp_path / "new")]), 0, filler)
     x, y, _ = sampler.next_batch()   # its targets are -100 but on the answer tokens (test_tasks.py)
     with torch.no_grad():
         logp = checkpoints.from_pretrained(init).eval()(x)[0].float().log_softmax(-1)

@@ -15,7 +15,7 @@ import data
 import evaluate
 import interventions
 import train
-from plumbing import checkpoints, demo, flags, token_cache
+from plumbing import checkpoints, demo, flags, runs, token_cache
 from conftest import CORPUS_TEXT, ROOT, TRAIN, logged, official_dir, tiny_lm
 
 @pytest.mark.parametrize("flags", [["--init-state", "sp", "--grad-accum", "2"], ["--init-state", "fitted"],
@@ -239,7 +239,7 @@ def test_stopped_before_any_checkpoint_the_last_line_names_none(tmp_path, capsys
 
 def test_a_second_ctrl_c_during_the_clean_up_is_ignored_and_one_during_import_torch_is_one_line(tmp_path):
     with pytest.raises(KeyboardInterrupt):
-        train.interrupted(signal.SIGINT, None)
+        runs.interrupted(signal.SIGINT, None)
     assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
     (tmp_path / "torch.py").write_text("import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\n"
                                        "time.sleep(5)\n")   # torch, as if Ctrl-C came while it loads
@@ -270,14 +270,14 @@ def test_the_same_run_stopped_before_its_first_checkpoint_starts_again(tmp_path,
     train.main(argv + ["--stop-at", "2"])
     assert not os.path.exists(os.path.join(run, "ckpt.pt")) and len(logged(run)) == 2
     checked = []
-    same = flags.records_this_run
-    monkeypatch.setattr(flags, "records_this_run", lambda args: checked.append(same(args)) or checked[-1])
+    same = runs.records_this_run
+    monkeypatch.setattr(runs, "records_this_run", lambda args: checked.append(same(args)) or checked[-1])
     train.main(argv + ["--device", "cpu"])   # --device, --stop-at: of one invocation, not of the run
     assert checked == [True, True] and len(logged(run)) == 6   # by exit_on_bad_flags and under the lock
     other = str(tmp_path / "other")
     train.main(argv[:-1] + [other, "--stop-at", "2"])
     # another run's args.json written after exit_on_bad_flags looked: refused under the lock
-    monkeypatch.setattr(flags, "records_this_run", lambda args: checked.append(0) or len(checked) == 3)
+    monkeypatch.setattr(runs, "records_this_run", lambda args: checked.append(0) or len(checked) == 3)
     with pytest.raises(SystemExit, match=f"{other} holds another run's metrics.jsonl and args.json: use "):
         train.main(argv[:-1] + [other])
     assert len(logged(other)) == 2

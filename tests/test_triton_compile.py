@@ -12,7 +12,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import model  # noqa: E402
-from ssm import HAS_TRITON, tl, triton  # noqa: E402
+from plumbing.scans import HAS_TRITON, tl, triton  # noqa: E402
 
 TARGETS = (80, 90)
 PAPER_SIZE = {"mamba2": "130m", "mamba1": "130m", "gla": "70m", "rwkv6": "70m"}  # each is run at "tiny" too
