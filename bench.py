@@ -6,7 +6,6 @@ tool far slower than the loop), streaming evaluation, training steps of the pape
     python bench.py --what train --presets mamba2:85m,gla:70m --seq-len 2048 --batch-size 8"""
 import argparse
 import os
-import re
 import resource
 import time
 
@@ -21,16 +20,12 @@ import model
 import rwkv
 import ssm
 import train
-from plumbing import runs
+from plumbing import bench_flags
+from plumbing.bench_flags import print_row
 
 TRAIN_PRESETS = "mamba2:45m,mamba2:85m,mamba2:125m,gla:70m,rwkv6:70m,mamba2:130m"  # Fig. 2, 10; official 130M
 SCANS = {"ssd (mamba2)": ssm.SSD_SCANS, "selective (mamba1)": ssm.SELECTIVE_SCANS, "gla": gla.GLA_SCANS,
          "rwkv6": rwkv.RWKV6_SCANS}   # each {"naive", "chunked", "triton"} -> the form
-
-def print_row(*cells):  # the first cell left-aligned, the others right-aligned; floats to 3 digits
-    text = ["-" if c is None else f"{c:.3g}" if isinstance(c, float) and abs(c) < 100 else
-            f"{c:.0f}" if isinstance(c, float) else str(c) for c in cells]
-    print(f"{text[0]:<20}" + "".join(f"{c:>12}" for c in text[1:]), flush=True)
 
 def times(fn, repeats, device):
     """Sorted seconds of `repeats` calls after a warm-up (allocation, compilation), and the peak memory in
@@ -136,46 +131,16 @@ def bench_train(args, device, vocab_size=50280):
     return rows
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.error = lambda message: p.exit(2, f"error: {message}\n")  # one line, as every other bad input
-    a = p.add_argument
-    a("--what", default="scans", choices=["scans", "eval", "train", "all"], help="all: scans, eval")
-    a("--lengths", type=int, nargs="+", default=[1024, 4096, 16384], help="sequence lengths of the scans")
-    a("--repeats", type=int, default=3, help="timed calls (train: steps) after one warm-up; best reported")
-    a("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    a("--bf16", action="store_true", help="scans: inputs in bfloat16 (the forms still compute in float32)")
-    a("--scan-batch", type=int, default=1, help="scans: sequences per call")
-    a("--paper-shapes", action="store_true", help="scans: one layer of the paper's 130m/70m models")
-    a("--presets", default=TRAIN_PRESETS, help=f"train: comma-separated arch:size (default {TRAIN_PRESETS})")
-    a("--seq-len", type=int, default=1024, help="train: tokens per sequence")
-    a("--batch-size", type=int, default=1, help="train: sequences per step")
-    a("--forms", default="auto", help="train: comma-separated scan forms (auto, naive, chunked, triton)")
-    args = p.parse_args(argv)
-    lists = dict(lengths=args.lengths, presets=[s.strip() for s in args.presets.split(",")],
-                 forms=args.forms.split(","))
-    for flag in ("repeats", "lengths", "scan_batch", "seq_len", "batch_size"):   # past 2**31: no
-        if not all(0 < n < 2 ** 31 for n in lists.get(flag, [vars(args)[flag]])):   # tensor of them fits
-            raise SystemExit(f"error: --{flag.replace('_', '-')} {vars(args)[flag]}: need 1 to 2**31 - 1")
-    if twice := [k for k, v in lists.items() if len(set(v)) < len(v)]:
-        raise SystemExit(f"error: --{twice[0]} names a value twice ({lists[twice[0]]}): name each once")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("error: --device cuda but no CUDA device is available: use --device cpu")
-    device = runs.device(args.device)
-    forms = set(args.forms.split(",")) - {"auto", "naive", "chunked"}   # triton: CUDA or Triton's interpreter
-    if forms - {"triton"} or forms and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise SystemExit(f"error: --forms {args.forms}: choose from auto, naive, chunked, triton (triton: "
-                         "CUDA, or on the CPU TRITON_INTERPRET=1, slow)")
+    args = bench_flags.parse_args(argv, __doc__, TRAIN_PRESETS)
+    device = bench_flags.device_of(args)
     print(f"device: {device}" + ("" if device.type == "cuda" else f", {torch.get_num_threads()} threads"))
     benches = {"scans": bench_scans, "eval": bench_eval, "train": bench_train}
     for what in ("scans", "eval") if args.what == "all" else (args.what,):
         try:
             benches[what](args, device)
         except (MemoryError, RuntimeError) as e:   # an allocator's (CUDA's out of memory: a RuntimeError too)
-            if isinstance(e, RuntimeError) and not re.search("allocate|overflow", str(e)):
-                raise
-            why = (str(e) or type(e).__name__).splitlines()[0][:200]
-            raise SystemExit(f"error: {what}: out of memory ({why}): use smaller --lengths, --scan-batch, "
-                             "--seq-len or --batch-size") from None
+            bench_flags.exit_if_out_of_memory(what, e)
+            raise
         print()
 
 if __name__ == "__main__":

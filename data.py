@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from plumbing import token_cache
+from plumbing import markov_spec, token_cache
 from plumbing.files import DataError, is_int, require
 from plumbing.tokenizers import get_tokenizer
 
@@ -22,7 +22,7 @@ Batch = collections.namedtuple("Batch", "x y new_doc")
 
 # --- 1. load_data ----------------------------------------------------------------------------------------
 def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache_dir=None):
-    """data: "markov:k=8,..." (MARKOV_DEFAULTS, drawn with `seed`), or the token ids token_cache.token_ids
+    """data: "markov:k=8,..." (markov_spec, drawn with `seed`), or the token ids token_cache.token_ids
     reads with the tokenizer: "stdlib" (offline text), text (cached in cache_dir) or a cache folder."""
     require(isinstance(data, str) and data and is_int(seed, 0) and isinstance(val_fraction, (int, float)) and
             0 <= val_fraction < 1, "load_data: need a data name, seed >= 0 and val_fraction in [0, 1)")
@@ -36,8 +36,6 @@ def load_data(data="stdlib", tokenizer="bytes", seed=0, val_fraction=0.05, cache
 # Each document draws its OWN transition matrix P (K x K, rows ~ Dirichlet(alpha)), a uniform first token,
 # then doc_len tokens of the chain: predicting well means counting bigrams in context, the skill whose
 # failure past T_train the paper studies. shared=C > 0: RELATED documents, rows ~ Dirichlet(C * G_i).
-MARKOV_DEFAULTS = dict(k=8, alpha=0.3, doc_len=4096, docs=2048, val_docs=256, shared=0.0)
-
 def markov_prior(k, alpha, shared=0.0, seed=0):
     """[k, k] Dirichlet pseudo-counts of every document's rows: alpha, or shared * G (related documents)."""
     if not shared:
@@ -83,6 +81,17 @@ def markov_bayes_nll(tokens, k, alpha, prior=None):
         nll[at_start, t] = math.log(k)
         counts[rows, prev, nxt] += (~at_start).double()   # (eot, first token) is not a bigram of P
     return nll if torch.is_tensor(tokens) else nll.numpy()
+
+def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): not cached on disk
+    cfg = markov_spec.parse(spec)
+    k = cfg["k"]
+    streams = []   # train, val: documents [n_docs, doc_len] -> the stream [eot d1 eot d2 ...]
+    for n_docs, split in ((cfg["docs"], "train"), (cfg["val_docs"], "val")):
+        drawn = sample_markov(k, cfg["alpha"], cfg["doc_len"], n_docs, seed, split, cfg["shared"])[0]
+        streams.append(np.pad(drawn, [(0, 0), (1, 0)], constant_values=k).reshape(-1).astype(np.uint16))
+    prior = markov_prior(k, cfg["alpha"], cfg["shared"], seed)
+    floor = functools.partial(markov_bayes_nll, k=k, alpha=cfg["alpha"], prior=prior)
+    return Data(markov_spec.name(cfg), *streams, k + 1, k, None, floor, cfg)
 
 # --- 3. Samplers: each one's randomness is a pure function of (seed, counters), so a resume is exact ---
 # next_batch() -> Batch; state_dict() and load_state_dict() hold all that the next batches depend on.
@@ -206,33 +215,6 @@ class TaskSampler:
 
     state_dict = RandomWindows.state_dict   # (seed, step): all that the next batches depend on
     load_state_dict = RandomWindows.load_state_dict
-
-# --- Plumbing: the Markov spec, windows ------------------------------------------------------------
-def _load_markov(spec, seed):   # fast to regenerate (~1 s for the defaults): not cached on disk
-    cfg = dict(MARKOV_DEFAULTS)
-    usage = ",".join(f"{k}={v}" for k, v in MARKOV_DEFAULTS.items())
-    items = [item.split("=") for item in spec.replace(" ", "").split(",") if item]
-    try:   # an unknown or repeated key, a missing "=" or a value of the wrong type
-        cfg.update({k: type(cfg[k])(v) for k, v in items})
-        require(len(dict(items)) == len(items), "")
-    except (KeyError, ValueError):
-        raise DataError(f"markov: bad options {spec!r}: use some of {usage}, each once") from None
-    k = cfg["k"]
-    alpha = cfg["alpha"]
-    shared = cfg["shared"]
-    docs = (cfg["docs"], cfg["val_docs"])
-    require(2 <= k and max(docs) * k * k <= 1 << 27 and 0 < alpha < math.inf and 0 <= shared < math.inf and
-            cfg["doc_len"] >= 2 and min(docs) >= 1, f"markov: need 2 <= k, docs x k x k <= 2**27 (1 GiB of "
-            f"transitions), finite alpha > 0, shared >= 0, doc_len >= 2, docs, val_docs >= 1; got {spec!r}")
-
-    def stream(n_docs, split):   # [n_docs, doc_len] -> the stream [eot d1 eot d2 ...]
-        drawn = sample_markov(k, alpha, cfg["doc_len"], n_docs, seed, split, shared)[0]
-        return np.pad(drawn, [(0, 0), (1, 0)], constant_values=k).reshape(-1).astype(np.uint16)
-    train = stream(cfg["docs"], "train")
-    val = stream(cfg["val_docs"], "val")
-    name = "markov:" + ",".join(f"{key}={value}" for key, value in cfg.items() if key != "shared" or shared)
-    floor = functools.partial(markov_bayes_nll, k=k, alpha=alpha, prior=markov_prior(k, alpha, shared, seed))
-    return Data(name, train, val, k + 1, k, None, floor, cfg)
 
 def _windows(tokens, starts, length):   # tokens[s : s+length] for each start -> int64 [len(starts), length]
     return torch.from_numpy(np.stack([np.asarray(tokens[s:s + length]) for s in starts]).astype(np.int64))

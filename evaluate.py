@@ -10,9 +10,7 @@ short_context_nll is itself a definition and state_statistics a pooled moment: n
 Any LM with model.LM's interface works: logits, final_state = lm(idx, state=None, last_only=False);
 lm.zero_state(b, device). Entry i of a per-position curve is the prediction after i + 1 tokens. Section 5:
 the command line (flags and checks: plumbing/eval_flags.py; tables and figures: plumbing/report.py)."""
-import json
 import math
-import signal
 import sys
 
 import numpy as np
@@ -23,9 +21,8 @@ from tqdm import tqdm
 import model
 import tasks
 from plumbing import checkpoints, eval_flags, report
-from plumbing.eval_flags import LM_METRICS, asks, check_args
 from plumbing.files import is_int, require
-from plumbing.report import sem
+from plumbing.report import nll_summary, sem
 
 MIN_SEQS = 16  # below this many sequences the verdict's bootstrap means nothing: warn
 
@@ -67,12 +64,7 @@ def bucketize(nll, edges):
     require(nll.dim() == 2 and edges[0] == 0 and edges[-1] == nll.shape[1] and np.all(np.diff(edges) > 0),
             f"bucket edges must rise from 0 to L = {nll.shape[-1]} for nll [n, L]: use log_edges(L)")
     per_seq = torch.stack([nll[:, lo:hi].mean(1) for lo, hi in zip(edges[:-1], edges[1:])], 1)
-    return dict(lo=list(edges[:-1]), hi=list(edges[1:]), per_seq=per_seq, **_summary(per_seq))
-
-def _summary(per_seq):
-    nll = per_seq.mean(0)
-    se = sem(per_seq)
-    return dict(nll=nll, nll_sem=se, ppl=nll.exp(), ppl_sem=nll.exp() * se)  # delta method
+    return dict(lo=list(edges[:-1]), hi=list(edges[1:]), per_seq=per_seq, **nll_summary(per_seq))
 
 # ==== 2. Length generalization (Definition 3.2) ====
 def length_generalization_pstar(ppl, t_train):
@@ -215,64 +207,33 @@ def state_statistics(lm, tokens, positions=None, chunk_len=512, batch_size=8, t_
         out["coverage"] = list(std[:, late].mean(1) / std[:, early].amax(1) if both else std[:, 0] * math.nan)
     return out
 
-def _require_eval_inputs(tokens, min_len=1, T=None, cuts=None, distance="tv", chunk_len=1, batch_size=1):
-    """The metrics' input check: integer tokens [n, >= min_len], chunk_len and batch_size >= 1; for EffRem
-    also T, the cuts and distance."""
-    for name, value in (("chunk_len", chunk_len), ("batch_size", batch_size)):
-        require(is_int(value), f"{name} must be an integer >= 1, got {value!r}")
-    tokens = torch.as_tensor(tokens)
-    cuts = None if cuts is None else torch.as_tensor(cuts).long().flatten()
-    ok = tokens.dim() == 2 and len(tokens) and tokens.shape[1] >= min_len and not tokens.is_floating_point()
-    require(ok, f"tokens must be integer ids of shape [n >= 1, T >= {min_len}], got {list(tokens.shape)}")
-    require(distance in DISTANCES, f"unknown distance {distance!r}: choose one of {sorted(DISTANCES)}")
-    require(T is None or 1 <= T <= tokens.shape[1] and len(cuts) and 0 <= cuts.min() and cuts.max() < T,
-            f"effective_remembrance: need T = {T} in [1, {tokens.shape[1]}], cuts in [0, T-1]")
-    return tokens.long(), cuts
+def _require_eval_inputs(tokens, **kw):   # the metrics' input check (plumbing/eval_flags.py), told DISTANCES
+    return eval_flags.require_eval_inputs(tokens, DISTANCES, **kw)
 
 # ==== 5. Command line: the flags checked, every checkpoint measured on the same data, the report ====
-def main(argv=None):
+def main(argv=None):   # -> the exit code; a failure is said in one line (eval_flags.exit_code)
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: one line, below
-    try:
-        eval_flags.require_values_and_out(args)
-        if args.over_seeds:
-            return report.over_seeds(report.read_reports(args.ckpts, args.labels), args.out)
-        report.show(run(args), args.out)
-    except (ValueError, OSError, RuntimeError, MemoryError) as e:  # bad input, or work sized by the flags
-        print(f"error: {eval_flags.one_line(e)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"interrupted: {args.out}/{'seeds' if args.over_seeds else 'eval'}.json and its figures not "
-              "written (any previous ones are intact)", file=sys.stderr)
-        return 1
-    return 0
+    measured = lambda: report.show(run(args), args.out)
+    over_seeds = lambda: report.over_seeds(report.read_reports(args.ckpts, args.labels), args.out)
+    return eval_flags.exit_code(args, over_seeds if args.over_seeds else measured)
 
 def parse_args(argv):   # the flags (plumbing/eval_flags.py), told the names of sections 2 and 3
     return eval_flags.parse_args(argv, __doc__.split("\n")[0], DISTANCES, MIN_SEQS)
 
 def read_eval_data(args, cfgs, t_trains):
-    """The data every checkpoint is measured on, as args.windows [n, eval_len + 1], args.edges, args.optimal
-    (the exact Bayes floor, bucketed) and args.filler (bAbI's) -> what the report says of it."""
-    args.windows = args.optimal = args.filler = None
-    out = {}
-    if asks(args, LM_METRICS) or "babilong" in args.metrics:
-        corpus = eval_flags.read_corpus(args, cfgs)
-    if asks(args, LM_METRICS):
-        args.windows = eval_flags.read_windows(args, corpus)
+    """The data every checkpoint reads (eval_flags.read_data), args.edges, args.optimal -> its report."""
+    out, floor = eval_flags.read_data(args, cfgs)
+    if args.windows is not None:
         args.edges = log_edges(args.eval_len, include=[t // d for t in t_trains for d in (1, 2)])  # verdict's
-        out["data"] = corpus.name
-        if corpus.optimal_nll:
-            args.optimal = bucketize(eval_flags.exact_floor(corpus, args.windows, args.eval_len), args.edges)
-            out["optimal"] = {k: v for k, v in args.optimal.items() if k != "per_seq"}
-    if "babilong" in args.metrics:  # stories hidden in the validation split (training hid them in train)
-        args.filler = eval_flags.babi_filler(args, corpus)
-        out.update(babi_tasks=args.babi_tasks, babi_filler=f"{corpus.name} (val split)")
+    args.optimal = None if floor is None else bucketize(floor, args.edges)   # the exact Bayes floor, bucketed
+    if floor is not None:
+        out["optimal"] = {k: v for k, v in args.optimal.items() if k != "per_seq"}
     return out
 
 def run(args):
     """Checks the flags, measures each checkpoint on the same data -> the report (eval.json: per model its
     label, path, checkpoint step, training seed and metrics; with --reference, paired differences)."""
-    cfgs, t_trains, enc, refs = check_args(args)
+    cfgs, t_trains, enc, refs = eval_flags.check_args(args)
     result = dict(args=dict(vars(args)), tokenizer=args.tokenizer, models=[])
     result.update(read_eval_data(args, cfgs, t_trains))
     for path, label, t_train, c in zip(args.ckpts, args.labels, t_trains, cfgs):
@@ -281,13 +242,8 @@ def run(args):
         step = getattr(lm, "step", None)   # the checkpoint's, read with its weights (a run may go on)
         result["models"].append(measure(lm, t_train, args, label=label, path=path, step=step,
                                         train_seed=c.get("seed")))   # --over-seeds tells runs apart by it
-    per_seq = {m["label"]: m.pop("per_seq", None) for m in result["models"]}  # bucketed NLL [n, K]
-    for m in result["models"]:   # the same windows: paired per sequence and bucket
-        ref = refs.get(m["label"], refs.get(None))
-        if ref not in (None, m["label"]):
-            m["diff"] = dict(_summary(per_seq[m["label"]] - per_seq[ref]), reference=ref)
-    # tensors -> lists, nan / inf -> null: strict JSON
-    return json.loads(json.dumps(result, default=lambda t: t.tolist()), parse_constant=lambda _: None)
+    report.paired_differences(result["models"], refs)   # the same windows: paired per sequence and bucket
+    return report.strict_json(result)
 
 def measure(lm, t_train, args, **out):
     """One model's report: `out` and a key per metric in args.metrics."""
@@ -303,7 +259,7 @@ def measure(lm, t_train, args, **out):
         out["verdict"] = length_generalization(per_seq, buckets["lo"], buckets["hi"], t_train, short,
                                                seed=args.seed)   # short: bucketed as per_seq
         if args.optimal is not None:  # paired per sequence; a failing PPL can hide (the floor keeps falling)
-            out["gap"] = _summary(per_seq - args.optimal["per_seq"])
+            out["gap"] = nll_summary(per_seq - args.optimal["per_seq"])
     if "effrem" in args.metrics:
         T = args.effrem_len or args.eval_len  # where a failing model fails (the paper's T: 4 T_train)
         cuts = default_cuts(T, args.effrem_cuts)
@@ -314,14 +270,14 @@ def measure(lm, t_train, args, **out):
         out["state"] = state_statistics(lm, args.windows, positions, t_train=t_train, **kw)
     n = args.task_samples
     kw = dict(kw, seed=args.seed)
-    enc = args.tokenizer
+    tokenizer = args.tokenizer   # a name or path, as tasks.py takes it
     if "passkey" in args.metrics:
-        out["passkey"] = tasks.passkey_grid(lm, enc, args.passkey_lengths, args.passkey_depths, n, **kw)
+        out["passkey"] = tasks.passkey_grid(lm, tokenizer, args.passkey_lengths, args.passkey_depths, n, **kw)
     if "copy" in args.metrics:
-        out["copy"] = copy = tasks.copy_accuracy(lm, enc, args.copy_lengths, n, **kw)
+        out["copy"] = copy = tasks.copy_accuracy(lm, tokenizer, args.copy_lengths, n, **kw)
         copy["char_sem"] = sem(torch.tensor(copy["char"]).T)  # over the strings
     if "babilong" in args.metrics:
-        out["babilong"] = tasks.babilong_accuracy(lm, enc, args.babi_tasks, args.babi_lengths, n,
+        out["babilong"] = tasks.babilong_accuracy(lm, tokenizer, args.babi_tasks, args.babi_lengths, n,
                                                   filler=args.filler, **kw)
     return out
 

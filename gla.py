@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from plumbing.scans import (check_chunk_size, check_initial_state, check_state, compute_dtype, no_steps,
-                            pick_form, tl, triton, triton_scan)
+                            pick_form, set_head_dims, tl, triton, triton_scan)
 
 STATE = "[batch, heads, key dim, value dim]"  # of GLA's and RWKV-6's scans
 
@@ -100,18 +100,6 @@ def chunked_scan(q, k, v, g, initial_state, chunk_size, shift):
     return y.permute(0, 2, 3, 1, 4).reshape(b, -1, H, dv)[:, :t], h
 
 # --- Layers: the GLA mixer and the SwiGLU MLP of a GLA block (as fla's GatedLinearAttention/GatedMLP) --
-def set_head_dims(layer, name, d_model, num_heads, expand_k, expand_v):
-    """Sets num_heads, key_dim, value_dim and their per-head sizes on a matrix-state layer (GLA, RWKV-6)."""
-    key_dim = int(d_model * expand_k)
-    value_dim = int(d_model * expand_v)
-    if key_dim % num_heads or value_dim % num_heads:
-        raise ValueError(f"{name}: num_heads {num_heads} must divide key_dim {key_dim} and value_dim")
-    layer.num_heads = num_heads
-    layer.key_dim = key_dim
-    layer.value_dim = value_dim
-    layer.head_k_dim = key_dim // num_heads
-    layer.head_v_dim = value_dim // num_heads
-
 class GLA(nn.Module):
     """q, k, v; forget gate g = logsigmoid(W2 W1 x + b2) / 16 (low rank, the only bias); scan; per-head
     RMSNorm (eps: fla's GLAConfig.norm_eps = 1e-6) times swish(g_proj x); o_proj. No short conv."""

@@ -14,13 +14,12 @@ A layer's state is the matrix state "h" plus its short memory: Mamba's "conv" wi
 ("shift", "ffn_shift"). random/fitted put noise on "h" only, the rest stays zero: the paper models the matrix
 state's distribution, and a conv window / token shift is just the last inputs, where noise is no plausible
 value. sp/tbtt carry the whole final state, one the model reaches. Evaluation starts from zero."""
-import math
-import numbers
 from functools import partial
 
 import torch
 
 from plumbing.files import is_int, require
+from plumbing.strategy_options import check_options
 
 class Zero:
     """The baseline: every training sequence starts from h = 0."""
@@ -118,41 +117,14 @@ class PassedState:
         self.gen.set_state(d["gen"].cpu())
         self.passed = d["passed"]
 
+# the names of strategy_options.OPTIONS, in its order
 STRATEGIES = {"zero": Zero, "random": Noise, "fitted": partial(Noise, fit=True), "sp": PassedState,
               "tbtt": partial(PassedState, by_document=True)}
 
-# the options each strategy reads; any other is refused, not ignored (seed: a run's, whether it draws or not)
-OPTIONS = {"zero": ("seed",), "random": ("sigma", "seed"), "fitted": ("seed",), "sp": ("p_reset", "seed"),
-           "tbtt": ("seed",)}
-MIN_SIGMA = math.sqrt(torch.finfo(torch.float32).tiny)   # below: sigma^2 no normal float32 (at 1e-23: 0)
-
-def check_options(name, **options):
-    """Checks --init-state `name` and the options make_strategy would get: a bad one is a one-line DataError
-    naming its flag and the fix (the words of train.py's flags, which plumbing/flags.py checks with it)."""
-    require(isinstance(name, str) and name in STRATEGIES,
-            f"unknown --init-state {name!r}: choose one of {', '.join(STRATEGIES)}")
-    flag = lambda k: "--" + k.replace("_", "-")
-    for k in options:
-        require(k in OPTIONS[name], f"--init-state {name} takes no {flag(k)} (its options: "
-                f"{', '.join(map(flag, OPTIONS[name]))}): leave {flag(k)} out")
-    real = lambda x: isinstance(x, numbers.Real) and not isinstance(x, bool)
-    if "sigma" in options:
-        sigma = options["sigma"]
-        require(real(sigma) and 0 < sigma <= 1e3, f"--sigma must be in (0, 1e3] (its variance in float32), "
-                f"got {sigma!r}")
-        require(sigma >= MIN_SIGMA, f"--sigma must be at least {MIN_SIGMA:.3g} (sigma^2 underflows in "
-                f"float32 below), got {sigma!r}: it is the zero state: use --init-state zero or a larger "
-                "--sigma")
-    if "p_reset" in options:
-        p = options["p_reset"]
-        require(real(p) and 0 <= p <= 1, f"--p-reset must be a probability in [0, 1], got {p!r}")
-    if "seed" in options:
-        seed = options["seed"]
-        require(is_int(seed, 0) and seed < 2 ** 63, f"--seed must be in [0, 2**63), got {seed!r}")
-
 def make_strategy(name, lm, batch_size, **options):
     """-> the strategy of --init-state `name` (STRATEGIES), for batches of batch_size rows of lm's state;
-    options: OPTIONS[name]'s (sigma: random's, p_reset: sp's; seed), each checked (check_options)."""
+    options: strategy_options.OPTIONS[name]'s (sigma: random's, p_reset: sp's; seed), each checked
+    (check_options)."""
     check_options(name, **options)
     require(is_int(batch_size), f"--batch-size must be a positive integer, got {batch_size!r}")
     options = {k: int(v) if k == "seed" else float(v) for k, v in options.items()}   # numpy's: torch's seed

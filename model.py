@@ -20,6 +20,7 @@ import torch.nn as nn
 import gla
 import rwkv
 import ssm
+from plumbing.scans import check_lm_inputs
 
 @dataclass
 class ModelConfig:
@@ -116,12 +117,7 @@ class LM(nn.Module):
         (not detached). last_only: logits [b, 1, vocab_size] of the last position only (a cheaper head).
         t = 0 gives empty logits and the state unchanged. Each mixer checks its own state's entries."""
         n = len(self.backbone.layers)
-        if not (isinstance(idx, torch.Tensor) and idx.dim() == 2 and idx.dtype in (torch.long, torch.int)):
-            got = f"{idx.dim()}-D {idx.dtype}" if isinstance(idx, torch.Tensor) else type(idx).__name__
-            raise ValueError(f"LM: idx must be a 2-D [batch, time] tensor of token ids (int64), not {got}")
-        if state is not None and not (isinstance(state, (list, tuple)) and len(state) == n):
-            got = f"{len(state)} entries" if isinstance(state, (list, tuple)) else f"a {type(state).__name__}"
-            raise ValueError(f"LM: state is {got}, expected one dict per layer ({n}), as lm returns it")
+        check_lm_inputs(idx, state, n)
         state = [None] * n if state is None else state
         x = self.backbone.embedding(idx)
         final_state = []
@@ -132,7 +128,9 @@ class LM(nn.Module):
         return self.lm_head(x)[..., : self.cfg.vocab_size], final_state  # without the padding rows
 
     def zero_state(self, batch_size, device=None):
-        device, n = device or self.backbone.embedding.weight.device, batch_size
+        """h_{-1} = 0: every layer's state dict (its mixer's entries and its MLP's) of zeros."""
+        device = device or self.backbone.embedding.weight.device
+        n = batch_size
         return [{**b.mixer.zero_state(n, device), **(b.mlp.zero_state(n, device) if b.mlp else {})}
                 for b in self.backbone.layers]
 

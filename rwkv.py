@@ -11,9 +11,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gla import STATE, chunked_scan, recurrent_forward, set_head_dims
+from gla import STATE, chunked_scan, recurrent_forward
 from plumbing.scans import (check_chunk_size, check_initial_state, check_state, compute_dtype, no_steps,
-                            pick_form, triton_scan)
+                            pick_form, set_head_dims, triton_scan)
 
 def rwkv6_naive(r, k, v, w, u, initial_state=None, scale=1.0):
     """y_t = scale r_t (h_{t-1} + diag(u) k_t^T v_t), h_t = diag(exp(w_t)) h_{t-1} + k_t^T v_t, as a loop."""

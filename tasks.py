@@ -12,17 +12,17 @@ from tqdm import tqdm
 import model
 from plumbing.babi import BABI_TASKS, babi_story, pick
 from plumbing.files import DataError, is_int, require
+from plumbing.filler import FLAGS, hide, spelling_tokenizer
 from plumbing.tokenizers import get_tokenizer
 
 Sample = collections.namedtuple("Sample", "tokens answer_mask meta")   # int64 [n], bool [n], dict
-FLAGS = "train.py --seq-len; evaluate.py --passkey-lengths, --babi-lengths"   # where a length comes from
-# Our filler carries no information: only what is hidden in it is worth remembering.
-FILLER_SENTENCES = (" The river runs down to the sea.", " The hills are quiet at night.",
-                    " The wind is soft today.", " On we walk.", " Up the path and down again.")
 
 def split_answer(sample):
     """-> (prompt, answer): int64 token arrays; the model reads the prompt and must produce the answer."""
     return np.split(np.asarray(sample[0]), [len(sample[0]) - int(np.sum(sample[1]))])
+
+def task_tokenizer(tokenizer):   # get_tokenizer's if it spells every task's text: answers compare as text
+    return spelling_tokenizer(tokenizer, PASSKEY_QUESTION + " 12345.\nAnswer:\x1d\x03")   # COPY_SEP, COPY_EOS
 
 # --- Passkey retrieval (Fig. 7) ---------------------------------------------------------------
 PASSKEY_SENTENCE = " Listen well: the pass key is {key}. Keep {key} in mind, it is the pass key."
@@ -36,8 +36,8 @@ def passkey_sample(tokenizer, length, depth=None, seed=0):
     key = str(int(content_rng.integers(10_000, 100_000)))
     depth = float(layout_rng.random()) if depth is None else depth
     require(0 <= depth <= 1, f"passkey_sample: depth must be in [0, 1], got {depth}")
-    tokens, mask, (start,), n = _hide(enc, "passkey_sample", length, [PASSKEY_SENTENCE.format(key=key)],
-                                      PASSKEY_QUESTION, f" {key}.", depth)
+    tokens, mask, (start,), n = hide(enc, "passkey_sample", length, [PASSKEY_SENTENCE.format(key=key)],
+                                     PASSKEY_QUESTION, f" {key}.", depth)
     return Sample(tokens, mask, dict(task="passkey", answer=key, key=key, depth=depth, key_start=start,
                                      seed=seed, actual_depth=(start - 1) / n if n else 0.0))
 
@@ -75,8 +75,8 @@ def babi_sample(task, tokenizer, length, seed=0, filler_tokens=None):
     task = pick(task_rng, list(BABI_TASKS)) if task is None else task   # babi_story checks it
     events, question, answer, asked = babi_story(task, int(story_rng.integers(2**63)))
     facts = [f" {e['text']}" if filler_tokens is None else f"{e['text']}\n" for e in events]
-    tokens, mask, starts, _ = _hide(enc, f"babi_sample {task}", length, facts, f"\nQuestion: {question}\n"
-                                    f"Answer:", f" {answer}.", corpus=filler_tokens, rng=layout_rng)
+    tokens, mask, starts, _ = hide(enc, f"babi_sample {task}", length, facts, f"\nQuestion: {question}\n"
+                                   f"Answer:", f" {answer}.", corpus=filler_tokens, rng=layout_rng)
     return Sample(tokens, mask, dict(task=task, answer=answer, question=question, asked=asked, events=events,
                                      fact_starts=starts, seed=seed))
 
@@ -172,45 +172,3 @@ def cut_answer(text):
     return re.match(r"[^.\n]*\.?", text)[0]
 
 TASKS = {"passkey": passkey_sample, "copy": copy_sample, "babilong": babi_sample}   # train.py --task
-
-# --- Plumbing: the tokenizer, hiding facts in filler, a random pick --------------------------------------
-def task_tokenizer(tokenizer):
-    """get_tokenizer's, if it spells the tasks' text back exactly: answers are compared as text (a WordPiece
-    or WordLevel tokenizer.json reads the separators as [UNK] and cannot)."""
-    enc = get_tokenizer(tokenizer)
-    text = PASSKEY_QUESTION + " 12345.\nAnswer:\x1d\x03"   # COPY_SEP, COPY_EOS
-    require(enc.decode(enc.encode_ordinary(text)) == text, f"tokenizer {tokenizer} "
-            "cannot spell the tasks' text: use a byte-level BPE (e.g. GPT-NeoX's tokenizer.json)")
-    return enc
-
-def _hide(enc, what, length, facts, question, answer, depth=None, corpus=None, rng=None):
-    """eot, filler (ours, or from the token stream `corpus`), each fact at a boundary (the nearest to depth *
-    n_filler, or rng's draw), question, answer: `length` tokens -> (tokens, answer_mask, starts, n_filler)."""
-    require(is_int(length), f"{what}: length must be an integer >= 1, got {length!r}")
-    pieces = [enc.encode_ordinary(fact) for fact in facts]
-    question = enc.encode_ordinary(question)
-    answer = enc.encode_ordinary(answer)
-    n = length - 1 - sum(map(len, pieces + [question, answer]))
-    require(n >= 0, f"{what}: length {length} is too short, its sentences and question alone take "
-            f"{length - n} tokens: use a longer length ({FLAGS})")
-    if corpus is None:   # the LAST n tokens of our sentences repeated; boundaries between whole sentences
-        sentences = [enc.encode_ordinary(s) for s in FILLER_SENTENCES]
-        sentences *= n // sum(map(len, sentences)) + 1
-        bounds = np.cumsum([n - sum(map(len, sentences))] + [len(s) for s in sentences])   # < 0: cut off
-        filler = np.concatenate(sentences).astype(np.int64)[-bounds[0]:]
-        boundaries = bounds[bounds >= 0]
-    else:   # eots become newlines (one text); boundaries at line starts (decoded per token: parts are U+FFFD)
-        require(len(corpus) >= n, f"{what}: filler_tokens has {len(corpus)} tokens, {n} needed: pass more")
-        start = int(rng.integers(0, len(corpus) - n + 1))
-        filler = np.asarray(corpus[start:start + n]).astype(np.int64)
-        require((filler < enc.n_vocab).all(), f"{what}: filler_tokens must come from the same tokenizer")
-        filler[filler == enc.eot_token] = enc.encode_ordinary("\n")[-1]
-        boundaries = np.flatnonzero([True] + [enc.decode([t]).endswith("\n") for t in filler.tolist()])
-    if depth is not None:   # passkey's one fact
-        positions = [int(boundaries[np.abs(boundaries - depth * n).argmin()])]
-    else:   # bAbI's, in order
-        positions = np.sort(rng.choice(boundaries, size=len(pieces))).tolist()
-    starts = [pos + 1 + sum(map(len, pieces[:i])) for i, pos in enumerate(positions)]   # + eot, facts before
-    body = np.insert(filler, np.repeat(positions, list(map(len, pieces))), np.concatenate(pieces))
-    tokens = np.concatenate([[enc.eot_token], body, question, answer]).astype(np.int64)
-    return tokens, np.arange(len(tokens)) >= len(tokens) - len(answer), starts, n

@@ -25,7 +25,7 @@ from tqdm import tqdm
 import data
 import interventions
 import model
-from plumbing import checkpoints, demo, distributed, flags, runs
+from plumbing import checkpoints, demo, distributed, flags, runs, strategy_options
 
 def main(argv=None):
     """The config (flags.get_args: on --resume the checkpoint's, post-training the parent's), then the run."""
@@ -100,7 +100,7 @@ def setup_model(args, device, vocab_size, n_vocab, sampler, path):
     if resume and args.steps < resume["step"]:
         raise ValueError(f"--steps {args.steps} is below the step of {path} ({resume['step']}): pass more")
     optimizer = make_optimizer(lm.to(device), args.lr, args.weight_decay, device)
-    options = {k: vars(args)[k] for k in interventions.OPTIONS[args.init_state]}   # sigma, p_reset: theirs
+    options = {k: vars(args)[k] for k in strategy_options.OPTIONS[args.init_state]}   # sigma, p_reset: theirs
     options["seed"] += distributed.rank()   # each rank draws its own noise, SP resets; rank 0 one process's
     strategy = interventions.make_strategy(args.init_state, lm, args.batch_size, **options)
     if resume:

@@ -1,16 +1,19 @@
-"""evaluate.py's flags: parsing them (a flag that does not apply to --metrics is refused, not ignored), their
-checks against each other and the checkpoints (check_args), the data they name, checked against what each
-checkpoint was trained on, and a failure told in one line. A reader of the paper can skip this file: the
-measurements are evaluate.py's sections 1-4."""
+"""evaluate.py's inputs: its flags, parsed (a flag that does not apply to --metrics is refused, not ignored)
+and checked against each other and the checkpoints (check_args), the data they name (read_data), checked
+against what each checkpoint was trained on, a failure told in one line (exit_code), and the input check of
+the metrics' functions (require_eval_inputs). A reader of the paper can skip this file: the measurements
+are evaluate.py's sections 1-4."""
 import argparse
 import os
+import signal
+import sys
 
 import torch
 
 import data
 import tasks
 from plumbing import checkpoints, runs, tokenizers
-from plumbing.files import require
+from plumbing.files import is_int, require
 
 LM_METRICS = ("ppl", "effrem", "state")   # measured on windows of --data
 TASK_METRICS = ("passkey", "copy", "babilong")   # measured on samples of tasks.py
@@ -106,6 +109,22 @@ def _require_writable(out):
         parent = os.path.dirname(parent)
     require(os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK),
             f"--out {out!r} is not a directory that can be written: pass another")
+
+def exit_code(args, work):
+    """work() once the flags' values and --out are checked -> 0; a failure said in one line: 2 (bad input, or
+    work sized by the flags), 1 (interrupted: Ctrl-C, or SIGTERM taken as one)."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: one line, below
+    try:
+        require_values_and_out(args)
+        work()
+    except (ValueError, OSError, RuntimeError, MemoryError) as e:  # bad input, or work sized by the flags
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: {args.out}/{'seeds' if args.over_seeds else 'eval'}.json and its figures not "
+              "written (any previous ones are intact)", file=sys.stderr)
+        return 1
+    return 0
 
 def one_line(error):
     """What evaluate.py says of an error: its text; out of memory, the flags that size the work."""
@@ -249,6 +268,24 @@ def check_vocabulary(lm, args, enc, path):
     checkpoints.check_vocabulary(lm, n_ids, None if markov else enc.n_vocab, path)
 
 # ==== The data the flags name ====
+def read_data(args, cfgs):
+    """The data every checkpoint is measured on: args.windows [n, eval_len + 1] (LM metrics) and args.filler
+    (babilong), else None -> (what the report says of it, the windows' exact Bayes-optimal NLL or None)."""
+    args.windows = args.filler = None
+    out = {}
+    floor = None
+    if asks(args, LM_METRICS) or "babilong" in args.metrics:
+        corpus = read_corpus(args, cfgs)
+    if asks(args, LM_METRICS):
+        args.windows = read_windows(args, corpus)
+        out["data"] = corpus.name
+        if corpus.optimal_nll:
+            floor = exact_floor(corpus, args.windows, args.eval_len)
+    if "babilong" in args.metrics:  # stories hidden in the validation split (training hid them in train)
+        args.filler = babi_filler(args, corpus)
+        out.update(babi_tasks=args.babi_tasks, babi_filler=f"{corpus.name} (val split)")
+    return out, floor
+
 def read_corpus(args, cfgs):
     """The corpus --data names (default: the checkpoints'), of each checkpoint's kind and files."""
     name = _agree(args, cfgs, "data", required=asks(args, LM_METRICS)) or "stdlib"
@@ -299,3 +336,19 @@ def babi_filler(args, corpus):
     for t in args.babi_tasks:
         tasks.babi_mixture(args.tokenizer, min(args.babi_lengths), [args.seed], (t,), corpus.val)
     return corpus.val
+
+# ==== The metrics' arguments (evaluate.py's sections 1-4, called from Python) ====
+def require_eval_inputs(tokens, distances, min_len=1, T=None, cuts=None, distance="tv", chunk_len=1,
+                        batch_size=1):
+    """The metrics' input check: integer tokens [n, >= min_len], chunk_len and batch_size >= 1; for EffRem
+    also T, the cuts and distance, one of distances (evaluate.DISTANCES, passed: evaluate.py imports this)."""
+    for name, value in (("chunk_len", chunk_len), ("batch_size", batch_size)):
+        require(is_int(value), f"{name} must be an integer >= 1, got {value!r}")
+    tokens = torch.as_tensor(tokens)
+    cuts = None if cuts is None else torch.as_tensor(cuts).long().flatten()
+    ok = tokens.dim() == 2 and len(tokens) and tokens.shape[1] >= min_len and not tokens.is_floating_point()
+    require(ok, f"tokens must be integer ids of shape [n >= 1, T >= {min_len}], got {list(tokens.shape)}")
+    require(distance in distances, f"unknown distance {distance!r}: choose one of {sorted(distances)}")
+    require(T is None or 1 <= T <= tokens.shape[1] and len(cuts) and 0 <= cuts.min() and cuts.max() < T,
+            f"effective_remembrance: need T = {T} in [1, {tokens.shape[1]}], cuts in [0, T-1]")
+    return tokens.long(), cuts

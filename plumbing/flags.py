@@ -13,7 +13,7 @@ import data
 import interventions
 import model
 import tasks
-from plumbing import checkpoints, files, runs
+from plumbing import checkpoints, files, runs, strategy_options
 
 # Peak learning rates from scratch: the paper's Table 2 for its sizes; tiny tuned for the CPU demos.
 PEAK_LR = {"tiny": 3e-3, "45m": 1.5e-3, "70m": 1.5e-3, "85m": 1.5e-3, "125m": 1e-3, "130m": 1e-3,
@@ -130,9 +130,9 @@ def exit_on_bad_command_line(args, given):
 
 def exit_on_flags_that_do_not_apply(args, given):
     """A flag given where it changes nothing is refused: ignoring it would run something else than asked."""
-    strategy = interventions.OPTIONS[args.init_state]   # its options: checked as make_strategy checks them
-    interventions.check_options(args.init_state, **{k: vars(args)[k] for k in ("sigma", "p_reset")
-                                                     if k in given or k in strategy})
+    strategy = strategy_options.OPTIONS[args.init_state]   # its options: checked as make_strategy checks them
+    strategy_options.check_options(args.init_state, **{k: vars(args)[k] for k in ("sigma", "p_reset")
+                                                        if k in given or k in strategy})
     markov = args.data.startswith("markov:")
     for flag, applies, where in [
             ("data", args.task in ("lm", "babilong"), "--task lm or babilong (passkey and copy make theirs)"),

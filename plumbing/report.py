@@ -1,5 +1,6 @@
-"""evaluate.py's report: per model the verdict, each curve printed as a table and drawn as a PNG panel
-(show), and the spread of several training seeds' evaluations (--over-seeds: read_reports, over_seeds).
+"""evaluate.py's report: the NLL's mean and s.e. (nll_summary), paired differences to a reference run, per
+model the verdict, each curve printed as a table and drawn as a PNG panel (show), and the spread of several
+training seeds' evaluations (--over-seeds: read_reports, over_seeds).
 A reader of the paper can skip it: the measurements are evaluate.py's sections 1-4."""
 import json
 import math
@@ -18,6 +19,12 @@ def sem(x):
     """The standard error of the mean over dim 0 of x [n, ...] (the std with N - 1); NaN for one sample."""
     x = torch.as_tensor(x, dtype=torch.float64)
     return x.std(0) / math.sqrt(len(x)) if len(x) > 1 else x[0] * math.nan
+
+def nll_summary(per_seq):
+    """Per-sequence NLLs per_seq [n, ...]: their mean and s.e. over sequences, and the perplexity's."""
+    nll = per_seq.mean(0)
+    se = sem(per_seq)
+    return dict(nll=nll, nll_sem=se, ppl=nll.exp(), ppl_sem=nll.exp() * se)  # delta method
 
 COLORS = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]  # run i's: COLORS[i % len(COLORS)]
 
@@ -96,6 +103,19 @@ def _draw(report, panels):
                    ylabel="insertion depth", xticks=range(len(p["lengths"])), xticklabels=p["lengths"],
                    yticks=range(len(p["depths"])), yticklabels=[f"{d:.2f}" for d in p["depths"]])
     return {f: lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=120) for f, fig in figs.items()}
+
+def paired_differences(models, refs):
+    """Each model's "diff": its bucketed NLL per_seq [n, K] minus its reference's (refs: {label or None:
+    reference label}), paired per sequence and bucket (the same windows); every per_seq popped."""
+    per_seq = {m["label"]: m.pop("per_seq", None) for m in models}
+    for m in models:
+        ref = refs.get(m["label"], refs.get(None))
+        if ref not in (None, m["label"]):
+            m["diff"] = dict(nll_summary(per_seq[m["label"]] - per_seq[ref]), reference=ref)
+
+def strict_json(report):
+    """report with tensors as lists and nan / inf as null: strict JSON."""
+    return json.loads(json.dumps(report, default=lambda t: t.tolist()), parse_constant=lambda _: None)
 
 def show(report, out):
     """Per model the verdict; each curve printed (8 columns, models together) and drawn in its PANELS PNG;

@@ -36,6 +36,27 @@ def check_chunk_size(scan, chunk_size, power_of_two=False):
         kind = "a power of two" if power_of_two else "a positive integer"
         raise ValueError(f"{scan}: chunk_size {chunk_size!r} must be {kind}")
 
+def set_head_dims(layer, name, d_model, num_heads, expand_k, expand_v):
+    """Sets num_heads, key_dim, value_dim and their per-head sizes on a matrix-state layer (GLA, RWKV-6)."""
+    key_dim = int(d_model * expand_k)
+    value_dim = int(d_model * expand_v)
+    if key_dim % num_heads or value_dim % num_heads:
+        raise ValueError(f"{name}: num_heads {num_heads} must divide key_dim {key_dim} and value_dim")
+    layer.num_heads = num_heads
+    layer.key_dim = key_dim
+    layer.value_dim = value_dim
+    layer.head_k_dim = key_dim // num_heads
+    layer.head_v_dim = value_dim // num_heads
+
+def check_lm_inputs(idx, state, n_layers):
+    """model.LM's inputs: idx a 2-D tensor of token ids; state None or one dict per layer."""
+    if not (isinstance(idx, torch.Tensor) and idx.dim() == 2 and idx.dtype in (torch.long, torch.int)):
+        got = f"{idx.dim()}-D {idx.dtype}" if isinstance(idx, torch.Tensor) else type(idx).__name__
+        raise ValueError(f"LM: idx must be a 2-D [batch, time] tensor of token ids (int64), not {got}")
+    if state is not None and not (isinstance(state, (list, tuple)) and len(state) == n_layers):
+        got = f"{len(state)} entries" if isinstance(state, (list, tuple)) else f"a {type(state).__name__}"
+        raise ValueError(f"LM: state is {got}, expected one dict per layer ({n_layers}), as lm returns it")
+
 def check_state(layer, state, shapes):
     """A layer's state: None (zeros) or a dict holding at least shapes' entries (a block's dict holds its
     MLP's too), each a tensor of exactly its shape: another batch's state would broadcast silently."""

@@ -20,7 +20,7 @@ import evaluate
 import interventions
 import model
 import train
-from plumbing import checkpoints, token_cache, tokenizers
+from plumbing import checkpoints, eval_flags, token_cache, tokenizers
 from conftest import CORPUS_TEXT, ROOT, TRAIN, checkpoint, logged, official_dir, tiny_lm
 
 @pytest.fixture(scope="module")
@@ -216,7 +216,7 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--resume --out {u}/tensor-run", "holds a Tensor, not a dict"),
     ("--init-from {u}/list-run", "list-run/ckpt.pt holds a list, not a dict"),
     ("--resume --out {u}/list-run", "holds a list, not a dict"),
-    *[(lambda u, r=r: evaluate.check_args(evaluate.parse_args([f"{u}/{r}", "--metrics", "ppl"])),
+    *[(lambda u, r=r: eval_flags.check_args(evaluate.parse_args([f"{u}/{r}", "--metrics", "ppl"])),
        f"{r}/ckpt.pt holds a {kind}, not a dict")
       for r, kind in (("tensor-run", "Tensor"), ("list-run", "list"))],
 ]

@@ -7,6 +7,7 @@ import data
 import interventions
 from conftest import tiny_lm
 from plumbing.files import DataError
+from plumbing.strategy_options import MIN_SIGMA, OPTIONS
 
 def known_states(lm, batch, value_fn):
     """A final state whose "h" of head j in layer i is value_fn(i, j, shape)."""
@@ -121,7 +122,7 @@ def test_make_strategy_refuses_a_bad_value_and_an_option_its_strategy_does_not_r
     lm, nan, inf = tiny_lm(), float("nan"), float("inf")
     sigma = "--sigma must be in (0, 1e3] (its variance in float32), got "
     p_reset = "--p-reset must be a probability in [0, 1], got "
-    tiny = (f"--sigma must be at least {interventions.MIN_SIGMA:.3g} (sigma^2 underflows in float32 below), "
+    tiny = (f"--sigma must be at least {MIN_SIGMA:.3g} (sigma^2 underflows in float32 below), "
             "got 1e-23: it is the zero state: use --init-state zero or a larger --sigma")
     known = "choose one of zero, random, fitted, sp, tbtt"
     sigmas = (-0.5, 0, nan, inf, -inf, 1001.0, "1", True)   # (True: a bool is no number here)
@@ -134,7 +135,7 @@ def test_make_strategy_refuses_a_bad_value_and_an_option_its_strategy_does_not_r
            ("random", dict(sgima=0.5), "--init-state random takes no --sgima (its options: --sigma, --seed): "
                                        "leave --sgima out")]
     flag = lambda k: "--" + k.replace("_", "-")
-    for name, options in interventions.OPTIONS.items():   # an option a strategy does not read: refused
+    for name, options in OPTIONS.items():   # an option a strategy does not read: refused
         bad += [(name, {k: 0.5}, f"--init-state {name} takes no {flag(k)} (its options: "
                  f"{', '.join(map(flag, options))}): leave {flag(k)} out") for k in ("sigma", "p_reset")
                 if k not in options]
@@ -158,7 +159,7 @@ def test_make_strategy_refuses_a_bad_value_and_an_option_its_strategy_does_not_r
 
 def test_the_smallest_sigma_is_noise_and_a_reset_probability_of_0_or_1_keeps_or_resets_every_row():
     lm = tiny_lm()
-    smallest = interventions.MIN_SIGMA   # sigma^2 the smallest normal float32: exact, as is its square root
+    smallest = MIN_SIGMA   # sigma^2 the smallest normal float32: exact, as is its square root
     assert torch.tensor(smallest ** 2, dtype=torch.float32) > 0 and torch.tensor(1e-23 ** 2).item() == 0
     for layer in interventions.make_strategy("random", lm, 8, sigma=smallest).initial_state(None):
         assert (layer["h"] != 0).all() and abs(layer["h"].std().item() / smallest - 1) < 0.05

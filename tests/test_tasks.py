@@ -15,6 +15,7 @@ import data
 import tasks
 from plumbing import babi, files, tokenizers
 from plumbing.babi import BABI_TASKS
+from plumbing.filler import FILLER_SENTENCES
 from conftest import CORPUS_TEXT
 from data import DataError, DocumentStreams, RandomWindows, TaskSampler
 from tasks import babi_mixture, babi_sample, passkey_sample
@@ -213,9 +214,9 @@ def test_passkey_copy_and_babi_sample_structure(enc):
         assert text.endswith(f"{tasks.PASSKEY_QUESTION} {key}.") and text.count(sentence) == 1
         assert s.tokens[k:k + n(sentence)].tolist() == enc.encode_ordinary(sentence) and len(key) == 5
         budget = length - 1 - n(sentence) - n(tasks.PASSKEY_QUESTION) - n(f" {key}.")
-        assert abs((k - 1) - depth * budget) <= max(map(n, tasks.FILLER_SENTENCES))
+        assert abs((k - 1) - depth * budget) <= max(map(n, FILLER_SENTENCES))
         after = enc.decode(s.tokens[k + n(sentence):].tolist())   # the key sits between whole sentences
-        assert after.startswith(tasks.FILLER_SENTENCES + (tasks.PASSKEY_QUESTION,))
+        assert after.startswith(FILLER_SENTENCES + (tasks.PASSKEY_QUESTION,))
     sep, eos = enc.encode_single_token(tasks.COPY_SEP), enc.encode_single_token(tasks.COPY_EOS)
     for L in [1, 50, 300]:
         s = tasks.copy_sample(enc, L, seed=L)
