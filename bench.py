@@ -67,8 +67,10 @@ def bench_scans(args, device):
     print_row("scan", "T", "naive ms", "chunked ms", "speed-up", "triton ms", "rel diff")
     for name, forms, T in [(n, f, T) for n, f in SCANS.items() for T in args.lengths]:
         inputs, h0 = scan_inputs(name, T, args.scan_batch, paper=args.paper_shapes)
-        inputs, h0 = tuple(x.to(device, dtype) for x in inputs), h0.to(device)
-        ms, ys = [None] * 3, []
+        inputs = tuple(x.to(device, dtype) for x in inputs)
+        h0 = h0.to(device)
+        ms = [None] * 3   # ms per form; a form not timed: None
+        ys = []
         for i, f in enumerate(list(forms.values())[:forms_timed]):
             run = torch.no_grad()(lambda: ys.append(f(*inputs, initial_state=h0)[0].float()))
             ms[i] = 1e3 * times(run, args.repeats, device)[0][0]
