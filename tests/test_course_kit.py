@@ -239,8 +239,9 @@ def test_a_class_is_graded_with_the_teachers_tests_each_check_isolated_and_time_
     skip and an os._exit, a pitfall. Every other exercise is stubbed in all of them."""
     heading = "## 4. Definition 3.2\n\n"
     answer = ("ANSWERS.md", heading + "(your answer)", heading + "p* is biased low.")
-    students = {"done": [answer], "stubbed": None, "edited-tests": None,
-                "hang-crash": [("evaluate.py", T_STAR, HANG), ("interventions.py", OBSERVE, CRASH)],
+    # the hang first: its time-out runs out while the other checks run beside it
+    students = {"hang-crash": [("evaluate.py", T_STAR, HANG), ("interventions.py", OBSERVE, CRASH)],
+                "done": [answer], "stubbed": None, "edited-tests": None,
                 "skip-exit": [("evaluate.py", T_STAR, SKIP), ("interventions.py", OBSERVE, EXIT)],
                 "pitfall": [("evaluate.py", "> ppl[t_star]", ">= ppl[t_star]")]}
     subs = [submission(copy, tmp_path / name, (4, 7) if edits else (), edits or ())
@@ -281,13 +282,14 @@ def test_a_failed_exercise_gets_no_points_however_many_tests_pass_and_fail_fast_
     swapped = next(p for p in PITFALLS if p[1] == "Swapping the weights")
     sub = submission(copy, tmp_path / "swapped", (6,), [swapped[2:]])
     rerun = kit.command(kit.EXERCISES[6][4][0])
-    for how, tests in [([], "2/4"), (["--fail-fast"], "2/3")]:
-        report = str(tmp_path / "r.csv")
-        run = kit_cli("score", sub, "--exercises", "6", "--no-sandbox", *how, "--report", report)
-        (row,) = csv.DictReader(open(report))
-        assert (row["status"], row["reason"], row["points"], row["tests"]) == ("FAILED", "failed", "0", tests)
-        assert rerun in run.stdout, run.stdout
-    run = kit_cli("score", sub, ROOT, "--exercises", "6", "--no-sandbox", "--report", str(tmp_path / "r.csv"))
+    report = str(tmp_path / "r.csv")
+    run = kit_cli("score", sub, "--exercises", "6", "--no-sandbox", "--report", report)
+    (row,) = csv.DictReader(open(report))
+    assert (row["status"], row["reason"], row["points"], row["tests"]) == ("FAILED", "failed", "0", "2/4")
+    assert rerun in run.stdout, run.stdout
+    run = kit_cli("score", sub, ROOT, "--exercises", "6", "--no-sandbox", "--fail-fast", "--report", report)
+    row = next(csv.DictReader(open(report)))   # the submission's, then the repo's
+    assert (row["status"], row["reason"], row["points"], row["tests"]) == ("FAILED", "failed", "0", "2/3")
     assert run.returncode == 0 and "FAILED (failed)" in run.stdout and rerun not in run.stdout, run.stdout
 
 def test_a_submission_that_cheats_or_breaks_costs_only_its_own_points(copy, tmp_path):
@@ -309,12 +311,13 @@ def test_a_submission_that_cheats_or_breaks_costs_only_its_own_points(copy, tmp_
             "            raise RuntimeError('other checks are in sight')\n")
     forge = (OBSERVE + "        import atexit\n        atexit.register(lambda: open('.kit/report.xml', 'w')"
              ".write('<testsuites><testcase'))\n")
-    subs = [submission(copy, tmp_path / "done", (7,)), submission(copy, tmp_path / "steal", (7,),
+    hang = "        while True:\n            pass\n"
+    # the hang first: its time-out runs out while the other checks run beside it
+    subs = [submission(copy, tmp_path / "hang", (7,), [("interventions.py", OBSERVE, hang)]),
+            submission(copy, tmp_path / "done", (7,)), submission(copy, tmp_path / "steal", (7,),
             [("interventions.py", OBSERVE, steal)]), submission(copy, tmp_path / "vandal", (7,),
             [("interventions.py", OBSERVE, vandal)]), submission(copy, tmp_path / "forge", (7,),
             [("interventions.py", OBSERVE, forge)]), submission(copy, tmp_path / "linked-file"),
-            submission(copy, tmp_path / "hang", (7,), [("interventions.py", OBSERVE, "        while True:\n"
-                                                        "            pass\n")]),
             submission(copy, tmp_path / "crash", (7,), [("interventions.py", OBSERVE, CRASH)]),
             submission(copy, tmp_path / "peek", (7,), [("interventions.py", OBSERVE, peek)])]
     os.remove(tmp_path / "linked-file" / "interventions.py")
@@ -450,8 +453,8 @@ def test_the_kit_grades_with_a_python_whose_packages_live_in_the_graded_folder(c
     for name in os.listdir(outside):
         if not os.path.exists(os.path.join(inside, name)):
             os.symlink(os.path.join(outside, name), os.path.join(inside, name))
-    probe = subprocess.run([python, "-c", "import torch; print(torch.__file__)"], capture_output=True,
-                           text=True)
+    find = "import importlib.util; print(importlib.util.find_spec('torch').origin)"   # (the checks import it)
+    probe = subprocess.run([python, "-c", find], capture_output=True, text=True)
     assert probe.stdout.startswith(str(venv)), probe.stdout + probe.stderr
     teacher = kit_cli("score", graded_dir, "--exercises", "7", "--report", str(tmp_path / "t.csv"),
                       python=python)
@@ -894,30 +897,44 @@ def pitfall_bullets(n):
     block = re.search(r"^Pitfalls:\n((?:- .*\n(?:  .*\n)*)+)", section, flags=re.M)
     return [" ".join(b.split()) for b in re.split(r"^- ", block.group(1), flags=re.M)[1:]] if block else []
 
-@pytest.mark.parametrize("n", [n for n in kit.EXERCISES if n != 10])
-def test_every_pitfall_instructor_md_lists_fails_its_exercises_check(n, tmp_path):
+# The pitfalls graded in three kit runs, each of exercises whose files differ: a pitfall's folder holds only
+# the file it mutates, so the other exercises of its run are "missing" at once, without a check
+PITFALL_RUNS = [(1, 4, 6), (2, 5, 7), (3, 8, 9)]
+
+def test_pitfall_runs_hold_every_exercise_once_and_no_two_of_a_run_share_a_file():
+    assert sorted(n for numbers in PITFALL_RUNS for n in numbers) == [n for n in kit.EXERCISES if n != 10]
+    for numbers in PITFALL_RUNS:
+        paths = [path for n in numbers for path in kit.EXERCISES[n][3]]
+        assert len(paths) == len(set(paths)), numbers
+
+@pytest.mark.parametrize("numbers", PITFALL_RUNS, ids=lambda numbers: ",".join(map(str, numbers)))
+def test_every_pitfall_instructor_md_lists_fails_its_exercises_check(numbers, tmp_path):
     """Each bullet has its mutation of the reference (inside the exercise's functions); graded, each one is
     FAILED with failing tests (not an import error, not a time-out)."""
-    mine, bullets, subs = [p for p in PITFALLS if p[0] == n], pitfall_bullets(n), []
-    assert bullets and all(any(" ".join(p[1].split()) in b for p in mine) for b in bullets), bullets
-    for k, (_, phrase, path, old, new) in enumerate(mine):
-        assert sum(" ".join(phrase.split()) in b for b in bullets) == 1, phrase
-        text = open(os.path.join(ROOT, path)).read()
-        assert text.count(old) == 1, old
-        at, tree = text[:text.index(old)].count("\n") + 1, ast.parse(text)
-        spans = [kit.find(tree, name) for name in kit.EXERCISES[n][3][path]]
-        last = at + old.rstrip("\n").count("\n")
-        assert any(f.lineno <= at and last <= f.end_lineno for f in spans), phrase
-        folder = tmp_path / f"pitfall{k}" / os.path.dirname(path)
-        folder.mkdir(parents=True)
-        (folder / os.path.basename(path)).write_text(text.replace(old, new))
-        subs.append(str(tmp_path / f"pitfall{k}"))
-    run = kit_cli("score", *subs, "--exercises", str(n), "--jobs", "2", "--fail-fast", "--no-sandbox",
-                  "--report", str(tmp_path / "r.csv"))
+    subs = []
+    for n in numbers:
+        mine, bullets = [p for p in PITFALLS if p[0] == n], pitfall_bullets(n)
+        assert bullets and all(any(" ".join(p[1].split()) in b for p in mine) for b in bullets), bullets
+        for k, (_, phrase, path, old, new) in enumerate(mine):
+            assert sum(" ".join(phrase.split()) in b for b in bullets) == 1, phrase
+            text = open(os.path.join(ROOT, path)).read()
+            assert text.count(old) == 1, old
+            at, tree = text[:text.index(old)].count("\n") + 1, ast.parse(text)
+            spans = [kit.find(tree, name) for name in kit.EXERCISES[n][3][path]]
+            last = at + old.rstrip("\n").count("\n")
+            assert any(f.lineno <= at and last <= f.end_lineno for f in spans), phrase
+            folder = tmp_path / f"pitfall{n}-{k}" / os.path.dirname(path)
+            folder.mkdir(parents=True)
+            (folder / os.path.basename(path)).write_text(text.replace(old, new))
+            subs.append(str(tmp_path / f"pitfall{n}-{k}"))
+    run = kit_cli("score", *subs, "--exercises", ",".join(map(str, numbers)), "--jobs", "2", "--fail-fast",
+                  "--no-sandbox", "--report", str(tmp_path / "r.csv"))
     assert run.returncode == 0, run.stdout + run.stderr
     rows = graded(tmp_path / "r.csv")
-    assert [rows[f"pitfall{k}", n][:2] for k in range(len(mine))] == [("FAILED", "failed")] * len(mine), [
-        (p[1], rows[f"pitfall{k}", n]) for k, p in enumerate(mine)]
+    for n in numbers:
+        mine = [p for p in PITFALLS if p[0] == n]
+        assert [rows[f"pitfall{n}-{k}", n][:2] for k in range(len(mine))] == [("FAILED", "failed")] * len(
+            mine), [(p[1], rows[f"pitfall{n}-{k}", n]) for k, p in enumerate(mine)]
 
 @pytest.mark.parametrize("code, cases, out, want", [
     (0, ["", ""], "", ("passed", "", 2, 2)),

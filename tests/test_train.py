@@ -68,10 +68,23 @@ def test_seeds_are_independent_and_post_training_reads_on(tmp_path):
     parent, post = ckpt("tbtt"), ckpt("tbtt-post")  # 4 rows, documents of 200 tokens: none ends in 5 chunks
     assert (parent["cursor"], post["cursor"]) == (4, 8) and not set(parent["row_doc"]) & set(post["row_doc"])
 
-def test_demo_fig5_post_trains_the_base_five_ways_on_two_seeds(tmp_path, capsys):
-    out = str(tmp_path / "demo")
-    small = dict(base_steps=2, post_steps=1, n_seqs=4, eval_len=64, quiet=True)
-    assert demo.demo(train.train, out, [0, 3], sigma=0.37, **small) == 0
+# the demo shrunk: post-training of 2 steps, for an interrupt after its first (test_a_demo_interrupted_...)
+SMALL_DEMO = dict(base_steps=3, post_steps=2, n_seqs=4, eval_len=64, sigma=0.37, quiet=True)
+
+@pytest.fixture(scope="module")
+def demo_out(tmp_path_factory):
+    """A finished demo of SMALL_DEMO on seeds 0 and 3, which the tests only read -> (its folder, its exit
+    code)."""
+    out = str(tmp_path_factory.mktemp("demo") / "demo")
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}   # evaluate.main sets
+    code = demo.demo(train.train, out, [0, 3], **SMALL_DEMO)                       # SIGTERM's; this runs
+    for s, handler in handlers.items():                                            # before process_state
+        signal.signal(s, handler)
+    return out, code
+
+def test_demo_fig5_post_trains_the_base_five_ways_on_two_seeds(demo_out, capsys):
+    out, code = demo_out
+    assert code == 0
     report = json.load(open(os.path.join(out, "seed3", "eval.json")))
     assert [m["label"] for m in report["models"]] == ["base", "control", "random", "fitted", "SP", "TBTT",
                                                       "streams"]   # each minus the control; TBTT its streams
@@ -79,7 +92,7 @@ def test_demo_fig5_post_trains_the_base_five_ways_on_two_seeds(tmp_path, capsys)
     assert refs == ["control", None, "control", "control", "control", "streams", "control"]
     post = {m["label"]: json.load(open(os.path.join(m["path"], "args.json"))) for m in report["models"]}
     assert [post[k]["init_state"] for k in demo.INTERVENTIONS] == list(demo.INTERVENTIONS.values())
-    assert post["random"]["sigma"] == 0.37 and {a["steps"] for a in post.values()} == {1, 2}
+    assert post["random"]["sigma"] == 0.37 and {a["steps"] for a in post.values()} == {2, 3}
     assert [k for k, a in post.items() if a["streams"]] == ["streams"]
     seeds = json.load(open(os.path.join(out, "seeds.json")))
     sp = [seeds["seeds"][s]["SP"]["diff"] for s in ("0", "3")]  # each seed's SP - control, last bucket
@@ -87,7 +100,7 @@ def test_demo_fig5_post_trains_the_base_five_ways_on_two_seeds(tmp_path, capsys)
                        if m["label"] == "SP")["diff"]["nll"][-1] for s in (0, 3)]
     assert seeds["summary"]["SP"]["diff"] == pytest.approx(np.mean(sp))
     assert os.path.exists(os.path.join(out, "seeds.png"))
-    assert demo.demo(train.train, out, [3], **small) == 0  # kept
+    assert demo.demo(train.train, out, [3], **SMALL_DEMO) == 0  # kept
     assert "seed3/eval.json exists, kept" in capsys.readouterr().out
 
 def numbers(where):
@@ -95,12 +108,13 @@ def numbers(where):
     report = json.load(open(os.path.join(where, "eval.json")))
     return [(m["label"], m["ppl"], m.get("diff")) for m in report["models"]]
 
-def test_a_demo_interrupted_goes_on_from_what_it_kept_to_the_same_numbers(tmp_path, monkeypatch, capsys):
+def test_a_demo_interrupted_goes_on_from_what_it_kept_to_the_same_numbers(demo_out, tmp_path, monkeypatch,
+                                                                         capsys):
     """Stopped inside SP's post-training (a checkpoint at step 1 of 2): the rerun resumes it, keeps every
-    finished run, and ends with the numbers of an uninterrupted demo. Rerun finished (eval.json removed), it
-    trains nothing."""
-    small = dict(base_steps=3, post_steps=2, n_seqs=4, eval_len=64, quiet=True)
-    assert demo.demo(train.train, str(tmp_path / "whole"), [0], **small) == 0
+    finished run, and ends with the numbers of an uninterrupted demo (demo_out's seed 0). Rerun finished
+    (eval.json removed), it trains nothing."""
+    whole, code = demo_out
+    assert code == 0
     real = train.train
     def killed(args):   # as if killed right after a checkpoint, halfway through the run
         if args.init_state == "sp":
@@ -111,22 +125,22 @@ def test_a_demo_interrupted_goes_on_from_what_it_kept_to_the_same_numbers(tmp_pa
         return real(args)
     monkeypatch.setattr(train, "train", killed)
     with pytest.raises(KeyboardInterrupt):
-        demo.demo(train.train, str(tmp_path / "cut"), [0], **small)
+        demo.demo(train.train, str(tmp_path / "cut"), [0], **SMALL_DEMO)
     seed = tmp_path / "cut" / "seed0"
     kept = {p: p.read_bytes() for p in seed.glob("*/ckpt.pt") if p.parent.name != "SP"}
     assert len(kept) == 4   # base, control, random, fitted
     monkeypatch.setattr(train, "train", real)
-    assert demo.demo(train.train, str(tmp_path / "cut"), [0], **small) == 0
+    assert demo.demo(train.train, str(tmp_path / "cut"), [0], **SMALL_DEMO) == 0
     out = capsys.readouterr().out
     assert all(p.read_bytes() == b for p, b in kept.items()) and out.count(", kept") == len(kept), out
     assert "--resume" in out.split("SP:")[-1].splitlines()[0], out
-    assert numbers(seed) == numbers(tmp_path / "whole" / "seed0")
+    assert numbers(seed) == numbers(os.path.join(whole, "seed0"))
     os.remove(seed / "eval.json")
     copies = {p: p.read_bytes() for p in seed.glob("*/ckpt.pt")}
-    assert demo.demo(train.train, str(tmp_path / "cut"), [0], **small) == 0
+    assert demo.demo(train.train, str(tmp_path / "cut"), [0], **SMALL_DEMO) == 0
     assert "python train.py" not in capsys.readouterr().out
     assert {p: p.read_bytes() for p in seed.glob("*/ckpt.pt")} == copies and numbers(seed) == numbers(
-        tmp_path / "whole" / "seed0")
+        os.path.join(whole, "seed0"))
 
 def test_post_training_an_official_checkpoint_on_a_tokenizer_json_corpus(tok_json, tmp_path, monkeypatch):
     # an official directory of the tiny preset's dimensions, its vocabulary padded (300 -> 304), post-trained
