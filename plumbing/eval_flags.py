@@ -13,7 +13,7 @@ import torch
 import data
 import tasks
 from plumbing import checkpoints, runs, tokenizers
-from plumbing.files import is_int, require
+from plumbing.files import int_list, is_int, require
 
 LM_METRICS = ("ppl", "effrem", "state")   # measured on windows of --data
 TASK_METRICS = ("passkey", "copy", "babilong")   # measured on samples of tasks.py
@@ -88,8 +88,8 @@ def _refuse_flags_that_do_not_apply(ap, argv, args):
 
 def _ints(text, one=False, lo=1):  # an argparse type: "128,256" -> [128, 256]; one=True: "128" -> 128
     kind = "a positive integer" if one else "comma-separated distinct positive integers"
-    values = [int(v) if v.isdecimal() else -1 for v in text.split(",")]
-    if not all(lo <= v < 2**63 for v in values) or len(set(values)) < len(values) or one and "," in text:
+    values = int_list(text, minimum=lo)
+    if values is None or one and "," in text:
         raise argparse.ArgumentTypeError(f"must be {kind if lo else 'in [0, 2**63)'}, got {text!r}")
     return values[0] if one else values
 

@@ -20,6 +20,13 @@ def require(ok, message):   # bad input: a one-line DataError naming the problem
 def is_int(x, minimum=1):
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= minimum
 
+def int_list(text, minimum=1):
+    """"8,16" -> [8, 16]: distinct integers in [minimum, 2**63); None where text is not such a list."""
+    values = [int(v) if v.isdecimal() else -1 for v in text.split(",")]
+    if not all(minimum <= v < 2**63 for v in values) or len(set(values)) < len(values):
+        return None
+    return values
+
 KINDS = {stat.S_IFREG: "a regular file", stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO",
          stat.S_IFCHR: "a device", stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}   # by os.stat's mode
 

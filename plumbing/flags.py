@@ -272,7 +272,7 @@ def parse_seeds(text):
     if dash and lo.isdecimal() and hi.isdecimal():
         seeds = list(range(int(lo), int(hi) + 1))
     else:
-        seeds = [int(v) if v.isdecimal() else -1 for v in text.split(",")]
-    if not seeds or min(seeds) < 0 or len(set(seeds)) < len(seeds):
+        seeds = files.int_list(text, minimum=0)
+    if not seeds:
         sys.exit(f"error: --seeds must be A-B or A,B,... (distinct integers >= 0), got {text!r}")
     return seeds
