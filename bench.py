@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import data
+import deltanet
 import evaluate
 import gla
 import interventions
@@ -22,10 +23,13 @@ import ssm
 import train
 from plumbing import bench_flags
 from plumbing.bench_flags import print_row
+from plumbing.bench_inputs import scan_inputs
 
-TRAIN_PRESETS = "mamba2:45m,mamba2:85m,mamba2:125m,gla:70m,rwkv6:70m,mamba2:130m"  # Fig. 2, 10; official 130M
+# Fig. 2, 10; the official 130M; Gated DeltaNet (not in the paper) at GLA's shape
+TRAIN_PRESETS = "mamba2:45m,mamba2:85m,mamba2:125m,gla:70m,rwkv6:70m,mamba2:130m,gated_deltanet:70m"
+# scan -> {"naive", "chunked", "triton"} -> the form; plumbing/bench_inputs.py draws each one's inputs
 SCANS = {"ssd (mamba2)": ssm.SSD_SCANS, "selective (mamba1)": ssm.SELECTIVE_SCANS, "gla": gla.GLA_SCANS,
-         "rwkv6": rwkv.RWKV6_SCANS}   # each {"naive", "chunked", "triton"} -> the form
+         "rwkv6": rwkv.RWKV6_SCANS, "gated deltanet": deltanet.GATED_DELTA_SCANS}
 
 def times(fn, repeats, device):
     """Sorted seconds of `repeats` calls after a warm-up (allocation, compilation), and the peak memory in
@@ -42,22 +46,6 @@ def times(fn, repeats, device):
         out.append(time.perf_counter() - t)
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return sorted(out[1:]), peak * (1 if cuda else 1024)
-
-def scan_inputs(name, T, b=1, seed=0, paper=False):
-    """Random inputs and a non-zero initial state; paper=True: one layer of the paper's 130m / 70m models."""
-    g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g)
-    A = lambda *s: -torch.rand(*s, generator=g) - 0.5  # A < 0
-    if name == "ssd (mamba2)":
-        h, p, n = (24, 64, 128) if paper else (4, 64, 64)
-        return (r(b, T, h, p), F.softplus(r(b, T, h) - 2), A(h), r(b, T, 1, n), r(b, T, 1, n)), r(b, h, p, n)
-    if name == "selective (mamba1)":
-        d, n = (1536, 16) if paper else (256, 16)
-        return (r(b, T, d), F.softplus(r(b, T, d) - 2), A(d, n), r(b, T, n), r(b, T, n)), r(b, d, n)
-    h, dk, dv = ((4, 64, 128) if name == "gla" else (8, 32, 64)) if paper else (4, 64, 64)
-    q, k, v = r(b, T, h, dk), r(b, T, h, dk) * dk ** -0.5, r(b, T, h, dv)
-    g_log = F.logsigmoid(r(b, T, h, dk) + 3)  # per-channel log decay, mostly near 0
-    return ((q, k, v, g_log) if name == "gla" else (q, k, v, g_log, r(h, dk) * 0.1)), r(b, h, dk, dv)
 
 def bench_scans(args, device):
     """Best forward time of each form (ms), and its distance from the loop: max |difference| / max |loop|."""

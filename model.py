@@ -1,4 +1,4 @@
-"""The one language model around any recurrent mixer (Mamba-1, Mamba-2, GLA, RWKV-6).
+"""The one language model around any recurrent mixer (Mamba-1, Mamba-2, GLA, RWKV-6, Gated DeltaNet).
 
     logits, final_state = lm(idx, state=None)
 
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+import deltanet
 import gla
 import rwkv
 import ssm
@@ -24,7 +25,7 @@ from plumbing.scans import check_lm_inputs
 
 @dataclass
 class ModelConfig:
-    arch: str = "mamba2"          # one of ARCHS: mamba1, mamba2, gla, rwkv6
+    arch: str = "mamba2"          # one of ARCHS: mamba1, mamba2, gla, rwkv6, gated_deltanet
     vocab_size: int = 257         # the bytes tokenizer: 256 bytes + end-of-text
     d_model: int = 64
     n_layer: int = 2
@@ -33,20 +34,23 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = True  # the head shares the embedding matrix (official Mamba LMs; fla's GLA unties)
 
-# arch -> (mixer, MLP or None) of block i: official Mamba blocks have no MLP, GLA and RWKV-6 a channel mix.
+# arch -> (mixer, MLP or None) of block i: official Mamba blocks have no MLP; the others a channel mix.
 ARCHS = {
     "mamba2": lambda cfg, i: (ssm.Mamba2(cfg.d_model, **cfg.mixer), None),
     "mamba1": lambda cfg, i: (ssm.Mamba1(cfg.d_model, **cfg.mixer), None),
     "gla": lambda cfg, i: (gla.GLA(cfg.d_model, **cfg.mixer), gla.SwiGLU(cfg.d_model)),
     "rwkv6": lambda cfg, i: (rwkv.RWKV6TimeMix(cfg.d_model, layer_idx=i, num_layers=cfg.n_layer, **cfg.mixer),
-                             rwkv.RWKV6ChannelMix(cfg.d_model, layer_idx=i, num_layers=cfg.n_layer))}
+                             rwkv.RWKV6ChannelMix(cfg.d_model, layer_idx=i, num_layers=cfg.n_layer)),
+    "gated_deltanet": lambda cfg, i: (deltanet.GatedDeltaNet(cfg.d_model, **cfg.mixer),
+                                      gla.SwiGLU(cfg.d_model))}
 
 def _size(d_model, n_layer, **mixer):  # a preset
     return dict(d_model=d_model, n_layer=n_layer, mixer=mixer)
 
 # Presets: dimensions only; vocab_size comes from the data. "tiny": CPU-sized, for demos and tests.
 # "45m/85m/125m" (Mamba-2), "70m" (GLA, RWKV-6): the paper's from-scratch sizes (our dimensions, near
-# those counts with the GPT-NeoX vocabulary). "130m".."1.3b": the official state-spaces checkpoints.
+# those counts with the GPT-NeoX vocabulary); Gated DeltaNet's "70m": GLA's shape (not in the paper).
+# "130m".."1.3b": the official state-spaces checkpoints.
 _M2 = dict(d_state=128, headdim=64)
 PRESETS = {
     "mamba2": {"tiny": _size(64, 2, d_state=16, headdim=16, expand=2, chunk_size=64),
@@ -58,7 +62,8 @@ PRESETS = {
                "tiny-slow": _size(64, 2, d_state=16, dt_min=1e-5, dt_max=1e-3),
                "130m": _size(768, 24, d_state=16), "370m": _size(1024, 48, d_state=16)},
     "gla": {"tiny": _size(64, 2, num_heads=2), "70m": _size(512, 12, num_heads=4)},
-    "rwkv6": {"tiny": _size(64, 2, num_heads=2), "70m": _size(512, 12, num_heads=8)}}
+    "rwkv6": {"tiny": _size(64, 2, num_heads=2), "70m": _size(512, 12, num_heads=8)},
+    "gated_deltanet": {"tiny": _size(64, 2, num_heads=2), "70m": _size(512, 12, num_heads=3)}}
 
 def make_config(arch, size="tiny", vocab_size=257, **overrides):
     """The ModelConfig of a preset, e.g. make_config("mamba2", "tiny", vocab_size=257)."""
@@ -66,8 +71,8 @@ def make_config(arch, size="tiny", vocab_size=257, **overrides):
         known = {a: list(sizes) for a, sizes in PRESETS.items()}
         raise ValueError(f"unknown arch or size {arch}:{size}: choose from {known}")
     p = PRESETS[arch][size]
-    # GLA as fla's GLAConfig: an untied head and RMSNorm eps 1e-6 (the Mamba LMs and RWKV-6: tied, 1e-5)
-    own = dict(tie_embeddings=False, norm_eps=1e-6) if arch == "gla" else {}
+    # GLA, Gated DeltaNet as fla's configs: untied head, RMSNorm eps 1e-6 (the Mamba LMs, RWKV-6: tied, 1e-5)
+    own = dict(tie_embeddings=False, norm_eps=1e-6) if arch in ("gla", "gated_deltanet") else {}
     return ModelConfig(arch, vocab_size, **{**p, "mixer": dict(p["mixer"]), **own, **overrides})
 
 class RMSNorm(nn.RMSNorm):

@@ -11,7 +11,7 @@ import model
 from plumbing import checkpoints
 from conftest import tiny_lm
 
-ARCHS = ["mamba1", "mamba2", "gla", "rwkv6"]
+ARCHS = list(model.ARCHS)   # every mixer, a new one too
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_split_and_step_equivalence(arch):
@@ -48,7 +48,8 @@ def test_gradient_reaches_the_initial_state_even_after_an_inference_mode_call(ar
     assert all(p.grad is not None for p in lm.backbone.layers[0].mixer.parameters())
 
 @pytest.mark.parametrize("arch,outs", [("mamba2", ["out_proj"]), ("gla", ["o_proj", "down_proj"]),
-                                       ("rwkv6", ["o_proj", "value"])])
+                                       ("rwkv6", ["o_proj", "value"]),
+                                       ("gated_deltanet", ["o_proj", "down_proj"])])
 def test_each_residual_branch_output_is_scaled_by_one_over_sqrt_of_all_branches(arch, outs):
     # as mamba_ssm's _init_weights: every projection into the residual stream, the mixers' and the MLPs'
     # alike, divided by sqrt(n_layer * branches per block); nothing else changes

@@ -15,7 +15,8 @@ import model  # noqa: E402
 from plumbing.scans import HAS_TRITON, tl, triton  # noqa: E402
 
 TARGETS = (80, 90)
-PAPER_SIZE = {"mamba2": "130m", "mamba1": "130m", "gla": "70m", "rwkv6": "70m"}  # each is run at "tiny" too
+PAPER_SIZE = {"mamba2": "130m", "mamba1": "130m", "gla": "70m", "rwkv6": "70m",  # each is run at "tiny" too
+              "gated_deltanet": "70m"}
 JOBS, WHERE = {}, ["nowhere"]  # (kernel, target, specialisation) -> (WHERE at launch, compile arguments)
 
 @triton.jit
