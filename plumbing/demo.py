@@ -19,9 +19,13 @@ INTERVENTIONS = {"control": "zero", "random": "random", "fitted": "fitted", "SP"
                  "streams": "zero"}
 
 def main(args, train):
-    """train.py --demo: the demo in OUT/demo, per --seed(s); train: train.train (passed: no import circle)."""
+    """train.py --demo: the demo in OUT/demo, per --seed(s); train: train.train (passed: no import circle).
+    --arch X (not the demo's): the same protocol on X's tiny preset, in OUT/demo-X."""
     seeds = flags.parse_seeds(args.seeds) if args.seeds else [args.seed]
-    return demo(train, os.path.join(args.out, "demo"), seeds, args.device, args.quiet)
+    if args.arch in (None, DEMO["arch"]):
+        return demo(train, os.path.join(args.out, "demo"), seeds, args.device, args.quiet)
+    out = os.path.join(args.out, f"demo-{args.arch}")
+    return demo(train, out, seeds, args.device, args.quiet, arch=args.arch, size="tiny")
 
 def demo(train, out, seeds=(0,), device="auto", quiet=False, **overrides):
     """The demo per training seed in OUT/seed{S} (one with an eval.json is kept), each run trained by

@@ -103,6 +103,19 @@ def test_demo_fig5_post_trains_the_base_five_ways_on_two_seeds(demo_out, capsys)
     assert demo.demo(train.train, out, [3], **SMALL_DEMO) == 0  # kept
     assert "seed3/eval.json exists, kept" in capsys.readouterr().out
 
+def test_the_demo_of_another_mixer_is_its_tiny_preset_in_a_folder_of_its_own(monkeypatch):
+    calls = []
+    record = lambda train, out, seeds, device, quiet, **kw: calls.append((out, seeds, kw))
+    monkeypatch.setattr(demo, "demo", record)
+    gdn = ["--arch", "gated_deltanet", "--seeds", "0-2"]
+    for argv in ([], ["--arch", "mamba1"], gdn):
+        demo.main(flags.get_args(["--demo", "--out", "o", *argv]), train.train)
+    mine = dict(arch="gated_deltanet", size="tiny")
+    assert calls == [(os.path.join("o", "demo"), [0], {}), (os.path.join("o", "demo"), [0], {}),
+                     (os.path.join("o", "demo-gated_deltanet"), [0, 1, 2], mine)]
+    with pytest.raises(SystemExit, match="--demo sets its training flags itself .*: drop --size"):
+        flags.get_args(["--demo", "--arch", "gla", "--size", "70m"])
+
 def numbers(where):
     """What a demo's eval.json says of its models, without where they lie."""
     report = json.load(open(os.path.join(where, "eval.json")))
