@@ -63,7 +63,8 @@ PRESETS = {
                "130m": _size(768, 24, d_state=16), "370m": _size(1024, 48, d_state=16)},
     "gla": {"tiny": _size(64, 2, num_heads=2), "70m": _size(512, 12, num_heads=4)},
     "rwkv6": {"tiny": _size(64, 2, num_heads=2), "70m": _size(512, 12, num_heads=8)},
-    "gated_deltanet": {"tiny": _size(64, 2, num_heads=2), "70m": _size(512, 12, num_heads=3)}}
+    "gated_deltanet": {"tiny": _size(64, 2, num_heads=2), "70m": _size(512, 12, num_heads=3),
+                       "tiny-slow": _size(64, 2, num_heads=2, dt_min=1e-5, dt_max=1e-3)}}
 
 def make_config(arch, size="tiny", vocab_size=257, **overrides):
     """The ModelConfig of a preset, e.g. make_config("mamba2", "tiny", vocab_size=257)."""

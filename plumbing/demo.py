@@ -5,6 +5,7 @@ import functools
 import os
 
 import evaluate
+import model
 from plumbing import checkpoints, flags, report
 
 # The demo: a tiny Mamba-1 whose state channels barely decay within T_train ("tiny-slow"), trained from the
@@ -20,12 +21,16 @@ INTERVENTIONS = {"control": "zero", "random": "random", "fitted": "fitted", "SP"
 
 def main(args, train):
     """train.py --demo: the demo in OUT/demo, per --seed(s); train: train.train (passed: no import circle).
-    --arch X (not the demo's): the same protocol on X's tiny preset, in OUT/demo-X."""
+    --arch X [--size S] (not the demo's own): the same protocol on X's preset S (default tiny), in
+    OUT/demo-X-S."""
     seeds = flags.parse_seeds(args.seeds) if args.seeds else [args.seed]
-    if args.arch in (None, DEMO["arch"]):
+    arch = args.arch or DEMO["arch"]
+    size = args.size or (DEMO["size"] if arch == DEMO["arch"] else "tiny")
+    model.make_config(arch, size)   # an unknown size: one line (a ValueError) before any training
+    if (arch, size) == (DEMO["arch"], DEMO["size"]):
         return demo(train, os.path.join(args.out, "demo"), seeds, args.device, args.quiet)
-    out = os.path.join(args.out, f"demo-{args.arch}")
-    return demo(train, out, seeds, args.device, args.quiet, arch=args.arch, size="tiny")
+    out = os.path.join(args.out, f"demo-{arch}-{size}")
+    return demo(train, out, seeds, args.device, args.quiet, arch=arch, size=size)
 
 def demo(train, out, seeds=(0,), device="auto", quiet=False, **overrides):
     """The demo per training seed in OUT/seed{S} (one with an eval.json is kept), each run trained by

@@ -58,10 +58,10 @@ FLAGS = [
     ("stop-at", int, None, "stop after this step as if killed (to test --resume)"),
     ("quiet", bool, False, "no progress bar"),
     ("demo", bool, False, "the demo in OUT/demo, minutes a seed (with --out, --seed(s), --device, --quiet): "
-     "Fig. 5, the failure and the four interventions; --arch X: that mixer's tiny preset, in OUT/demo-X"),
+     "Fig. 5, the failure and the four interventions; --arch X [--size S]: on X's S (tiny), in OUT/demo-X-S"),
     ("seeds", str, None, "--demo: training seeds, e.g. 0-7 or 0,5: a demo each, then the summary over seeds")]
 DEFAULTS = {name.replace("-", "_"): default for name, _, default, _ in FLAGS}
-DEMO_FLAGS = ("demo", "out", "seed", "seeds", "device", "quiet", "arch")   # what --demo takes
+DEMO_FLAGS = ("demo", "out", "seed", "seeds", "device", "quiet", "arch", "size")   # what --demo takes
 # May change on resume: the length, divergence remedies (not resumed at all: runs.PER_INVOCATION).
 MAY_CHANGE = ("steps", "ckpt_interval", "eval_interval", "lr", "grad_clip")
 INHERITED = ("data", "tokenizer", "seq_len", "split_seed", "arch", "size")   # post-training: the parent's
@@ -72,8 +72,9 @@ def get_args(argv=None, description=None):
     args = make_parser(description).parse_args(argv)
     given = {k for k, v in vars(args).items() if v is not None}
     exit_on_bad_command_line(args, given)
-    if args.demo:   # its own flags only: --arch not given (None) is the demo's Mamba-1 (plumbing/demo.py)
-        vars(args).update({k: DEFAULTS[k] for k in DEMO_FLAGS if k != "arch" and getattr(args, k) is None})
+    if args.demo:   # its own flags only: --arch, --size not given (None): the demo's own (plumbing/demo.py)
+        unset = [k for k in DEMO_FLAGS if k not in ("arch", "size") and getattr(args, k) is None]
+        vars(args).update({k: DEFAULTS[k] for k in unset})
         return args
     if args.resume:
         take_checkpoint_flags(args, given)

@@ -108,13 +108,18 @@ def test_the_demo_of_another_mixer_is_its_tiny_preset_in_a_folder_of_its_own(mon
     record = lambda train, out, seeds, device, quiet, **kw: calls.append((out, seeds, kw))
     monkeypatch.setattr(demo, "demo", record)
     gdn = ["--arch", "gated_deltanet", "--seeds", "0-2"]
-    for argv in ([], ["--arch", "mamba1"], gdn):
+    for argv in ([], ["--arch", "mamba1"], ["--size", "tiny-slow"], gdn, gdn + ["--size", "tiny-slow"],
+                 ["--arch", "mamba1", "--size", "tiny"]):
         demo.main(flags.get_args(["--demo", "--out", "o", *argv]), train.train)
     mine = dict(arch="gated_deltanet", size="tiny")
-    assert calls == [(os.path.join("o", "demo"), [0], {}), (os.path.join("o", "demo"), [0], {}),
-                     (os.path.join("o", "demo-gated_deltanet"), [0, 1, 2], mine)]
-    with pytest.raises(SystemExit, match="--demo sets its training flags itself .*: drop --size"):
-        flags.get_args(["--demo", "--arch", "gla", "--size", "70m"])
+    assert calls == [(os.path.join("o", "demo"), [0], {})] * 3 + [
+        (os.path.join("o", "demo-gated_deltanet-tiny"), [0, 1, 2], mine),
+        (os.path.join("o", "demo-gated_deltanet-tiny-slow"), [0, 1, 2], {**mine, "size": "tiny-slow"}),
+        (os.path.join("o", "demo-mamba1-tiny"), [0], dict(arch="mamba1", size="tiny"))]
+    with pytest.raises(ValueError, match="unknown arch or size gla:tiny-slow"):
+        demo.main(flags.get_args(["--demo", "--arch", "gla", "--size", "tiny-slow"]), train.train)
+    with pytest.raises(SystemExit, match="--demo sets its training flags itself .*: drop --steps"):
+        flags.get_args(["--demo", "--arch", "gla", "--steps", "70"])
 
 def numbers(where):
     """What a demo's eval.json says of its models, without where they lie."""
