@@ -1,11 +1,13 @@
 """The edges of plumbing's checks: the figures a later evaluation may remove (report._figures_of), the new
-runs that need --seq-len (flags), the args.json a resumed run refuses (runs)."""
+runs that need --seq-len (flags), the args.json a resumed run refuses (runs), integer lists (files), the
+presets' heads (model)."""
 import json
 import types
 
 import pytest
 
-from plumbing import flags, report, runs
+import model
+from plumbing import eval_flags, files, flags, report, runs
 
 
 def test_figures_of_names_each_figure_an_evaluation_writes_passkey_included_and_nothing_else(tmp_path):
@@ -41,3 +43,26 @@ def test_a_resumed_run_refuses_only_an_args_json_that_names_another_run(tmp_path
     with pytest.raises(SystemExit, match="are another run's than"):
         runs.exit_if_another_runs_files(args, metrics, 5)
     runs.exit_if_another_runs_files(args, metrics, 0)   # a new run replaces another's args.json
+
+
+def test_an_integer_list_is_distinct_integers_in_range_and_each_flag_keeps_its_bounds():
+    assert files.int_list("8,16") == [8, 16]
+    assert files.int_list("0,3", minimum=0) == [0, 3] and files.int_list("0,3") is None
+    assert files.int_list(str(2**63 - 1)) == [2**63 - 1] and files.int_list(str(2**63)) is None
+    assert [files.int_list(t) for t in ("", "1,,2", "2,2", "-1", "1.5", " 1")] == [None] * 6
+    assert flags.parse_seeds("0,5") == [0, 5] and flags.parse_seeds("0-1") == [0, 1]
+    parse = lambda *argv: eval_flags.parse_args(["ckpt.pt", *argv], None, ["tv"], 16)
+    assert parse("--seed", "0").seed == 0 and parse("--n-seqs", "3").n_seqs == 3
+    assert parse("--passkey-lengths", "128,64", "--metrics", "passkey").passkey_lengths == [128, 64]
+    for bad in (["--n-seqs", "3,4"], ["--n-seqs", "0"], ["--seed", str(2**63)]):
+        with pytest.raises(SystemExit):
+            parse(*bad)
+
+
+def test_gated_deltanet_lm_has_fla_s_untied_head_and_norm_eps_as_gla():
+    for arch in ("gla", "gated_deltanet"):
+        cfg = model.make_config(arch, "tiny")
+        assert (cfg.tie_embeddings, cfg.norm_eps) == (False, 1e-6)
+    for arch in ("mamba1", "rwkv6"):
+        cfg = model.make_config(arch, "tiny")
+        assert (cfg.tie_embeddings, cfg.norm_eps) == (True, 1e-5)
