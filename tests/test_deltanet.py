@@ -111,6 +111,8 @@ def test_zero_length_input_is_the_identity_and_bf16_computes_in_float32(form):
     assert y.dtype == torch.bfloat16 and s.dtype == torch.float32
     close(y, y32, 1e-2)
     close(s, s32, 1e-5)
+    y64, s64 = call(forms()[form], [v.double() for v in inputs], {})   # float64 in: the state float64 too
+    assert y64.dtype == s64.dtype == torch.float64
 
 @pytest.mark.parametrize("form", ["naive", "chunked", "triton"])
 def test_known_values_by_hand(form):
