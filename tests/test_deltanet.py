@@ -1,12 +1,9 @@
-"""Gated DeltaNet (deltanet.py): its three scan forms (naive loop, chunked WY form, Triton kernel: interpreted
-on a CPU, see conftest.py) agree in outputs, final states and gradients at lengths on and off the chunk, from
-zero and given states, in pieces; values by hand and the delta rule's invariants; the inputs each form
-refuses; the layer recomputed from its weights and run in every form; the LM's state plumbing for it."""
-import functools
+"""Gated DeltaNet (deltanet.py) beyond what every scan is tested for (tests/test_scans.py runs its three
+forms as the others': agreement in outputs, final states and gradients on and off the chunk, in pieces, at
+zero length, without Triton; test_model.py its LM's state plumbing): values by hand, the delta rule's
+invariants, the states each form refuses, the layer recomputed from its weights and run in every form."""
 import math
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,105 +11,17 @@ import torch.nn.functional as F
 
 import deltanet
 import model
-from conftest import ROOT
 from deltanet import GATED_DELTA_SCANS, GatedDeltaNet
-from test_scans import GPU, TorchCalls, call, close, grads, on_gpu, timed
+import test_scans
+from test_scans import GPU, TorchCalls, call, close
 
 def make_inputs(seed, b=2, t=13, strong=False):
-    """[q, k, v, g, beta, initial_state], float64: 2 heads, dk = 12 (not a power of two: the kernel's masks),
-    dv = 40 (two kernel value blocks, the second masked); k of unit norm, beta in (0, 1), g in (-1, 0]
-    (strong: the second head loses 5-10 nats a step)."""
-    gen = torch.Generator().manual_seed(seed)
-    N, U = (functools.partial(f, generator=gen, dtype=torch.float64) for f in (torch.randn, torch.rand))
-    H = 2
-    dk = 12
-    dv = 40
-    g = -U(b, t, H)
-    if strong:
-        g[..., 1] = -5 - 5 * U(b, t)
-    k = F.normalize(N(b, t, H, dk), dim=-1)
-    return [N(b, t, H, dk), k, N(b, t, H, dv), g, U(b, t, H), N(b, H, dk, dv)]
+    """[q, k, v, g, beta, initial_state], float64: test_scans.make_inputs' for this scan."""
+    return test_scans.make_inputs("gated_delta", seed, b, t, strong)[0]
 
 def forms():
     """The three forms; chunks of 4, so that t = 13 ends in a partial chunk."""
-    return {**GATED_DELTA_SCANS, "chunked": functools.partial(GATED_DELTA_SCANS["chunked"], chunk_size=4),
-            "triton": on_gpu(GATED_DELTA_SCANS["triton"]) if GPU else GATED_DELTA_SCANS["triton"]}
-
-@pytest.mark.parametrize("strong", [False, True], ids=["mild", "strong"])
-def test_three_forms_agree_in_outputs_states_and_gradients(strong):
-    naive = GATED_DELTA_SCANS["naive"]
-    form = forms()
-    inputs = make_inputs(0, strong=strong)
-    inputs32 = [v.float() for v in inputs]
-    for with_state in (True, False):
-        for kw in ({}, {"scale": 0.7}):
-            ref = call(naive, inputs, kw, with_state)
-            close(call(form["chunked"], inputs, kw, with_state), ref, 1e-10)
-            for f in ("chunked", "triton"):  # float32, as they run in a model
-                y, s = call(form[f], inputs32, kw, with_state)
-                assert y.dtype == s.dtype == torch.float32
-                close((y, s), ref, 1e-4)
-    zeros = inputs32[:-1] + [torch.zeros_like(inputs32[-1])]
-    for f in ("naive", "chunked"):  # initial_state=None means zeros
-        none = call(form[f], inputs32, {}, False)
-        torch.testing.assert_close(none, call(form[f], zeros, {}), rtol=0, atol=0)
-    weights = [torch.randn(v.shape, dtype=v.dtype) for v in ref]
-    ref = grads(naive, inputs, {}, weights)   # w.r.t. q, k, v, g, beta and the initial state
-    assert all(g.abs().sum() > 0 for g in ref)
-    close(grads(form["chunked"], inputs, {}, weights), ref, 1e-8)
-    got = grads(form["triton"], inputs32, {}, weights)
-    assert all(g.dtype == torch.float32 for g in got)
-    close(got, ref, 1e-3)
-    # a loss on y alone, from the zero state: the Triton form's backward gets a zero final-state gradient
-    weights = [weights[0], torch.zeros_like(weights[1])]
-    got = grads(form["triton"], inputs32, {}, weights, with_state=False)
-    close(got[:-1], grads(naive, inputs, {}, weights, with_state=False)[:-1], 1e-3)
-
-def test_forms_agree_at_one_step_and_at_lengths_on_and_off_the_chunk_and_in_pieces():
-    # chunks of 4: t = 1, 3 (short), 4, 8 (whole chunks), 5, 9 (a partial last chunk); then the same input
-    # cut into pieces, empty ones and single tokens among them, the state carried: one pass
-    for t in (1, 3, 4, 5, 8, 9):
-        inputs = make_inputs(t, t=t)
-        ref = call(GATED_DELTA_SCANS["naive"], inputs, {})
-        close(call(forms()["chunked"], inputs, {}), ref, 1e-10)
-        close(call(GATED_DELTA_SCANS["chunked"], inputs, {}), ref, 1e-10)   # the default chunk, 64
-        close(call(forms()["triton"], [v.float() for v in inputs], {}), ref, 1e-4)
-    for form, tol in (("naive", 1e-10), ("chunked", 1e-10), ("triton", 1e-4)):   # t = 9
-        state = inputs[-1]
-        ys = []
-        cast = (lambda v: v.float()) if form == "triton" else (lambda v: v)
-        for a, z in zip([0, 0, 4, 4, 5, 6, 9], [0, 4, 4, 5, 6, 9, 9]):
-            y, state = forms()[form](*timed([cast(v) for v in inputs[:-1]], 2, 9, a, z),
-                                     initial_state=cast(state))
-            ys.append(y)
-        close((torch.cat(ys, 1), state), ref, tol)
-
-@pytest.mark.parametrize("form", ["naive", "chunked", "triton"])
-def test_zero_length_input_is_the_identity_and_bf16_computes_in_float32(form):
-    # no step: y empty, final_state == initial_state as a copy (zeros without one); the gradient reaches
-    # initial_state unchanged
-    for dtype in (torch.float64, torch.float32):
-        empty = [v.to(dtype) for v in timed(make_inputs(3, t=1), 2, 1, 0, 0)]
-        h0 = empty[-1].clone().requires_grad_()
-        y, s = forms()[form](*empty[:-1], initial_state=h0)
-        assert y.shape == (2, 0, 2, 40) and y.dtype == s.dtype == dtype and torch.equal(s, h0)
-        weights = torch.randn(h0.shape, dtype=dtype)
-        (s * weights).sum().backward()
-        torch.testing.assert_close(h0.grad, weights, rtol=0, atol=0)
-        with torch.no_grad():
-            s.add_(1.0)   # a copy: editing the final state in place leaves the initial state alone
-        assert torch.equal(h0, empty[-1])
-        y, s = call(forms()[form], empty, {}, with_state=False)
-        assert y.shape[1] == 0 and s.dtype == dtype and torch.equal(s, torch.zeros_like(h0))
-    inputs = make_inputs(4, t=6)
-    bf16 = [v.bfloat16() for v in inputs[:-1]] + [inputs[-1].float()]   # bf16 inputs, a float32 state
-    y, s = call(forms()[form], bf16, {})
-    y32, s32 = call(forms()[form], [v.float() for v in bf16], {})
-    assert y.dtype == torch.bfloat16 and s.dtype == torch.float32
-    close(y, y32, 1e-2)
-    close(s, s32, 1e-5)
-    y64, s64 = call(forms()[form], [v.double() for v in inputs], {})   # float64 in: the state float64 too
-    assert y64.dtype == s64.dtype == torch.float64
+    return test_scans.forms("gated_delta")
 
 @pytest.mark.parametrize("form", ["naive", "chunked", "triton"])
 def test_known_values_by_hand(form):
@@ -208,25 +117,6 @@ def test_an_initial_state_of_another_shape_and_a_bad_chunk_size_are_refused_in_o
                       (dict(chunk_size=0), "GatedDeltaNet: chunk_size 0 must be a positive integer")]:
         with pytest.raises(ValueError, match=match):
             GatedDeltaNet(64, **kw)
-
-NO_TRITON = r'''
-import sys
-sys.modules["triton"] = None  # "import triton" fails, as on a machine without the wheel
-sys.path.insert(0, "tests")
-import pytest, torch, deltanet, model, test_deltanet
-lm = model.LM(model.make_config("gated_deltanet", "tiny", vocab_size=20))
-lm(torch.randint(0, 20, (2, 9)))[0].sum().backward()
-inputs = test_deltanet.make_inputs(0, t=5)
-for form in ("naive", "chunked"):
-    deltanet.GATED_DELTA_SCANS[form](*inputs)
-with pytest.raises(RuntimeError, match="needs Triton"):
-    deltanet.gated_delta_triton(*inputs)
-print("done")
-'''
-
-def test_without_triton_the_other_forms_work_and_the_triton_form_says_why():
-    r = subprocess.run([sys.executable, "-c", NO_TRITON], cwd=ROOT, capture_output=True, timeout=300)
-    assert r.returncode == 0 and r.stdout == b"done\n", r.stderr[-3000:].decode()
 
 # ---- The layer
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+import deltanet
 import gla
 import model
 import rwkv
@@ -39,6 +40,13 @@ def make_inputs(name, seed, b=2, t=13, strong=False):
         if strong:  # odd channels lose 5-10 nats a step, even ones barely decay
             g[..., 1::2] = -5 - 5 * U(b, t, h, dk // 2)
         return [N(b, t, h, dk), N(b, t, h, dk), N(b, t, h, dv), g, N(b, h, dk, dv)], {"scale": 0.5}
+    if name == "gated_delta":  # dk = 12: not a power of two (the kernel's masks); unit keys, beta in (0, 1)
+        h, dk, dv = 2, 12, 40
+        g = -U(b, t, h)
+        if strong:  # the second head loses 5-10 nats a step
+            g[..., 1] = -5 - 5 * U(b, t)
+        k = F.normalize(N(b, t, h, dk), dim=-1)
+        return [N(b, t, h, dk), k, N(b, t, h, dv), g, U(b, t, h), N(b, h, dk, dv)], {"scale": 0.6}
     h, dk, dv = 2, 8, 40  # dv = 40: two kernel value blocks, the second one masked
     w = -U(b, t, h, dk) * (10.0 if strong else 1.0)
     if strong:  # half the channels barely decay
@@ -46,7 +54,7 @@ def make_inputs(name, seed, b=2, t=13, strong=False):
     return [N(b, t, h, dk), N(b, t, h, dk), N(b, t, h, dv), w, N(h, dk), N(b, h, dk, dv)], {"scale": 0.7}
 
 SCANS = {"ssd": ssm.SSD_SCANS, "selective_scan": ssm.SELECTIVE_SCANS, "gla": gla.GLA_SCANS,
-         "rwkv6": rwkv.RWKV6_SCANS}   # each {"naive", "chunked", "triton"} -> the form
+         "rwkv6": rwkv.RWKV6_SCANS, "gated_delta": deltanet.GATED_DELTA_SCANS}   # each {"naive", "chunked", "triton"} -> the form
 GPU = torch.cuda.is_available()  # then the Triton form runs compiled (else interpreted: conftest.py)
 
 def on_gpu(scan):  # scan on CUDA copies of the inputs, results back on the CPU (gradients flow through .to)
@@ -126,6 +134,8 @@ def test_pieces_with_the_state_carried_equal_one_pass_and_bf16_computes_in_float
     assert y.dtype == torch.bfloat16 and s.dtype == torch.float32
     close(y, y32, 1e-2)
     close(s, s32, 1e-5)
+    y64, s64 = call(scan, [v.double() for v in inputs], kw)   # float64 in: y and the state float64 too
+    assert y64.dtype == s64.dtype == torch.float64
 
 # Per-step log decay U(-decay, 0): leaves of a whole chunk (0.01), a few bisection levels (0.3, 2), two-token
 # (10: a 32-token chunk decays by ~160 nats) and one-token leaves (40); float32 past ~88 nats per chunk.
@@ -262,7 +272,7 @@ import sys
 sys.modules["triton"] = None  # "import triton" fails, as on a machine without the wheel
 sys.path.insert(0, "tests")
 import pytest, torch, model, test_scans
-for arch in ("mamba2", "mamba1", "gla", "rwkv6"):
+for arch in model.ARCHS:
     model.LM(model.make_config(arch, "tiny", vocab_size=20))(torch.randint(0, 20, (2, 9)))[0].sum().backward()
 for name, forms in test_scans.SCANS.items():
     inputs, kw = test_scans.make_inputs(name, 0, t=5)
@@ -406,7 +416,7 @@ def test_auto_on_a_cpu_tensor_is_the_chunked_form_without_the_interpreter(monkey
     inputs, kw = make_inputs("ssd", 0, t=3)
     with pytest.raises(RuntimeError, match="needs CUDA tensors"):
         call(SCANS["ssd"]["triton"], inputs, kw)
-    for arch in ("mamba2", "mamba1", "gla", "rwkv6"):
+    for arch in model.ARCHS:
         torch.manual_seed(0)
         lm = model.LM(model.make_config(arch, "tiny", vocab_size=20))
         idx = torch.randint(0, 20, (2, 9))
