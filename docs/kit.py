@@ -23,10 +23,13 @@ import csv
 import errno
 import glob
 import importlib.util
+import inspect
 import io
+import itertools
 import json
 import math
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import pwd
 import re
@@ -40,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+import tokenize
 import types
 import xml.etree.ElementTree as ET
 import zipfile
@@ -48,35 +52,38 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # With the instructor: the answers, and the tests that hold the reference's code (the pitfalls are edits of
 # it; exercises 9 and 10 are checked against it). Grading copies them in; a student's self-check lacks them.
-WITHHELD = {"docs/INSTRUCTOR.md", "tests/pitfalls.py", "tests/test_course_kit.py"}
+WITHHELD = {"docs/INSTRUCTOR.md", "tests/pitfalls.py", "tests/test_course_kit.py",
+            "tests/test_course_judged.py"}
+# A judged check (run_judged): the student's functions run in one process, the verdict comes from another
+JUDGED = "tests/test_course_judged.py"
 MANIFEST = "docs/kit-files.txt"  # a student copy's list of its files (it has no git)
 # number: (title, points, asks for a written answer, {file: [function or Class.method]}, [pytest arguments
 # of each check command])
 EXERCISES = {
     1: ("chunked SSD", 3, True, {"ssm.py": ["ssd_chunked"]},
-        [["tests/test_scans.py", "-k", "ssd and not triton"]]),
+        [["tests/test_scans.py", "-k", "ssd and not triton"], [JUDGED, "-k", "exercise1"]]),
     2: ("the chunked GLA / RWKV-6 scan", 3, False, {"gla.py": ["chunked_scan"]},
         [["tests/test_scans.py", "-k", "(gla or rwkv6) and chunked"],
-         ["tests/test_gla_rwkv.py", "-k", "chunked"]]),
+         ["tests/test_gla_rwkv.py", "-k", "chunked"], [JUDGED, "-k", "exercise2"]]),
     3: ("position-wise perplexity", 2, True,
         {"evaluate.py": ["position_nll_naive", "sequence_nll", "position_nll"]},
-        [["tests/test_evaluate.py", "-k", "position_nll"]]),
+        [["tests/test_evaluate.py", "-k", "position_nll"], [JUDGED, "-k", "exercise3"]]),
     4: ("Definition 3.2", 1, True, {"evaluate.py": ["length_generalization_pstar"]},
-        [["tests/test_evaluate.py", "-k", "hand_made"]]),
+        [["tests/test_evaluate.py", "-k", "hand_made"], [JUDGED, "-k", "exercise4"]]),
     5: ("Effective Remembrance", 2, True, {"evaluate.py": ["effective_remembrance_naive"]},
-        [["tests/test_evaluate.py", "-k", "effrem and not bad"]]),
+        [["tests/test_evaluate.py", "-k", "effrem and not bad"], [JUDGED, "-k", "exercise5"]]),
     6: ("fitted noise", 2, True, {"interventions.py": ["Noise.initial_state", "Noise.observe"]},
-        [["tests/test_interventions.py", "-k", "fitted or random"]]),
+        [["tests/test_interventions.py", "-k", "fitted or random"], [JUDGED, "-k", "exercise6"]]),
     7: ("State Passing and TBTT", 2, True,
         {"interventions.py": ["PassedState.initial_state", "PassedState.observe"]},
-        [["tests/test_interventions.py", "-k", "sp_ or tbtt"]]),
+        [["tests/test_interventions.py", "-k", "sp_ or tbtt"], [JUDGED, "-k", "exercise7"]]),
     8: ("the Markov Bayes floor", 2, True, {"data.py": ["markov_bayes_nll"]},
-        [["tests/test_tasks.py", "-k", "markov_floor"]]),
+        [["tests/test_tasks.py", "-k", "markov_floor"], [JUDGED, "-k", "exercise8"]]),
     9: ("a mixer with an exact state split", 2, True,
         {"docs/course.py": ["DiagonalRNN.zero_state", "DiagonalRNN.forward"]},
-        [["tests/test_course_kit.py", "-k", "exercise9"]]),
+        [["tests/test_course_kit.py", "-k", "exercise9"], [JUDGED, "-k", "exercise9"]]),
     10: ("predict, then measure", 1, True, {"docs/course.py": ["predictions", "verdict_rows"]},
-         [["tests/test_course_kit.py", "-k", "exercise10"]]),
+         [["tests/test_course_kit.py", "-k", "exercise10"], [JUDGED, "-k", "exercise10"]]),
 }
 ANSWER_PLACEHOLDER = "(your answer)"
 REPORT_FIELDS = ["student", "exercise", "points", "of", "status", "reason", "tests", "answer"]
@@ -90,6 +97,18 @@ NEEDED = ("torch", "numpy", "pytest")  # what every check imports: missing, noth
 MAX_READ = 4 << 20
 TOO_LARGE = f"too large (over {MAX_READ >> 20} MiB)"
 OUTPUT = 20000   # the characters of a row's checks' output the report keeps: their end
+# What one check may use, whatever its code does: address space (score --memory), the size of each file it
+# writes (its log among them), processes (where it runs as a user of its own: root's are not counted),
+# and no core file; its time is --timeout.
+CHECK_MEMORY = 4 << 30   # the checks of the repo's reference peak below 0.9 GiB of address space
+CHECK_FILE_SIZE = 256 << 20
+CHECK_PROCESSES = 256
+TOO_MUCH_WRITTEN = f"too large (a file over {CHECK_FILE_SIZE >> 20} MiB written)"
+# Parsing a submission's file (to splice it) happens in a child process with these bounds: an honest file
+# takes about 10 MiB, 4 MiB of statements about 1 GiB and 4 s.
+PARSE_MEMORY = 512 << 20
+PARSE_SECONDS = 60
+TOO_LARGE_TO_PARSE = f"too large to parse (over {PARSE_MEMORY >> 20} MiB or {PARSE_SECONDS} s)"
 
 NO_SANDBOX = ("each check runs as you: it can read your checkout and the other submissions, write wherever "
               "you can, and start processes that outlive it")
@@ -112,7 +131,7 @@ def find(tree, name):
 
 def stub(source, names, number, path):
     """source with each function of `names` reduced to its signature, docstring and the exercise's raise."""
-    tree, lines, spans = ast.parse(source), source.splitlines(keepends=True), []
+    tree, lines, spans = ast.parse(source), source_lines(source), []
     for name in names:
         node = find(tree, name)
         if node is None or node.body[0].lineno == node.lineno:
@@ -122,7 +141,7 @@ def stub(source, names, number, path):
         docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(
             first.value.value, str)
         start = first.end_lineno if docstring else first.lineno - 1  # the first line to replace (0-based)
-        spans.append((start, node.end_lineno, " " * first.col_offset))
+        spans.append((start, node.end_lineno, indent_of(lines[first.lineno - 1])))
     for start, end, indent in sorted(spans, reverse=True):
         lines[start:end] = [f'{indent}raise NotImplementedError("exercise {number}")\n']
     return "".join(lines)
@@ -178,46 +197,208 @@ def student(out, numbers):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
+def source_lines(text):
+    """text's lines as Python's tokenizer counts them, which ast's line numbers index: each ends at \\n,
+    \\r\\n or \\r only (a form feed, U+2028 and str.splitlines()'s other breaks lie inside a line)."""
+    return [line for line in re.split(r"(?<=\n)|(?<=\r)(?!\n)", text) if line]
+
 def graded_source(text, reference, path, n):
-    """A submission's file for exercise n: its text with every other exercise's functions as in reference."""
+    """A submission's file for exercise n: its text with every other exercise's functions as in reference,
+    each at the indentation of the submission's own (a class indented by tabs keeps them). A text that does
+    not parse is returned as it is: the check reports it."""
+    bom = "\ufeff" if text.startswith("\ufeff") else ""   # (decoded as utf-8, not utf-8-sig)
+    text = text[len(bom):]
     try:
         tree, ref_tree = ast.parse(text), ast.parse(reference)
-    except SyntaxError:
-        return text  # the check reports it
-    lines, ref_lines, spans = text.splitlines(keepends=True), reference.splitlines(keepends=True), []
+    except (SyntaxError, ValueError):
+        return bom + text
+    lines, ref_lines, spans = source_lines(text), source_lines(reference), []
+    first = lambda node: min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
     for m, (*_, functions, _) in EXERCISES.items():
         for name in functions.get(path, []) if m != n else []:
             mine, ref = find(tree, name), find(ref_tree, name)
             if mine and ref:
-                first = lambda node: min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
-                spans.append((first(mine), mine.end_lineno, ref_lines[first(ref):ref.end_lineno]))
+                spans.append((first(mine), mine.end_lineno, reindented(
+                    ref_lines[first(ref):ref.end_lineno], indent_of(ref_lines[first(ref)]),
+                    indent_of(lines[first(mine)]))))
     for start, end, replacement in sorted(spans, key=lambda s: s[0], reverse=True):
         lines[start:end] = replacement
-    return "".join(lines)
+    return bom + "".join(lines)
+
+def indent_of(line):
+    return line[:len(line) - len(line.lstrip(" \t\f"))]
+
+def reindented(lines, old, new):
+    """lines (a function ending in a line break) with the indentation `old` of each line that starts with it
+    made `new`."""
+    lines = [new + line[len(old):] if old != new and line.startswith(old) else line for line in lines]
+    if lines and not lines[-1].endswith(("\n", "\r")):   # (the reference's last line, without one)
+        lines[-1] += "\n"
+    return lines
+
+def graded_file(data, reference, path, n):
+    """graded_source on the bytes of a submission's file -> (the bytes to grade, None), or (None, why) where
+    the spliced file would not compile though the submission's own does. Decoded as Python decodes it (a
+    BOM, a coding line), written back in the same encoding."""
+    try:
+        encoding = tokenize.detect_encoding(io.BytesIO(data).readline)[0]
+        text = data.decode(encoding)
+        compile(data, path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, UnicodeDecodeError, LookupError, RecursionError):
+        return data, None   # the student's own file does not compile: the check reports it
+    try:
+        out = graded_source(text, reference, path, n).encode(encoding)
+        compile(out, path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, UnicodeEncodeError, RecursionError) as e:   # a kit bug, in the row
+        where = f" line {e.lineno}" if getattr(e, "lineno", None) else ""
+        return None, f"splice: {path}{where}: {type(e).__name__} once the other exercises are put back"
+    return out, None
+
+SPLICE = """import json, sys
+sys.path.insert(0, sys.argv[1])
+import kit
+kit.set_limits(kit.PARSE_MEMORY, kit.CHECK_FILE_SIZE, None)
+try:
+    data, why = kit.graded_file(sys.stdin.buffer.read(), open(sys.argv[2]).read(), sys.argv[3],
+                                int(sys.argv[4]))
+except MemoryError:
+    sys.exit(3)
+if data is not None:
+    with open(sys.argv[5], "wb") as f:
+        f.write(data)
+print(json.dumps(why))
+"""
+
+def splice_bounded(data, path, n, out):
+    """graded_file of a submission's file (data) in a child process of at most PARSE_MEMORY and
+    PARSE_SECONDS, which writes the file to grade at out -> None, or why not (the row's reason): the kit's
+    own process never parses a student's file."""
+    cmd = [sys.executable, "-I", "-S", "-c", SPLICE, os.path.dirname(os.path.abspath(__file__)),
+           os.path.join(ROOT, path), path, str(n), out]
+    try:
+        run = subprocess.run(cmd, input=data, capture_output=True, timeout=PARSE_SECONDS)
+    except subprocess.TimeoutExpired:
+        return f"{TOO_LARGE_TO_PARSE}: {path}"
+    if run.returncode == 3 or b"MemoryError" in run.stderr[-2000:]:
+        return f"{TOO_LARGE_TO_PARSE}: {path}"
+    if run.returncode:
+        return f"splice: {path}: the parser ended with {run.returncode}"
+    return json.loads(run.stdout)
+
+def set_limits(memory, file_size, processes):
+    """Caps this process and what it starts: its address space, the size of a file it writes, the
+    processes of its user (None: not capped), and no core file; never above what the kit itself may use.
+    Runs in a check's first process too (the sandbox sends its source)."""
+    import resource
+    for kind, value in [(resource.RLIMIT_AS, memory), (resource.RLIMIT_FSIZE, file_size),
+                        (resource.RLIMIT_NPROC, processes), (resource.RLIMIT_CORE, 0)]:
+        hard = resource.getrlimit(kind)[1]
+        if value is not None:
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(kind, (value, value))
+
+# a sandboxed check's first process: it caps itself, then runs the check
+LIMITED = inspect.getsource(set_limits) + """
+import json, os, sys
+set_limits(*json.loads(sys.argv[1]))
+uid = int(sys.argv[2])
+if uid >= 0:   # root without a user namespace: the check becomes a user without rights
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+os.execv(sys.argv[3], sys.argv[3:])
+"""
 
 # ==== one check: its sandbox, its process, its outcome ====
 def find_sandbox():
     """bubblewrap (Linux namespaces), if it is installed and can make them here: (its path, None), else
     (None, the line that says why and what that leaves open)."""
     bwrap = shutil.which("bwrap")
-    if bwrap and subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-all", "true"],
-                                capture_output=True).returncode == 0:
+    if not bwrap:
+        return None, ("warning: no sandbox: bubblewrap is not installed (apt install bubblewrap); "
+                      f"{NO_SANDBOX}")
+    folder = tempfile.mkdtemp(prefix="kit-probe-")
+    try:   # the sandbox a check gets, every option of it (an older bubblewrap may lack one)
+        made = subprocess.run(sandboxed(bwrap, folder, [], [], {}, os.geteuid() == 0) + [
+            shutil.which("true") or "/bin/true"], capture_output=True, text=True, errors="replace")
+    finally:
+        os.rmdir(folder)
+    if made.returncode == 0:
         return bwrap, None
-    why = "cannot make namespaces here" if bwrap else "is not installed (apt install bubblewrap)"
-    return None, f"warning: no sandbox: bubblewrap {why}; {NO_SANDBOX}"
+    said = f" ({made.stderr.strip().splitlines()[-1][:200]})" if made.stderr.strip() else ""
+    return None, f"warning: no sandbox: bubblewrap cannot make namespaces here{said}; {NO_SANDBOX}"
 
-def sandboxed(bwrap, folder, hidden, readable=()):
-    """bwrap's command line for a check in folder: the system read-only, each folder of `hidden` (the
-    teacher's checkout, the submissions, the other checks' folders) empty but for the paths of `readable`
-    (the Python's own, read-only), folder the one writable place; no network; every process the check starts
-    ends with it."""
-    cmd = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all",
-           "--die-with-parent", "--new-session"]
-    for h in hidden:
-        cmd += ["--tmpfs", h]
+# What a sandboxed check sees of the system, read-only (those that exist): programs and libraries, the
+# dynamic linker's cache, the time zone and the font configuration. Nothing else of the machine is there.
+SYSTEM = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache",
+          "/etc/localtime", "/etc/fonts"]
+SANDBOX_UID = 1999999   # the kit as root: each check runs as this uid + its worker's number (no one's)
+TMPFS_SIZE = 64 << 20   # a check's private /tmp and /dev/shm, each
+
+def namespaces(root):
+    """bwrap's flags for a check's namespaces: all of them (no network), capabilities dropped. As root, no
+    user namespace: LIMITED then makes the check a user without rights (in a user namespace of root's the
+    check stays uid 0 outside it, which may write a sysctl with no capability)."""
+    if not root:
+        return ["--unshare-all", "--cap-drop", "ALL"]
+    return ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+            "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+
+def under(path, folders):
+    return any(path == f or path.startswith(f.rstrip(os.sep) + os.sep) for f in folders)
+
+def sandboxed(bwrap, folder, hidden, readable=(), env=None, root=False):
+    """bwrap's command line for a check in folder: an allow-list on an empty root, SYSTEM and the paths of
+    `readable` (the Python's own) read-only, folder the one writable place, a private /tmp and /dev/shm,
+    /proc of its own processes (its /proc/sys read-only); each folder of `hidden` (the teacher's checkout,
+    the submissions, the other checks' folders) that a SYSTEM path holds emptied. An environment of its own
+    (env, nothing of the kit's); no network, no host socket; every process the check starts ends with it."""
+    cmd = [bwrap, *namespaces(root), "--die-with-parent", "--new-session", "--clearenv"]
+    for name, value in sorted((env or {}).items()):
+        cmd += ["--setenv", name, value]
+    system = [p for p in SYSTEM if os.path.lexists(p)]
+    for path in sorted({os.path.dirname(p) for p in system} - {"/"}):   # (/etc: 0755, as its files')
+        cmd += ["--perms", "0755", "--dir", path]
+    for path in system:
+        cmd += ["--symlink", os.readlink(path), path] if os.path.islink(path) else ["--ro-bind", path, path]
+    cmd += ["--dev", "/dev", "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
+    for tmp in ("/tmp", "/dev/shm"):
+        cmd += ["--size", str(TMPFS_SIZE), "--perms", "01777", "--tmpfs", tmp]
+    cmd += [a for h in hidden if under(h, system) for a in ("--tmpfs", h)]
+    parents = {os.path.dirname(p) for p in [*readable, folder]}
+    while any(os.path.dirname(p) not in parents for p in parents):   # each folder on their way, 0755:
+        parents |= {os.path.dirname(p) for p in parents}              # bwrap's own would be 0700
+    for path in sorted(p for p in parents if not under(p, system + ["/dev", "/proc"]) and p not in ("/",
+                                                                                                  "/tmp")):
+        cmd += ["--perms", "0755", "--dir", path]
     for path in readable:
         cmd += ["--ro-bind", path, path]
     return cmd + ["--bind", folder, folder, "--chdir", folder]
+
+class Sandbox:
+    """bubblewrap's sandbox of the checks: called with a check's folder and environment, the start of its
+    command line. limits: set_limits' arguments for the check's first process; seed: the class's, from
+    which checks draw their inputs; the kit as root runs each check as a uid of its worker (uid())."""
+
+    def __init__(self, bwrap, hidden, readable, limits, seed=None):
+        self.bwrap = bwrap
+        self.hidden = hidden
+        self.readable = readable
+        self.limits = limits
+        self.seed = seed
+        self.root = os.geteuid() == 0
+        self.workers = {}
+
+    def uid(self):
+        """The uid of this thread's checks (None: the kit's own): one per worker, so that one check's
+        processes count against no other's limit."""
+        if not self.root:
+            return None
+        with PROCESSES:
+            return SANDBOX_UID + self.workers.setdefault(threading.get_ident(), len(self.workers))
+
+    def __call__(self, folder, env=None):
+        return sandboxed(self.bwrap, folder, self.hidden, self.readable, env, self.root)
 
 def python_paths():
     """What this Python reads to run a check: its prefixes and executable, its sys.path (less the kit's
@@ -237,19 +418,19 @@ def python_paths():
                         break
     return paths
 
-def readable_in_sandbox(hidden, teacher_files):
-    """The paths of python_paths() that lie in a hidden folder (a venv inside the clone), as the Python names
-    them and as they resolve, outermost first: never a hidden folder nor one above it, nor one whose content
-    holds a file of the teacher's checkout (teacher_files: real paths): the reference and its tests stay
-    hidden."""
+def readable_in_sandbox(hidden, teacher_files, everywhere=False):
+    """The paths of python_paths() that lie in a hidden folder (a venv inside the clone), or with everywhere
+    all of them less those SYSTEM holds, as the Python names them and as they resolve, outermost first: never
+    a hidden folder nor one above it, nor one whose content holds a file of the teacher's checkout
+    (teacher_files: real paths): the reference and its tests stay hidden."""
     def exposes(path):
         return any(h == path or h.startswith(path + os.sep) for h in hidden) or any(
             f == path or f.startswith(path + os.sep) for f in teacher_files)
     found = set()
     for p in python_paths():
         for path in {os.path.normpath(os.path.abspath(p)), os.path.realpath(p)}:
-            if os.path.exists(path) and any(path.startswith(h + os.sep) for h in hidden) and not exposes(
-                    path) and not exposes(os.path.realpath(path)):
+            wanted = not under(path, SYSTEM) if everywhere else under(path, hidden) and path not in hidden
+            if os.path.exists(path) and wanted and not exposes(path) and not exposes(os.path.realpath(path)):
                 found.add(path)
     outermost = []
     for path in sorted(found):   # (a path inside one already bound is there)
@@ -257,13 +438,15 @@ def readable_in_sandbox(hidden, teacher_files):
             outermost.append(path)
     return outermost
 
-def pytest_in_child(folder, xml, log, args, env, user):
+def pytest_in_child(folder, xml, log, args, env, user, limits=None):
     """An unsandboxed check, in a process forked from processes()' server: pytest in folder, output to log,
-    as `user` (a pwd entry) if one is given."""
+    as `user` (a pwd entry) if one is given, within limits (set_limits' arguments) if given."""
     os.setsid()  # its own process group: a time-out kills whatever the check started too
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
+    if limits:
+        set_limits(*limits)
     if user:  # the log is open; from here on the check has the user's rights, not the kit's
         os.setgroups([])
         os.setgid(user.pw_gid)
@@ -271,6 +454,7 @@ def pytest_in_child(folder, xml, log, args, env, user):
     os.chdir(folder)
     kit_dir = os.path.dirname(os.path.abspath(__file__))  # on the path of the kit, not of the check
     sys.path[:] = [folder] + [p for p in sys.path if p not in ("", kit_dir)]
+    os.environ.clear()   # (the server's own environment is the few names processes() let through)
     os.environ.update(env)
     sys.dont_write_bytecode = True
     with contextlib.suppress(ImportError):  # no process lock for progress bars: os._exit below would leak
@@ -281,13 +465,22 @@ def pytest_in_child(folder, xml, log, args, env, user):
     sys.stdout.flush()
     os._exit(int(code))
 
-def processes(user=None):
+def processes(user=None, limits=None, seed=None):
     """Without a sandbox each check's process is forked from one server process that imported torch, numpy
     and pytest once: seconds saved per check, and nothing of the kit's own process is shared. user: a pwd
-    entry the checks run as (--as-user), or None."""
+    entry the checks run as (--as-user), or None; limits: set_limits' arguments for each check; seed: the
+    class's (Sandbox)."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(NEEDED) + ["matplotlib.figure"])  # what most checks import, if there
-    return types.SimpleNamespace(Process=context.Process, user=user)
+    saved = dict(os.environ)   # the server starts with none of the kit's environment but these: a check
+    os.environ.clear()         # could read its own /proc/self/environ, which a fork keeps
+    os.environ.update({k: saved[k] for k in ("PATH", "LANG", "TMPDIR", "OMP_NUM_THREADS") if k in saved})
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return types.SimpleNamespace(Process=context.Process, user=user, limits=limits, seed=seed)
 
 def as_user(name, jobs):
     """The pwd entry of --as-user `name`."""
@@ -319,20 +512,51 @@ def kill_all_of(uid):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
 
+SHARED_TEMPORARY = ("/tmp", "/var/tmp", "/dev/shm")   # where an --as-user check can leave files for the next
+
+def sweep(uid, folders=SHARED_TEMPORARY):
+    """Removes what uid left at the top of each folder (its files, folders and links, never what a link
+    points to): a check as --as-user's user leaves nothing there for the next check."""
+    for folder in folders:
+        with contextlib.suppress(OSError), os.scandir(folder) as found:
+            for entry in [e for e in found if e.stat(follow_symlinks=False).st_uid == uid]:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+
 def owner(path):
     try:
         return os.stat(path).st_uid
     except OSError:   # a process that just ended
         return None
 
-def run_check(sandbox, folder, log, args, n, timeout, threads):
+def run_check(sandbox, folder, log, args, n, timeout, threads, extra=None):
     """One check with a time limit: (status, reason, tests passed, tests selected). sandbox: a function of
     the folder that gives bwrap's command line, or multiprocessing's context (no sandbox). The output goes
-    to log, which a sandboxed check cannot reach."""
+    to log, which a sandboxed check cannot reach. extra: more of the check's environment."""
     xml = os.path.join(folder, ".kit", "report.xml")
     os.makedirs(os.path.dirname(xml), exist_ok=True)
     env = dict(PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=str(threads))
-    if callable(sandbox):   # (its one writable place is folder: temporary files go there)
+    args = pytest_confined(folder) + list(args)
+    if isinstance(sandbox, Sandbox):
+        env = dict(check_environment(folder, threads, getattr(sandbox, "seed", None)), **(extra or {}))
+        uid = sandbox.uid()
+        if uid is not None:   # the folder becomes that user's, the one place it can write
+            owned_by(folder, uid, uid)
+        cmd = [sys.executable, "-I", "-S", "-c", LIMITED, json.dumps(sandbox.limits),   # caps itself, then
+               str(-1 if uid is None else uid), sys.executable, "-m", "pytest", *PYTEST,   # becomes pytest
+               f"--junitxml={xml}", *args]
+        with open(log, "w") as out:
+            p = subprocess.Popen(sandbox(folder, env) + cmd, cwd=folder, stdout=out, stderr=subprocess.STDOUT,
+                                 env={"PATH": os.environ.get("PATH", os.defpath)}, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+        with running(p.pid), contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout)
+        code = p.poll()
+    elif callable(sandbox):   # a command of its own (the kit's tests): the kit's environment
+        env.update(extra or {})
         cmd = [sys.executable, "-m", "pytest", *PYTEST, f"--junitxml={xml}", *args]
         with open(log, "w") as out:
             p = subprocess.Popen(sandbox(folder) + cmd, cwd=folder, stdout=out, stderr=subprocess.STDOUT,
@@ -342,16 +566,15 @@ def run_check(sandbox, folder, log, args, n, timeout, threads):
             p.wait(timeout)
         code = p.poll()
     else:
-        env["TMPDIR"] = os.path.dirname(xml)   # what the check leaves there goes with its folder
+        env = dict(check_environment(folder, threads, getattr(sandbox, "seed", None)), **(extra or {}))
         if sandbox.user:  # the folder becomes the user's, the one place it can write
-            env.update(dict.fromkeys(["HOME", "MPLCONFIGDIR"], os.path.dirname(xml)))
-            for d, dirs, files in os.walk(folder):
-                for path in [d] + [os.path.join(d, f) for f in files]:
-                    os.chown(path, sandbox.user.pw_uid, sandbox.user.pw_gid)
-        p = sandbox.Process(target=pytest_in_child, args=(folder, xml, log, args, env, sandbox.user))
+            owned_by(folder, sandbox.user.pw_uid, sandbox.user.pw_gid)
+        p = sandbox.Process(target=pytest_in_child, args=(folder, xml, log, args, env, sandbox.user,
+                                                          getattr(sandbox, "limits", None)))
         code = run_forked(p, timeout)
         if sandbox.user:
             kill_all_of(sandbox.user.pw_uid)
+            sweep(sandbox.user.pw_uid)
     if code is None:   # a time-out: the check and what it started, its group (in the sandbox: all of it)
         end(p.pid)
         if callable(sandbox):
@@ -363,7 +586,37 @@ def run_check(sandbox, folder, log, args, n, timeout, threads):
     if signal_of(code):
         with open(log, "a") as f:
             f.write(f"\n(the check's process ended on signal {signal_of(code)})\n")
+    if signal_of(code) == signal.SIGXFSZ:
+        return "FAILED", TOO_MUCH_WRITTEN, 0, 0
     return outcome(code, xml, tail_of(log, MAX_READ), n)
+
+def check_environment(folder, threads, seed=None):
+    """A check's whole environment, nothing of the kit's (a grader's tokens, its agent's socket): its home
+    and temporary files in its folder's .kit, which go with it; the class's seed (KIT_CLASS_SEED), from
+    which a check draws the inputs that the student copy does not show."""
+    home = os.path.join(folder, ".kit")
+    env = dict(PATH=os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"]),
+               HOME=home, TMPDIR=home, MPLCONFIGDIR=home, PYTHONPATH=folder, LANG="C.UTF-8", USER="check",
+               LOGNAME="check", PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=str(threads))
+    return env if seed is None else dict(env, KIT_CLASS_SEED=str(seed))
+
+def owned_by(folder, uid, gid):
+    for d, dirs, files in os.walk(folder):
+        for path in [d] + [os.path.join(d, f) for f in files]:
+            os.chown(path, uid, gid, follow_symlinks=False)
+
+def pytest_confined(folder):
+    """pytest's flags that keep its configuration to folder: the teacher's config file there (or an empty
+    one the kit writes), rootdir and conftest.py files no higher than folder. Else pytest looks up the
+    folders above (a /tmp/pytest.ini, a conftest.py planted beside the kit's temporary folder)."""
+    config = next((os.path.join(folder, name) for name in ("pytest.ini", ".pytest.ini", "pyproject.toml",
+                                                           "tox.ini", "setup.cfg")
+                   if os.path.isfile(os.path.join(folder, name))), None)
+    if config is None:
+        config = os.path.join(folder, ".kit", "pytest.ini")
+        with open(config, "w") as f:
+            f.write("[pytest]\n")
+    return ["-c", config, "--rootdir", folder, "--confcutdir", folder]
 
 def run_forked(p, timeout):
     """Starts p, a process of processes()' server, and waits for it at most timeout seconds -> its exit code,
@@ -424,7 +677,9 @@ def outcome(returncode, xml, out, n):
     if bad or returncode:
         stubs = set(re.findall(r"NotImplementedError: exercise (\d+)", out))
         others = sorted(stubs - {str(n)}, key=int)
-        reason = ("needs " + ",".join(others) if others else "stubbed" if stubs else
+        memory = re.search(r"\bMemoryError\b|[Cc]an(no|')t allocate memory", out)
+        reason = ("needs " + ",".join(others) if others else "stubbed" if stubs else "out of memory" if memory
+                  else TOO_MUCH_WRITTEN if f"[Errno {errno.EFBIG}]" in out else
                   "error" if returncode > 1 or any(c.find("error") is not None for c in bad) else "failed")
         return "FAILED", reason, passed, len(cases)
     if skipped:
@@ -467,44 +722,96 @@ def tail_of(path, size):
 def read_exercise_file(submission, path):
     """The text of a submission's file, None if missing (or not a regular file); a KitError if it or a
     folder on its way is a link, or if it holds more than MAX_READ bytes."""
+    data = read_exercise_bytes(submission, path)
+    return None if data is None else data.decode(errors="replace")
+
+def read_exercise_bytes(submission, path):
+    """read_exercise_file's bytes, undecoded."""
     mine = os.path.join(submission, path)
     if os.path.realpath(mine) != os.path.join(os.path.realpath(submission), path):
         raise KitError("symlink")
     data = read_capped(mine)   # (nor a folder, nor a FIFO that would never be written)
     if data is not None and len(data) > MAX_READ:
         raise KitError(TOO_LARGE)
-    return None if data is None else data.decode(errors="replace")
+    return data
 
-def grade_in(sandbox, submission, n, workdir, timeout, threads, fail_fast):
-    folder = os.path.join(workdir, "tree")
-    for path in files_of(ROOT):  # the teacher's files and tests
-        if path == MANIFEST:
+def teachers_files(folder, n):
+    """folder: the teacher's files and tests, copied for exercise n: of the withheld ones only those its
+    checks run (tests/test_course_kit.py with what it imports), never the notes: a check's code can read
+    its folder, and the tests of other exercises hold their oracles."""
+    needed = {args[0] for args in EXERCISES[n][4]}
+    if "tests/test_course_kit.py" in needed:
+        needed |= {"tests/pitfalls.py", JUDGED}
+    for path in files_of(ROOT):
+        if path == MANIFEST or path in WITHHELD and path not in needed:
             continue
         os.makedirs(os.path.join(folder, os.path.dirname(path)), exist_ok=True)
         shutil.copyfile(os.path.join(ROOT, path), os.path.join(folder, path))
+
+def grade_in(sandbox, submission, n, workdir, timeout, threads, fail_fast):
+    folder = os.path.join(workdir, "tree")
+    teachers_files(folder, n)
     for path in EXERCISES[n][3]:
         try:
-            text = read_exercise_file(submission, path)
+            data = read_exercise_bytes(submission, path)
         except KitError as e:
             return "FAILED", f"{e}: {path}", 0, 0
-        if text is None:
+        if data is None:
             return "FAILED", "missing", 0, 0
-        with open(os.path.join(ROOT, path)) as r:
-            text = graded_source(text, r.read(), path, n)
-        with open(os.path.join(folder, path), "w") as f:
-            f.write(text)
-    if not all(os.path.isfile(os.path.join(folder, args[0])) for args in EXERCISES[n][4]):
+        why = splice_bounded(data, path, n, os.path.join(folder, path))
+        if why:
+            return "FAILED", why, 0, 0
+    checks = [args for args in EXERCISES[n][4] if os.path.isfile(os.path.join(folder, args[0]))]
+    if not checks:
         return "FAILED", "withheld", 0, 0   # a self-check in a student copy: the instructor's tests grade it
     status, reason, passed, total = "passed", "", 0, 0
-    for k, args in enumerate(EXERCISES[n][4]):
+    for k, args in enumerate(checks):   # (a self-check: those of the copy; the instructor's grade them all)
         log = os.path.join(workdir, f"check{k}.log")
-        s, r, p, t = run_check(sandbox, folder, log, (["-x"] if fail_fast else []) + args, n, timeout, threads)
+        args = (["-x"] if fail_fast else []) + args
+        if JUDGED in args and status != "passed":   # the judge confirms a pass, or denies it: no more
+            continue
+        if JUDGED in args:
+            s, r, p, t = run_judged(sandbox, folder, workdir, log, args, n, timeout, threads)
+        else:
+            s, r, p, t = run_check(sandbox, folder, log, args, n, timeout, threads)
         passed, total = passed + p, total + t
         if s != "passed" and status == "passed":
             status, reason = s, r
             if fail_fast:
                 break
     return status, reason, passed, total
+
+RESULTS = 256   # the most files, and MAX_READ bytes each, of a worker's results that reach the judge
+WORKER_ENDED = ("timeout", "crashed", "exited", "out of memory", "error", TOO_MUCH_WRITTEN)
+
+def run_judged(sandbox, folder, workdir, log, args, n, timeout, threads):
+    """A judged check (tests/test_course_judged.py): the worker runs args in the student's folder
+    (KIT_JUDGE=work) and saves its results; those, read bounded, go to a new folder of the teacher's files
+    alone, where the judge runs args (KIT_JUDGE=judge), which compares them with the reference's. The
+    judge's outcome is the check's, unless the worker ended without results (a time-out, a crash)."""
+    results = os.path.join(folder, ".kit", "judged")
+    os.makedirs(results, exist_ok=True)
+    worker = run_check(sandbox, folder, log.replace(".log", "-work.log"), args, n, timeout, threads,
+                       dict(KIT_JUDGE="work", KIT_JUDGE_DIR=results))
+    if worker[0] != "passed" and worker[1] in WORKER_ENDED:
+        return worker
+    judge = os.path.join(workdir, "judge")
+    try:
+        teachers_files(judge, n)
+        inbox = os.path.join(judge, ".kit", "judged")
+        os.makedirs(inbox)
+        with contextlib.suppress(OSError), os.scandir(results) as found:
+            names = [e.name for e in itertools.islice(found, 100 * RESULTS)
+                     if re.fullmatch(r"[A-Za-z0-9_.-]+\.(npy|json)", e.name)]
+        for name in sorted(names)[:RESULTS]:
+            data = read_capped(os.path.join(results, name))   # (a regular file, never through a link)
+            if data is not None and len(data) <= MAX_READ:
+                with open(os.path.join(inbox, name), "wb") as f:
+                    f.write(data)
+        return run_check(sandbox, judge, log, args, n, timeout, threads,
+                         dict(KIT_JUDGE="judge", KIT_JUDGE_DIR=inbox))
+    finally:
+        shutil.rmtree(judge, ignore_errors=True)
 
 def not_a_copy(submission):
     """Why a submission folder cannot be graded (every row of it FAILED so), or None."""
@@ -515,6 +822,20 @@ def not_a_copy(submission):
     if not any(os.path.isfile(os.path.join(submission, f)) for e in EXERCISES.values() for f in e[3]):
         return "not a copy"
     return None
+
+def graded_folder(submission):
+    """The folder graded for a submission: itself, or else the one folder it holds (dot-files and macOS's
+    __MACOSX aside) where that one is a copy: a Gradescope upload that zipped the copy's folder."""
+    if not_a_copy(submission) != "not a copy":
+        return submission
+    try:
+        with os.scandir(submission) as found:
+            entries = [e for e in found if not e.name.startswith(".") and e.name != "__MACOSX"][:2]
+    except OSError:
+        return submission
+    if len(entries) == 1 and entries[0].is_dir(follow_symlinks=False) and not not_a_copy(entries[0].path):
+        return entries[0].path
+    return submission
 
 def answers(submission):
     """{exercise: "written" | "empty"} from the submission's ANSWERS.md, or {} without one; a file that
@@ -539,9 +860,11 @@ def shown(name):
     """A folder name as text for the report and the table, whatever bytes it holds."""
     return name.encode(errors="surrogateescape").decode(errors="backslashreplace")
 
-def score(submissions, numbers, timeout=120, jobs=1, fail_fast=False, sandbox=True, user=None):
+def score(submissions, numbers, timeout=120, jobs=1, fail_fast=False, sandbox=True, user=None,
+          memory=CHECK_MEMORY, seed=0):
     """Grades each submission's exercises `numbers`, jobs checks at a time, each in the sandbox if there is
-    one and `sandbox`, else as `user` (a pwd entry) if given; prints the table and returns the report's
+    one and `sandbox`, else as `user` (a pwd entry) if given, each check within `memory` bytes of address
+    space and drawing its hidden inputs from the class's `seed`; prints the table and returns the report's
     rows (dicts of REPORT_FIELDS)."""
     threads = 1 if jobs > 1 else max(1, min(2, os.cpu_count() or 1))
     bwrap, warning = find_sandbox() if sandbox else (None, "warning: --no-sandbox: " + NO_SANDBOX)
@@ -549,29 +872,34 @@ def score(submissions, numbers, timeout=120, jobs=1, fail_fast=False, sandbox=Tr
         raise KitError(f"--as-user {user.pw_name} cannot run {sys.executable} with {', '.join(NEEDED)}: make "
                        "its folders readable to others")
     if warning and user:
-        warning = warning.replace(NO_SANDBOX, f"each check runs as {user.pw_name}: it can read what others may "
-                                  "read (your checkout and the submissions, unless only you may), and what it "
-                                  "starts is killed after it")
+        leaves = (f"each check runs as {user.pw_name}: it can read what others may read (your checkout "
+                  "and the submissions, unless only you may) and reach the network; what it starts is "
+                  "killed, and what it leaves in /tmp, /var/tmp and /dev/shm removed, after it")
+        warning = warning.replace(NO_SANDBOX, leaves)
     if warning:
         print(warning, file=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix="kit-score-") as tmp, ThreadPoolExecutor(jobs) as pool:
+    as_other = user or bwrap and os.geteuid() == 0   # (processes are counted per user; root's are not)
+    limits = (memory, CHECK_FILE_SIZE, CHECK_PROCESSES if as_other else None)
+    with tempfile.TemporaryDirectory(prefix="kit-score-", ignore_cleanup_errors=True) as tmp, \
+            ThreadPoolExecutor(jobs) as pool:
         hidden = sorted({os.path.realpath(p) for p in [ROOT, tmp, *submissions] if os.path.isdir(p)})
         if bwrap:
             readable = readable_in_sandbox(hidden, {os.path.realpath(os.path.join(ROOT, f)) for f in
-                                                    files_of(ROOT)})
-        sandbox = (lambda folder: sandboxed(bwrap, folder, hidden, readable)) if bwrap else processes(user)
+                                                    files_of(ROOT)}, everywhere=True)
+        sandbox = Sandbox(bwrap, hidden, readable, limits, seed) if bwrap else processes(user, limits, seed)
         if user and not bwrap:
             os.chmod(tmp, 0o711)   # the user passes through to its check's folder, and lists nothing here
         futures = {}
+        folders = [graded_folder(s) for s in submissions]
         for i, s in enumerate(submissions):
             for n in numbers:
                 workdir = os.path.join(tmp, f"{i}-{n}")
                 os.mkdir(workdir, 0o711)   # (--as-user: its check passes through to its folder; logs are 0600)
-                futures[s, n] = pool.submit(grade, sandbox, s, n, workdir, timeout, threads, fail_fast) \
-                    if not not_a_copy(s) else None
+                futures[s, n] = pool.submit(grade, sandbox, folders[i], n, workdir, timeout, threads,
+                                            fail_fast) if not not_a_copy(folders[i]) else None
         try:
-            return [row for i, s in enumerate(submissions) for row in
-                    submission_rows(s, numbers, futures, os.path.join(tmp, f"{i}-"), len(submissions) == 1)]
+            return [row for i, s in enumerate(submissions) for row in submission_rows(
+                s, numbers, futures, os.path.join(tmp, f"{i}-"), len(submissions) == 1, folders[i])]
         except BaseException:   # Ctrl-C or SIGTERM: no check is waited for, and the folders go
             STOPPING.set()
             pool.shutdown(wait=False, cancel_futures=True)
@@ -581,10 +909,11 @@ def score(submissions, numbers, timeout=120, jobs=1, fail_fast=False, sandbox=Tr
                 kill_all_of(user.pw_uid)
             raise
 
-def submission_rows(s, numbers, futures, workdirs, alone):
+def submission_rows(s, numbers, futures, workdirs, alone, folder=None):
     """Prints one submission's table (waiting for its checks) and returns its rows. alone: a self-check,
-    whose failed rows say how to rerun the check."""
-    written = answers(s) if not not_a_copy(s) else {}
+    whose failed rows say how to rerun the check; folder: the copy graded (graded_folder), if not s."""
+    folder = folder or s
+    written = answers(folder) if not not_a_copy(folder) else {}
     answered = sum(v == "written" for v in written.values())
     unread = next((v for v in written.values() if v not in ("written", "empty")), None)  # its reason
     count = f"ANSWERS.md: {f'{answered} of {len(written)} answered' if written else 'none'}"
@@ -593,11 +922,13 @@ def submission_rows(s, numbers, futures, workdirs, alone):
     for n in numbers:
         title, points, w, _, checks = EXERCISES[n]
         status, reason, passed, total = futures[s, n].result() if futures[s, n] else \
-            ("FAILED", not_a_copy(s), 0, 0)
+            ("FAILED", not_a_copy(folder), 0, 0)
         got = points if status == "passed" else 0
         hint = f"   {' && '.join(command(a) for a in checks)}" if reason and alone else ""
         if reason == "withheld":
             hint = "   (its tests are the instructor's: graded on submission)"
+        elif alone and not reason and not all(os.path.isfile(os.path.join(ROOT, a[0])) for a in checks):
+            hint = "   (and a check on inputs drawn at grading, the instructor's)"
         print(f"exercise {n:2d}  {title:<34} {got}/{points} pts {passed:3d}/{total:<3d} tests  "
               f"{status}{f' ({reason})' if reason else ''}{hint}")
         logs = sorted(glob.glob(os.path.join(workdirs + str(n), "check*.log")))
@@ -634,7 +965,7 @@ def write_report(rows, path, gradescope=None):
         buf = io.StringIO()
         writer = csv.DictWriter(buf, REPORT_FIELDS, lineterminator="\n", extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows([{k: inert(v) for k, v in r.items()} for r in rows])
         text = buf.getvalue()
     fd, tmp = tempfile.mkstemp(prefix=".kit-report-", dir=os.path.dirname(os.path.abspath(path)))
     try:  # a new file of its own (never one planted there), then renamed over path (never through a link)
@@ -644,6 +975,15 @@ def write_report(rows, path, gradescope=None):
     except BaseException:
         os.unlink(tmp)
         raise
+
+def inert(cell):
+    """A CSV cell a spreadsheet shows as text: a string starting with =, +, -, @, a tab or a carriage return
+    (a formula, or one hidden behind a blank) gets a leading quote, and a carriage return inside it (which
+    the csv module leaves unquoted beside "\\n" line ends: a row break) is written \\r; numbers stay
+    numbers."""
+    if not isinstance(cell, str):
+        return cell
+    return ("'" if cell.startswith(("=", "+", "-", "@", "\t", "\r")) else "") + cell.replace("\r", "\\r")
 
 def check_report_path(path):
     """A report may replace only a report the kit wrote: anything else at path is the user's. Checked
@@ -666,6 +1006,14 @@ def check_report_path(path):
             head = f.read(64)
         if not head.startswith((",".join(REPORT_FIELDS), '{\n "kit": "docs/kit.py score"', '{\n "score": ')):
             raise KitError(f"--report {path}: the file exists and is not a kit report: pass a new path")
+
+def class_seed(seed):
+    """--class-seed, or a new one: each class (each autograder) draws its own hidden inputs."""
+    if seed is None:
+        return int.from_bytes(os.urandom(4), "big") >> 1
+    if not 0 <= seed < 1 << 63:
+        raise KitError(f"--class-seed {seed}: pass a number from 0 to 2**63 - 1, or none (a new one)")
+    return seed
 
 def exercise_numbers(text):
     numbers = [int(n) for n in text.split(",") if n.strip().isdigit() and int(n) in EXERCISES]
@@ -693,13 +1041,15 @@ mkdir -p "$root/results"
 chmod -R go-rwx "$root/source"
 as_user=$([ "$(id -u)" = 0 ] && echo "--as-user nobody")
 exec "${{KIT_PYTHON:-$root/venv/bin/python}}" "$root/source/repo/docs/kit.py" score "$root/submission" \\
-    --exercises {exercises} --jobs 1 --report "$root/results/results.json" --gradescope {visibility} $as_user
+    --exercises {exercises} --class-seed {seed} --jobs 1 --report "$root/results/results.json" \\
+    --gradescope {visibility} $as_user
 """
 
-def autograder(path, numbers, visibility):
-    """Writes the zip of a Gradescope autograder: setup.sh and run_autograder at its root, this checkout's
-    files (the withheld tests included) and their list under repo/. Never over a file already at path (nor
-    one another run puts there meanwhile): it is written beside, then linked into place."""
+def autograder(path, numbers, visibility, seed):
+    """Writes the zip of a Gradescope autograder: setup.sh and run_autograder at its root (which grades with
+    the class's seed), this checkout's files (the withheld tests included) and their list under repo/.
+    Never over a file already at path (nor one another run puts there meanwhile): it is written beside,
+    then linked into place."""
     if os.path.isfile(os.path.join(ROOT, MANIFEST)):
         raise KitError(f"{ROOT} is a student copy ({MANIFEST}): its exercises are stubbed and it lacks the "
                        "instructor's tests: run gradescope from the teacher's checkout")
@@ -724,7 +1074,7 @@ def autograder(path, numbers, visibility):
     try:
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
             for name, text in [("setup.sh", SETUP_SH), ("run_autograder", RUN_AUTOGRADER.format(
-                    exercises=",".join(map(str, numbers)), visibility=visibility))]:
+                    exercises=",".join(map(str, numbers)), visibility=visibility, seed=seed))]:
                 info = zipfile.ZipInfo(name)
                 info.external_attr = 0o755 << 16   # executable
                 z.writestr(info, text)
@@ -773,6 +1123,10 @@ def main(argv=None):
                    help="folders to grade (default: this checkout, a self-check)")
     g.add_argument("--exercises", default=everything, help="the exercises assigned (default: all)")
     g.add_argument("--timeout", type=float, default=120, help="seconds a check may take (default: 120)")
+    g.add_argument("--memory", type=float, default=CHECK_MEMORY / (1 << 30), metavar="GIB",
+                   help=f"GiB of address space a check may use (default: {CHECK_MEMORY >> 30})")
+    g.add_argument("--class-seed", type=int, metavar="N", help="the seed from which checks draw the inputs "
+                   "the student copy does not show (default: a new one, printed)")
     g.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="checks at once (default: cores)")
     g.add_argument("--fail-fast", action="store_true",
                    help="stop each exercise at its first failing test (faster; fewer tests counted)")
@@ -789,27 +1143,32 @@ def main(argv=None):
                        "this checkout, grading as score does")
     a.add_argument("zip", metavar="ZIP")
     a.add_argument("--exercises", default=everything, help="the exercises assigned (default: all)")
+    a.add_argument("--class-seed", type=int, metavar="N", help="the seed from which its checks draw the "
+                   "inputs the student copy does not show, one for every submission (default: a new one)")
     a.add_argument("--visibility", choices=VISIBILITY, default="visible", help="when students see each "
                    "exercise's points and its checks' output (which can carry any file of the check's folder: "
                    "your tests, the reference for the other exercises); default: visible")
     for parser in (s, g, a):   # a bad value of a subcommand's flag: one line too
         parser.error = ap.error
     args = ap.parse_args(argv)
-    signal.signal(signal.SIGINT, interrupted)
-    signal.signal(signal.SIGTERM, interrupted)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):   # (a closed terminal: SIGHUP)
+        signal.signal(signum, interrupted)
     try:
         numbers = exercise_numbers(args.exercises)
+        seed = None if args.what == "student" else class_seed(args.class_seed)
         if args.what == "student":
             student(args.out, numbers)
             print(f"wrote {args.out}: exercises {','.join(map(str, numbers))} stubbed, ANSWERS.md to fill; "
                   f"check: python docs/kit.py score {args.out}")
             return 0
         if args.what == "gradescope":
-            autograder(args.zip, numbers, args.visibility)
+            autograder(args.zip, numbers, args.visibility, seed)
             print(f"wrote {args.zip}: upload it as the assignment's autograder (students upload their copy)")
             return 0
         if not 0 < args.timeout < math.inf or args.jobs < 1:
             raise KitError(f"--timeout {args.timeout:g} --jobs {args.jobs}: pass a finite time > 0 and >= 1 job")
+        if not 0.25 <= args.memory < 1 << 20:
+            raise KitError(f"--memory {args.memory:g}: pass the GiB a check may use, at least 0.25, e.g. 4")
         same = [p for i, p in enumerate(args.submissions) if os.path.realpath(p) in
                 {os.path.realpath(q) for q in args.submissions[:i]}]
         if same:
@@ -819,10 +1178,15 @@ def main(argv=None):
             raise KitError(f"{sys.executable} lacks {', '.join(missing)}: install the README's requirements "
                            "for it, or run the kit with the Python that has them")
         check_report_path(args.report)
+        copy = os.path.isfile(os.path.join(ROOT, MANIFEST))
+        missing = [] if copy else sorted(WITHHELD - set(files_of(ROOT)))
+        if missing:   # (a student copy lacks them: its self-check says so; a teacher's checkout must not)
+            raise KitError(f"{ROOT} lacks {', '.join(missing)}, which grading runs: add it to git (the kit "
+                           "grades with the files git tracks)")
         user = as_user(args.as_user, args.jobs) if args.as_user else None
         start = time.time()
         rows = score(args.submissions, numbers, args.timeout, args.jobs, args.fail_fast, not args.no_sandbox,
-                     user)
+                     user, int(args.memory * (1 << 30)), seed)
         try:
             write_report(rows, args.report, args.gradescope)
         except OSError as e:   # (a full disk): the grading is not lost
@@ -830,7 +1194,8 @@ def main(argv=None):
             os.close(fd)
             write_report(rows, kept, args.gradescope)
             raise KitError(f"--report {args.report}: {e.strerror or e}; the report is in {kept}") from None
-        print(f"\nwrote {args.report} ({len(rows)} rows) in {time.time() - start:.0f} s")
+        print(f"\nwrote {args.report} ({len(rows)} rows) in {time.time() - start:.0f} s; hidden inputs drawn "
+              f"with --class-seed {seed}")
     except (KitError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -841,9 +1206,9 @@ def main(argv=None):
     return 0
 
 def interrupted(signum, frame):
-    """Ctrl-C and SIGTERM, the first one: the work stops and cleans up, undisturbed by another."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """Ctrl-C, SIGTERM or SIGHUP, the first one: the work stops and cleans up, undisturbed by another."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import torch
 import model
 from conftest import ROOT
 from pitfalls import PITFALLS
+from test_course_judged import drawn_curves
 
 sys.path.insert(0, os.path.join(ROOT, "docs"))
 import course  # noqa: E402
@@ -71,6 +72,75 @@ def test_exercise9_the_mixer_runs_its_recurrence_splits_exactly_and_serves_the_l
     torch.testing.assert_close(lm(idx, lm.zero_state(2))[0], logits)
     logits.square().mean().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in lm.parameters())
+
+def literal_verdict(ppl, t_train):
+    """Definition 3.2 read literally, as EXERCISES.md states it: the first index t >= t* whose perplexity
+    is strictly above p*, t* the first minimum of ppl[:t_train]."""
+    t_star = min(range(min(t_train, len(ppl))), key=lambda t: (ppl[t], t))
+    return next((t for t in range(t_star, len(ppl)) if ppl[t] > ppl[t_star]), len(ppl))
+
+def test_drawn_curves_differ_by_seed_and_hold_the_cases_the_pitfalls_need():
+    a, b = drawn_curves(1), drawn_curves(2)
+    assert a == drawn_curves(1) and a != b
+    verdicts = [literal_verdict(ppl, t) for ppl, t in a]
+    assert any(v == len(ppl) for v, (ppl, _) in zip(verdicts, a)) and any(
+        v < len(ppl) for v, (ppl, _) in zip(verdicts, a))
+    assert any(ppl[:t].count(min(ppl[:t])) > 1 for ppl, t in a)   # ties for the minimum
+    assert any(min(ppl) < min(ppl[:t]) for ppl, t in a)   # a lower minimum past t_train
+    assert literal_verdict([5.0, 4.0, 3.0, 3.0, 2.9, 2.95, 2.9, 2.8], 4) == 8   # EXERCISES.md's examples
+    assert literal_verdict([5.0, 4.0, 3.0, 2.9, 2.95, 3.5, 4.0], 4) == 4
+
+def test_a_table_of_exercise_4s_visible_examples_passes_its_self_check_and_scores_nothing(copy, tmp_path):
+    """Exercise 4 as a lookup table of every example the copy shows (tests/test_evaluate.py's and
+    EXERCISES.md's): its self-check passes the visible check (and says a check is the instructor's); graded,
+    the curves drawn from the class's seed fail it, while the reference passes them."""
+    examples = {((5.0, 4.0, 3.0, 3.0, 2.9, 2.95, 2.9, 2.8), 4): 8,
+                ((5.0, 4.0, 3.0, 2.9, 2.95, 3.5, 4.0), 4): 4,
+                ((5.0, 3.0, 4.0, 3.0, 3.5, 2.0), 4): 2, ((4.0, 3.0, 3.2, 2.0, 2.5), 2): 2,
+                ((3.0, 2.0, 2.0), 2): 3}   # (tests/test_evaluate.py's and EXERCISES.md's)
+    table = f"    return {examples!r}.get((tuple(float(x) for x in ppl), t_train), 0)\n"
+    stub = '    raise NotImplementedError("exercise 4")\n'
+    sub = submission(copy, tmp_path / "table", (), [("evaluate.py", stub, table)])
+    mine = kit_cli("score", "--exercises", "4", "--report", str(tmp_path / "s.csv"), cwd=sub,
+                   kit_py=os.path.join(sub, "docs", "kit.py"))
+    hint = "(and a check on inputs drawn at grading, the instructor's)"
+    assert mine.returncode == 0 and hint in mine.stdout, mine.stdout
+    assert graded(tmp_path / "s.csv")["table", 4][:3] == ("passed", "", "1")
+    run = kit_cli("score", sub, ROOT, "--exercises", "4", "--class-seed", "20250702", "--report",
+                  str(tmp_path / "r.json"))
+    assert run.returncode == 0 and "hidden inputs drawn with --class-seed 20250702" in run.stdout, run.stdout
+    rows = {os.path.basename(r["student"]): r for r in json.load(open(tmp_path / "r.json"))["rows"]}
+    assert (rows["table"]["status"], rows["table"]["reason"], rows["table"]["tests"]) == ("FAILED", "failed",
+                                                                                         "2/3")
+    reference = rows[os.path.basename(ROOT)]
+    assert (reference["status"], reference["tests"]) == ("passed", "3/3")
+
+# at a module's import: every report of the process's pytest says its tests passed, and it exits 0
+FORGE = """import atexit as _atexit, os as _os, sys as _sys
+def _passing():
+    for arg in [a for a in _sys.argv if a.startswith("--junitxml=")]:
+        open(arg.split("=", 1)[1], "w").write('<testsuites><testsuite><testcase name="t"/>'
+                                              '</testsuite></testsuites>')
+    _os._exit(0)
+_atexit.register(_passing)
+"""
+
+def test_a_report_forged_in_the_students_process_does_not_reach_the_judged_verdict(copy, tmp_path):
+    """Exercise 4 wrong (always 0), its evaluate.py forging every pytest report of the process it is
+    imported in: the check in the student's process reads as passed, the judge (another process, which
+    never imported the student's code) fails it; an honest submission passes both."""
+    stub = '    raise NotImplementedError("exercise 4")\n'
+    forged = submission(copy, tmp_path / "forged", (), [("evaluate.py", stub, "    return 0\n"),
+                                                        ("evaluate.py", "\nimport math\n", "\n" + FORGE +
+                                                         "import math\n")])
+    done = submission(copy, tmp_path / "done", (4,))
+    run = kit_cli("score", forged, done, "--exercises", "4", "--report", str(tmp_path / "r.json"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {os.path.basename(r["student"]): r for r in json.load(open(tmp_path / "r.json"))["rows"]}
+    assert (rows["forged"]["status"], rows["forged"]["reason"], rows["forged"]["tests"]) == (
+        "FAILED", "failed", "1/2"), rows["forged"]["output"][-3000:]   # 1/1 forged, then the judge's 0/1
+    assert "t_train=" in rows["forged"]["output"]   # the judge's message: a curve and the wrong verdict
+    assert (rows["done"]["status"], rows["done"]["tests"]) == ("passed", "3/3")
 
 def verdict_model(label, ppl, generalizes_to, censored, diff=None):
     m = dict(label=label, verdict=dict(generalizes_to=generalizes_to, censored=censored),
@@ -230,7 +300,8 @@ def no_tests(folder):
 T_STAR = "    t_star = int(ppl[:t_train].argmin())\n"
 OBSERVE = ("        self.passed = [{k: v.detach().float() for k, v in layer.items()}"
            " for layer in final_state]\n")
-HANG, SKIP = "    while True:\n        pass\n", "    import pytest\n    pytest.skip('no')\n"
+HANG = "    import time\n    time.sleep(3600)\n"   # never ends; asleep, it leaves the cores to other checks
+SKIP = "    import pytest\n    pytest.skip('no')\n"
 CRASH = "        import os\n        os.kill(os.getpid(), 11)\n"
 EXIT = "        import os\n        os._exit(0)\n"
 
@@ -311,7 +382,7 @@ def test_a_submission_that_cheats_or_breaks_costs_only_its_own_points(copy, tmp_
             "            raise RuntimeError('other checks are in sight')\n")
     forge = (OBSERVE + "        import atexit\n        atexit.register(lambda: open('.kit/report.xml', 'w')"
              ".write('<testsuites><testcase'))\n")
-    hang = "        while True:\n            pass\n"
+    hang = "        import time\n        time.sleep(3600)\n"   # (as HANG)
     # the hang first: its time-out runs out while the other checks run beside it
     subs = [submission(copy, tmp_path / "hang", (7,), [("interventions.py", OBSERVE, hang)]),
             submission(copy, tmp_path / "done", (7,)), submission(copy, tmp_path / "steal", (7,),
@@ -346,6 +417,95 @@ def test_a_submission_that_cheats_or_breaks_costs_only_its_own_points(copy, tmp_
         tmp_path / "done" / "interventions.py").read_text()
     cmdlines = command_lines()
     assert not [c for c in cmdlines if b"37.25" in c], "a process the check started outlived it"
+
+# What a sandboxed check tries (exercise 4's function, before its own code): each success is named in the
+# error it raises, so that the row passes only if every one failed
+ESCAPES = """    import ctypes, os, resource, socket, subprocess, sys
+    libc, escaped = ctypes.CDLL(None, use_errno=True), []
+    if libc.mount(None, b"/", None, 32 | 4096, None) == 0:   # MS_REMOUNT | MS_BIND: read-write
+        escaped.append("remounted /")
+    mount = "import ctypes; print(ctypes.CDLL(None).mount(None, b'/', None, 4128, None))"
+    if subprocess.run([sys.executable, "-c", mount], capture_output=True, text=True).stdout != "-1\\n":
+        escaped.append("remounted / from a program it started")
+    for point in (b"/tmp", b"/proc/sys", b"/usr", os.getcwd().encode()):
+        if libc.umount2(point, 2) == 0:   # MNT_DETACH
+            escaped.append(f"unmounted {{point}}")
+    try:
+        core = open("/proc/sys/kernel/core_pattern").read()
+        with open("/proc/sys/kernel/core_pattern", "w") as f:   # (its own value: nothing changes)
+            f.write(core)
+        escaped.append("wrote kernel.core_pattern")
+    except OSError:
+        pass
+    seen = [f for f in {teachers!r} if os.path.exists(f)]
+    if seen:
+        escaped.append(f"sees {{seen}}")
+    extra = set(os.environ) - {allowed!r}
+    if extra or "s3cret" in repr(os.environ):
+        escaped.append(f"the environment {{sorted(extra)}}")
+    for address in ({sock!r}, "\\0" + {abstract!r}):
+        client = socket.socket(socket.AF_UNIX)
+        try:
+            client.connect(address)
+            escaped.append(f"connected to {{address!r}}")
+        except OSError:
+            pass
+        client.close()
+    if [name for _, name in socket.if_nameindex()] != ["lo"]:
+        escaped.append("a network")
+    if {root} and (os.getuid() == 0 or resource.getrlimit(resource.RLIMIT_NPROC)[0] != {processes}):
+        escaped.append("root, or processes uncounted")
+    if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != {fsize} or resource.getrlimit(resource.RLIMIT_CORE)[0]:
+        escaped.append("files or core dumps uncapped")
+    if escaped:
+        raise RuntimeError("escaped: " + ", ".join(escaped))
+"""
+
+def test_a_sandboxed_check_cannot_remount_write_sysctls_unmount_see_the_grader_or_reach_host_sockets(
+        copy, tmp_path):
+    """Run by root (as on Gradescope) or by a user: a check that remounts / read-write (itself and from a
+    program it starts), unmounts its mounts, writes kernel.core_pattern, looks for the teacher's files,
+    reads the grader's environment, connects to a Unix socket of the host (a path and an abstract name) and
+    looks for a network: every one fails, so it passes; the host is unchanged."""
+    if kit.find_sandbox()[0] is None:
+        pytest.skip(kit.find_sandbox()[1])   # .ci/run installs bubblewrap
+    import socket
+    import tempfile
+    sock = os.path.join(tempfile.mkdtemp(prefix="kit-", dir="/tmp"), "host.sock")   # (short: 108 bytes)
+    abstract = f"kit-test-{os.getpid()}"
+    listeners = [socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)]
+    for listener, address in zip(listeners, [sock, "\0" + abstract]):
+        listener.bind(address)
+        listener.listen(1)
+        listener.setblocking(False)
+    teachers = [os.path.join(ROOT, f) for f in ("docs/kit.py", "docs/INSTRUCTOR.md", "evaluate.py")]
+    allowed = {"PATH", "HOME", "TMPDIR", "MPLCONFIGDIR", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE",
+               "OMP_NUM_THREADS", "LANG", "USER", "LOGNAME", "PWD", "PYTEST_CURRENT_TEST", "PYTEST_VERSION",
+               "HF_HUB_OFFLINE", "TIKTOKEN_CACHE_DIR", "TRITON_INTERPRET",   # (pytest's, tests/conftest.py's)
+               "KIT_CLASS_SEED", "KIT_JUDGE", "KIT_JUDGE_DIR"}   # (the kit's, to each check)
+    escapes = ESCAPES.format(teachers=teachers, allowed=allowed, sock=sock, abstract=abstract,
+                             root=os.geteuid() == 0, processes=kit.CHECK_PROCESSES, fsize=kit.CHECK_FILE_SIZE)
+    sub = submission(copy, tmp_path / "escape", (4,), [("evaluate.py", T_STAR, escapes + T_STAR)])
+    core = open("/proc/sys/kernel/core_pattern").read()
+    teacher = {f: open(f, "rb").read() for f in teachers}
+    try:
+        run = subprocess.run([sys.executable, os.path.join(ROOT, "docs", "kit.py"), "score", sub,
+                              "--exercises", "4", "--report", str(tmp_path / "r.json")], capture_output=True,
+                             text=True,
+                             env=dict(os.environ, OMP_NUM_THREADS="1", KIT_GRADER_SECRET="s3cret",
+                                      SSH_AUTH_SOCK=sock))
+        for listener in listeners:
+            with pytest.raises(BlockingIOError):   # no one connected
+                listener.accept()
+    finally:
+        for listener in listeners:
+            listener.close()
+        shutil.rmtree(os.path.dirname(sock))
+    assert run.returncode == 0 and "warning" not in run.stderr, run.stdout + run.stderr
+    (row,) = json.load(open(tmp_path / "r.json"))["rows"]
+    assert (row["status"], row["reason"]) == ("passed", ""), row["output"][-3000:]
+    assert open("/proc/sys/kernel/core_pattern").read() == core
+    assert teacher == {f: open(f, "rb").read() for f in teachers}
 
 def test_an_exercise_file_is_read_only_as_a_regular_file_of_the_submission_and_a_copy_holds_one(tmp_path):
     sub, other = tmp_path / "sub", tmp_path / "teacher"
@@ -385,6 +545,63 @@ def test_without_bubblewrap_the_kit_says_in_one_line_what_grading_leaves_open(mo
     (tmp_path / "bwrap").write_text("#!/bin/sh\nexit 1\n")
     os.chmod(tmp_path / "bwrap", 0o755)
     assert kit.find_sandbox()[0] is None and "cannot make namespaces here" in kit.find_sandbox()[1]
+
+def test_a_check_reads_no_pytest_config_or_conftest_above_its_folder(copy, tmp_path):
+    """A pytest.ini and a conftest.py planted in the kit's temporary folder (as /tmp/pytest.ini would be):
+    pytest's search for its configuration stops at the check's folder, so an honest exercise passes."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "pytest.ini").write_text("[pytest]\naddopts = -p no:randomly\n")
+    (tmp_path / "t" / "conftest.py").write_text("def pytest_runtest_call(item):\n"
+                                                 "    raise RuntimeError('planted')\n")
+    sub = submission(copy, tmp_path / "done", (4,))
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "docs", "kit.py"), "score", sub, "--exercises",
+                          "4", "--no-sandbox", "--report", str(tmp_path / "r.csv")], capture_output=True,
+                         text=True,
+                         env=dict(os.environ, TMPDIR=str(tmp_path / "t"), OMP_NUM_THREADS="1"))
+    assert run.returncode == 0 and graded(tmp_path / "r.csv")["done", 4][:2] == ("passed", ""), run.stdout
+    assert sorted(os.listdir(tmp_path / "t")) == ["conftest.py", "pytest.ini"]
+
+def test_an_unsandboxed_check_sees_none_of_the_graders_environment(copy, tmp_path):
+    """Without bubblewrap (--no-sandbox, and --as-user's checks, forked alike): the check's environment is
+    its own, in os.environ and in what the process started with (/proc/self/environ)."""
+    look = ("    import os\n    if 's3cret' in repr(os.environ) + open('/proc/self/environ').read():\n"
+            "        raise RuntimeError('the grader environment')\n")
+    sub = submission(copy, tmp_path / "look", (4,), [("evaluate.py", T_STAR, look + T_STAR)])
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "docs", "kit.py"), "score", sub, "--exercises",
+                          "4", "--no-sandbox", "--report", str(tmp_path / "r.csv")], capture_output=True,
+                         text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", KIT_GRADER_SECRET="s3cret"))
+    assert run.returncode == 0 and graded(tmp_path / "r.csv")["look", 4][:2] == ("passed", ""), run.stdout
+
+def test_what_an_as_user_check_leaves_in_shared_temporary_folders_is_removed(tmp_path):
+    """sweep: the user's files, folders and links at the top of each folder go (a link, not its target);
+    another user's stay."""
+    if os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    uid = kit.SANDBOX_UID + 99
+    shm, target = tmp_path / "shm", tmp_path / "target"
+    for folder in (shm / "dir" / "deep", target):
+        folder.mkdir(parents=True)
+    for name in ("file", "dir/deep/x", "root-owned"):
+        (shm / name).write_text("x")
+    (shm / "link").symlink_to(target)
+    for path in (shm / "file", shm / "dir", shm / "dir" / "deep", shm / "dir" / "deep" / "x", shm / "link"):
+        os.chown(path, uid, uid, follow_symlinks=False)
+    kit.sweep(uid, [str(shm), str(tmp_path / "nowhere")])
+    assert os.listdir(shm) == ["root-owned"] and target.is_dir()
+
+def test_a_bubblewrap_that_lacks_an_option_of_the_sandbox_is_no_sandbox_and_the_line_says_why(monkeypatch,
+                                                                                                  tmp_path):
+    """An older bubblewrap (one without --size): the kit's probe runs the whole sandbox a check gets, so
+    grading falls back (--as-user as root) instead of failing every check."""
+    (tmp_path / "bwrap").write_text("#!/bin/sh\nfor a; do [ \"$a\" = --size ] && "
+                                    "echo 'bwrap: Unknown option --size' >&2 && exit 1; done\nexit 0\n")
+    os.chmod(tmp_path / "bwrap", 0o755)
+    which = shutil.which
+    monkeypatch.setattr(kit.shutil, "which",
+                        lambda name: str(tmp_path / name) if name == "bwrap" else which(name))
+    bwrap, warning = kit.find_sandbox()
+    assert bwrap is None and "(bwrap: Unknown option --size)" in warning and warning.count("\n") == 0
 
 def nobody_can_run_this_python():
     return os.geteuid() == 0 and kit.can_run_checks(kit.pwd.getpwnam("nobody"))
@@ -516,7 +733,12 @@ def test_the_sandbox_keeps_readable_only_the_pythons_paths_in_hidden_folders_tha
     assert readable == [str(sub / "numpy"), str(sub / "pkgs" / "torch"), str(teacher / ".venv")]
     command = kit.sandboxed("bwrap", "/check", [str(teacher), str(sub)], readable)
     binds = [command[i + 1:i + 3] for i, a in enumerate(command) if a == "--ro-bind"]
-    assert binds == [["/", "/"]] + [[p, p] for p in readable]
+    # an allow-list, "/" never bound: SYSTEM's paths, /proc/sys over its own /proc, then the Python's
+    assert ["/", "/"] not in binds and binds[-len(readable):] == [[p, p] for p in readable]
+    assert binds[:-len(readable)] == [[p, p] for p in kit.SYSTEM if os.path.exists(p) and not os.path.islink(
+        p)] + [["/proc/sys", "/proc/sys"]]
+    everywhere = kit.readable_in_sandbox(hidden, teachers, everywhere=True)   # (outside hidden folders too)
+    assert everywhere == [str(elsewhere)] + readable
     assert command.index("--tmpfs") < command.index(readable[0]) < command.index("/check")
 
 def test_python_paths_name_each_link_on_the_way_to_a_package_and_not_the_kits_or_pythonpaths_folders(
@@ -546,6 +768,76 @@ def test_graded_source_puts_back_every_other_exercises_functions():
     assert "def my_helper():" in graded4  # the student's own code around the exercise stays
     assert kit.graded_source(student, reference, "evaluate.py", 3).count("NotImplementedError") == 3
 
+def body_of(tree, name):
+    """The statements of function `name` below its docstring, as ast.dump strings (no positions)."""
+    node = kit.find(tree, name)
+    return [ast.dump(b) for b in node.body[1 if ast.get_docstring(node, clean=False) else 0:]]
+
+def paged(text):
+    """text with Python-legal characters that str.splitlines() breaks at: form feeds between the functions
+    (an Emacs page break) and U+2028 / U+0085 in a comment."""
+    text = re.sub(r"\n\n(?=def |@|class )", "\n\x0c\n", text)   # the blank line before each one
+    return text.replace('"""\nimport', '"""\n# a\u2028b\x85c\x1c\nimport', 1)
+
+@pytest.mark.parametrize("form", ["pages", "crlf", "cr", "bom-crlf", "latin-1"])
+def test_the_splice_keeps_pythons_lines_and_the_spliced_file_compiles(form):
+    """Exercise 3's functions put back into a file whose lines Python counts otherwise than
+    str.splitlines(): the result compiles, holds the reference's exercise 3 and the student's own lines."""
+    reference = open(os.path.join(ROOT, "evaluate.py")).read()
+    student = kit.stub(kit.stub(reference, ["length_generalization_pstar"], 4, "evaluate.py"),
+                       ["position_nll_naive", "sequence_nll", "position_nll"], 3, "evaluate.py")
+    student = paged(student) if form == "pages" else student
+    ending = {"crlf": "\r\n", "bom-crlf": "\r\n", "cr": "\r"}.get(form, "\n")
+    data = student.replace("\n", ending).encode()
+    if form == "bom-crlf":
+        data = b"\xef\xbb\xbf" + data
+    if form == "latin-1":   # a coding line: the file decodes, and is written back, as latin-1
+        data = b"# -*- coding: latin-1 -*-\n# caf\xe9\n" + data
+    out, why = kit.graded_file(data, reference, "evaluate.py", 4)
+    assert why is None and compile(out, "evaluate.py", "exec") and out.startswith(data[:30])
+    tree, ref = ast.parse(out.decode("latin-1" if form == "latin-1" else "utf-8-sig")), ast.parse(reference)
+    for name in ["position_nll_naive", "sequence_nll", "position_nll"]:
+        assert body_of(tree, name) == body_of(ref, name), (form, name)
+    assert b'NotImplementedError("exercise 4")' in out and b'NotImplementedError("exercise 3")' not in out
+    assert out.count(b"\x0c") == data.count(b"\x0c") and (b"\xe9" in out) == (form == "latin-1")
+    three = kit.graded_file(data, reference, "evaluate.py", 3)[0]   # exercise 4's put back, 3's kept
+    assert three.count(b"NotImplementedError") == 3 and body_of(ast.parse(three.decode(
+        "latin-1" if form == "latin-1" else "utf-8-sig")), "length_generalization_pstar") == body_of(
+        ref, "length_generalization_pstar")
+    if form == "pages":   # the same text as a str (decoded as utf-8): the same splice
+        assert kit.graded_source(student, reference, "evaluate.py", 4).encode() == out
+
+def test_the_splice_indents_the_references_methods_as_the_students_class_and_says_why_it_cannot():
+    reference = open(os.path.join(ROOT, "interventions.py")).read()
+    tabs = re.sub(r"^(?:    )+", lambda m: "\t" * (len(m.group(0)) // 4), reference, flags=re.M)
+    student = kit.stub(tabs, ["Noise.initial_state", "Noise.observe"], 6, "interventions.py")
+    out, why = kit.graded_file(student.encode(), reference, "interventions.py", 7)
+    assert why is None and "\n\tdef observe(self, final_state):\n\t\t" in out.decode()
+    for name in ["Noise.initial_state", "Noise.observe"]:
+        assert body_of(ast.parse(out), name) == body_of(ast.parse(reference), name), name
+    # a reference the student's encoding cannot hold: that row says why, the splice writes nothing
+    wide = reference.replace('"""', '"""\u2028', 1)   # (inside the module docstring: not put back)
+    at = wide.index("class Noise")   # exercise 6's method, put back into exercise 7's file
+    wide = wide[:at] + wide[at:].replace("(self, final_state):\n", "(self, final_state):  # \u03c3\n", 1)
+    latin = b"# -*- coding: latin-1 -*-\n" + student.encode()
+    assert kit.graded_file(latin, wide, "interventions.py", 7) == (
+        None, "splice: interventions.py: UnicodeEncodeError once the other exercises are put back")
+    assert kit.graded_file(b"def broken(:\n", reference, "interventions.py", 7) == (b"def broken(:\n", None)
+
+def test_a_self_check_and_the_teachers_grading_agree_on_a_file_of_pages_crlf_and_a_bom(copy, tmp_path):
+    """Exercise 4 done in an evaluate.py with form feeds, U+2028, CRLF line ends and a BOM (an editor's
+    choices): the student's self-check and the teacher's grading both pass it."""
+    sub = submission(copy, tmp_path / "pages", (4,))
+    text = paged((tmp_path / "pages" / "evaluate.py").read_text())
+    (tmp_path / "pages" / "evaluate.py").write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
+    teacher = kit_cli("score", sub, "--exercises", "4", "--report", str(tmp_path / "t.csv"))
+    mine = kit_cli("score", "--exercises", "4", "--report", str(tmp_path / "s.csv"), cwd=sub,
+                   kit_py=os.path.join(sub, "docs", "kit.py"))
+    for run in (teacher, mine):
+        assert run.returncode == 0, run.stdout + run.stderr
+    assert graded(tmp_path / "t.csv")["pages", 4][:3] == graded(tmp_path / "s.csv")["pages", 4][:3] == (
+        "passed", "", "1")
+
 @pytest.mark.parametrize("args, word", [
     (["student", "{tmp}/s", "--exercises", "0,3"], "--exercises 0,3"),
     (["student", "{tmp}/s", "--exercises", "3,3"], "--exercises 3,3"),
@@ -562,6 +854,10 @@ def test_graded_source_puts_back_every_other_exercises_functions():
     (["score", ROOT, "--timeout", "inf"], "--timeout inf"),
     (["score", ROOT, "--as-user", "no-such-user", "--report", "{tmp}/r.csv"], "no such user"),
     (["score", ROOT, "--as-user", "nobody", "--jobs", "2", "--report", "{tmp}/r.csv"], "--jobs 1"),
+    (["score", ROOT, "--class-seed", "-1"], "--class-seed -1"),
+    (["gradescope", "{tmp}/ag.zip", "--class-seed", str(1 << 63)], f"--class-seed {1 << 63}"),
+    (["score", ROOT, "--memory", "0"], "--memory 0"),
+    (["score", ROOT, "--memory", "nan"], "--memory nan"),
 ])
 def test_bad_kit_input_gets_one_line_and_touches_nothing(args, word, tmp_path, capsys):
     (tmp_path / "mine.csv").write_text("my own grades\n")
@@ -588,6 +884,15 @@ def test_gradescope_in_a_student_copy_or_a_checkout_without_the_withheld_tests_w
     assert kit.main(["gradescope", str(tmp_path / "ag.zip")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "lacks tests/pitfalls.py" in err and os.listdir(tmp_path) == [], err
+
+def test_score_in_a_checkout_without_a_withheld_test_grades_nothing(tmp_path, monkeypatch, capsys):
+    """A teacher's checkout where git does not track tests/test_course_judged.py (not yet added): grading
+    would skip the judged checks; score says so in one line instead."""
+    files_of = kit.files_of
+    monkeypatch.setattr(kit, "files_of", lambda root: [f for f in files_of(root) if f != kit.JUDGED])
+    assert kit.main(["score", ROOT, "--exercises", "4", "--report", str(tmp_path / "r.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"lacks {kit.JUDGED}" in err and os.listdir(tmp_path) == [], err
 
 @pytest.mark.parametrize("zip_path, word", [
     ("{tmp}/kit/ag.zip", "the folder {tmp}/kit does not exist"),   # not the kit's temporary file
@@ -727,10 +1032,11 @@ print(sorted(set(codes)), len(codes))"""
 
 @pytest.mark.parametrize("signum, how", [(signal.SIGINT, ["--exercises", "4"]),
                                          (signal.SIGTERM, ["--exercises", "4", "--no-sandbox"]),
-                                         (signal.SIGINT, ["--exercises", "2,4", "--jobs", "1"])])
+                                         (signal.SIGINT, ["--exercises", "2,4", "--jobs", "1"]),
+                                         (signal.SIGHUP, ["--exercises", "4"])])   # (its terminal closed)
 def test_an_interrupted_score_ends_its_checks_at_once_and_leaves_nothing(copy, tmp_path, signum, how):
-    """A check that would run for its whole time-out (120 s): Ctrl-C (in the sandbox) or SIGTERM (without)
-    once it runs ends the kit with one line, the check's processes and the grading folders gone."""
+    """A check that would run for its whole time-out (120 s): Ctrl-C or SIGHUP (in the sandbox) or SIGTERM
+    (without) once it runs ends the kit with one line, the check's processes and the grading folders gone."""
     stub2 = '    raise NotImplementedError("exercise 2")\n'
     sub = submission(copy, tmp_path / "hang", (4,), [("evaluate.py", T_STAR, HANG), ("gla.py", stub2, HANG)])
     (tmp_path / "t").mkdir()
@@ -771,6 +1077,39 @@ def test_a_report_replaces_only_a_kit_report_and_json_holds_the_same_rows(tmp_pa
     assert json.load(open(tmp_path / "r.json"))["rows"] == rows
     assert list(csv.DictReader(open(tmp_path / "r.csv"))) == [{k: str(v) for k, v in rows[0].items()}]
 
+def test_a_csv_report_shows_a_cell_that_a_spreadsheet_would_run_as_text_and_json_keeps_it(tmp_path):
+    names = ['=HYPERLINK("http://x", "a")', "+1", "-2+3", "@SUM(A1:A9)", "\t=1", "\r=1", "ok=1", "caf\\xe9"]
+    rows = [dict(student=name, exercise=4, points=0, of=1, status="FAILED", reason="-x", tests="0/1",
+                 answer="") for name in names]
+    kit.write_report(rows, str(tmp_path / "r.csv"))
+    kit.write_report(rows, str(tmp_path / "r.json"))
+    back = list(csv.DictReader(open(tmp_path / "r.csv", newline="")))
+    assert [r["student"] for r in back] == ["'" + n.replace("\r", "\\r") for n in names[:6]] + names[6:]
+    assert {r["reason"] for r in back} == {"'-x"} and {r["points"] for r in back} == {"0"}
+    assert json.load(open(tmp_path / "r.json"))["rows"] == rows
+    kit.check_report_path(str(tmp_path / "r.csv"))   # still the kit's own report: may be replaced
+
+def test_a_copy_zipped_as_one_folder_is_graded_as_that_copy_and_a_formula_name_reaches_the_csv_as_text(
+        copy, tmp_path):
+    """A Gradescope upload of the copy's folder (course/ with macOS's __MACOSX beside it) and a folder named
+    like a formula, graded from their parent (the report names them as given)."""
+    heading = "## 4. Definition 3.2\n\n"
+    answer = [("ANSWERS.md", heading + "(your answer)", heading + "p* is biased low.")]
+    submission(copy, tmp_path / "zipped" / "course", (4,), answer)
+    (tmp_path / "zipped" / "__MACOSX" / "course").mkdir(parents=True)
+    (tmp_path / "zipped" / ".DS_Store").write_text("")
+    submission(copy, tmp_path / "=1+2", (4,))
+    for where in ("two", "two/a", "two/b"):   # two copies in one upload: which one? neither
+        (tmp_path / where).mkdir()
+    for where in ("two/a", "two/b"):
+        (tmp_path / where / "evaluate.py").write_text("")
+    run = kit_cli("score", "zipped", "=1+2", "two", "--exercises", "4", "--no-sandbox", "--report", "r.csv",
+                  cwd=str(tmp_path))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert graded(tmp_path / "r.csv") == {("zipped", 4): ("passed", "", "1", "written"),
+                                          ("'=1+2", 4): ("passed", "", "1", "empty"),
+                                          ("two", 4): ("FAILED", "not a copy", "0", "none")}
+
 def test_answers_counts_a_heading_with_text_as_written_and_the_placeholder_or_no_heading_as_empty(tmp_path):
     written = [n for n, e in kit.EXERCISES.items() if e[2]]
     text = kit.answers_template().replace(kit.ANSWER_PLACEHOLDER, "p* is biased low.", 1)
@@ -785,7 +1124,8 @@ def test_nul_padding_and_a_bare_heading_are_no_answer(tmp_path):
     for text, answered in [(template + "\0" * 1000, []),   # `truncate -s` pads with NULs
                            (template.replace(kit.ANSWER_PLACEHOLDER, "\0\x07 \0"), []),
                            (template[:template.rindex("\n## ") + 1] + f"## {written[-1]}. its title", []),
-                           (template[:last] + "\0\0p* is biased low.\0", [written[-1]])]:
+                           (template[:last] + "\0\0p* is biased low.\0", [written[-1]]),
+                           (template.replace(kit.ANSWER_PLACEHOLDER, "\u200b\ufeff\u00a0\t\x0b"), [])]:
         (tmp_path / "ANSWERS.md").write_text(text)
         assert kit.answers(tmp_path) == {n: "written" if n in answered else "empty" for n in written}
 
@@ -889,6 +1229,43 @@ def test_a_students_huge_files_cost_only_their_rows_and_the_class_is_graded(copy
                                                              "empty"),
                                           ("fine", 4): ("passed", "", "1", "written")}
     assert f"huge   {too_large}\n" in run.stdout, run.stdout
+
+# the kit run by a Python that prints, once the kit returns, its own peak memory (resident, in kB)
+KIT_PEAK = """import sys
+sys.path.insert(0, sys.argv.pop(1))
+import kit
+code = kit.main()
+print(next(line for line in open("/proc/self/status") if line.startswith("VmHWM")).split()[1])
+sys.exit(code)
+"""
+
+def test_a_submission_that_parses_allocates_or_writes_too_much_costs_its_row_and_the_kit_stays_small(
+        copy, tmp_path):
+    """4 MB of statements before exercise 4's code (parsing them takes about 1 GiB), a check that maps 3 GiB
+    (with --memory 2), one that makes its output 1 GiB: each is that student's row, the class is graded,
+    the kit's own peak stays small and its temporary folder goes."""
+    greedy = "    __import__('torch').empty(3 << 30, dtype=torch.uint8)   # mapped, never touched\n"
+    writer = "    import os\n    os.ftruncate(1, 1 << 30)   # (sparse)\n"
+    subs = [submission(copy, tmp_path / name, (4,), edits) for name, edits in [
+        ("statements", ()), ("greedy", [("evaluate.py", T_STAR, greedy + T_STAR)]),
+        ("writer", [("evaluate.py", T_STAR, writer + T_STAR)]), ("fine", ())]]
+    code = (tmp_path / "statements" / "evaluate.py").read_bytes()
+    (tmp_path / "statements" / "evaluate.py").write_bytes(b"x = 1\n" * 680000 + code)
+    assert os.path.getsize(tmp_path / "statements" / "evaluate.py") <= kit.MAX_READ
+    (tmp_path / "t").mkdir()
+    run = subprocess.run([sys.executable, "-c", KIT_PEAK, os.path.join(ROOT, "docs"), "score", *subs,
+                          "--exercises", "4", "--memory", "2", "--jobs", "2", "--report",
+                          str(tmp_path / "r.csv")],
+                         capture_output=True, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path / "t")))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert graded(tmp_path / "r.csv") == {
+        ("statements", 4): ("FAILED", f"{kit.TOO_LARGE_TO_PARSE}: evaluate.py", "0", "empty"),
+        ("greedy", 4): ("FAILED", "out of memory", "0", "empty"),
+        ("writer", 4): ("FAILED", kit.TOO_MUCH_WRITTEN, "0", "empty"),
+        ("fine", 4): ("passed", "", "1", "empty")}
+    assert int(run.stdout.split()[-1]) < 200 << 10, run.stdout   # kB: the kit's own peak, under 200 MiB
+    assert os.listdir(tmp_path / "t") == []
 
 def pitfall_bullets(n):
     """The "Pitfalls:" bullets of exercise n in docs/INSTRUCTOR.md, each as one line."""
