@@ -174,7 +174,8 @@ ROWS = [  # (flags of train.py, or a call on the user dir; key word of an exit w
     ("--lr 1e300", "--lr"), ("--stop-at 0", "--stop-at"), ("--stop-at -3", "--stop-at"),
     ("--init-state random --sigma 1e300", "--sigma"),
     ("--tokens 12800", "--steps and --tokens both"), ("--seeds 0-3", "--seeds is for --demo"),
-    ("--demo --arch gla", "drop --arch --batch-size"), ("--demo --resume", "--resume"),
+    ("--demo --arch gla --lr 0.1", "drop --batch-size --data --eval-interval --lr"),   # --arch: the demo's
+    ("--demo --resume", "--resume"),
     (lambda u: train.main(["--demo", "--seed", "1", "--seeds", "0-2", "--out", f"{u}/d"]), "and --seeds"),
     (lambda u: train.main(["--demo", "--seeds", "0,3,0", "--out", f"{u}/d"]), "distinct"),
     (lambda u: train.main(["--demo", "--seeds", "3-1", "--out", f"{u}/d"]), "--seeds must be"),   # no seed
