@@ -768,6 +768,25 @@ def test_graded_source_puts_back_every_other_exercises_functions():
     assert "def my_helper():" in graded4  # the student's own code around the exercise stays
     assert kit.graded_source(student, reference, "evaluate.py", 3).count("NotImplementedError") == 3
 
+def test_graded_source_keeps_a_bom_and_ends_a_spliced_last_function_with_a_line_break():
+    reference = open(os.path.join(ROOT, "evaluate.py")).read()
+    student = kit.stub(reference, ["position_nll_naive", "sequence_nll", "position_nll"], 3, "evaluate.py")
+    graded = kit.graded_source("\ufeff" + student, reference, "evaluate.py", 4)   # exercise 3's put back
+    assert graded.startswith("\ufeff") and "exercise 3" not in graded
+    ast.parse(graded[1:])
+    # the reference's function last in its file, without a line break: the student's next line stays apart
+    last = "def position_nll(lm, x):\n    return 1"
+    spliced = kit.graded_source("def position_nll(lm, x):\n    return 2\nafter = 3\n", last, "evaluate.py", 4)
+    assert spliced == "def position_nll(lm, x):\n    return 1\nafter = 3\n"
+
+def test_a_class_seed_is_any_integer_in_0_to_2_63_or_a_new_one_each_class():
+    assert kit.class_seed(0) == 0 and kit.class_seed(2**63 - 1) == 2**63 - 1
+    drawn = {kit.class_seed(None) for _ in range(8)}
+    assert len(drawn) > 1 and all(0 <= s < 2**63 for s in drawn)
+    for bad in (-1, 2**63):
+        with pytest.raises(kit.KitError, match=f"--class-seed {bad}: pass a number from 0 to 2\\*\\*63 - 1"):
+            kit.class_seed(bad)
+
 def body_of(tree, name):
     """The statements of function `name` below its docstring, as ast.dump strings (no positions)."""
     node = kit.find(tree, name)
